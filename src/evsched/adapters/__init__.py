@@ -1,0 +1,1 @@
+"""Thin translators between the core and the outside world: Avro, Kafka, RocksDB, HTTP."""

@@ -1,0 +1,275 @@
+"""The event types of evsched's log: past-tense facts, one frozen dataclass per kind.
+
+Times are integers in epoch milliseconds (UTC) everywhere; durations carry their unit in the name.
+These are the *current* shapes; older writer schemas are upcast by the Avro adapter before the core
+ever sees them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TraceContext:
+    """W3C trace context carried from enqueue to the worker."""
+
+    traceparent: str
+    tracestate: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """Exponential backoff: ``initial_backoff_ms * multiplier**(attempt-1)``, capped, with jitter.
+
+    ``jitter`` is the fraction (0..1) of the delay that is randomised, deterministically from
+    (job id, attempt).
+    """
+
+    initial_backoff_ms: int = 1_000
+    max_backoff_ms: int = 300_000
+    multiplier: float = 2.0
+    jitter: float = 0.1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Effect:
+    """A side effect recorded by a handler; published to ``effects`` only with an accepted success."""
+
+    kind: str
+    payload: bytes
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Position:
+    """Where an event sits in the log; ``log_at`` is the broker's LogAppendTime in epoch ms."""
+
+    partition: int
+    offset: int
+    log_at: int
+
+
+# --- job events -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobEnqueued:
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    task: str
+    queue: str
+    args: bytes
+    run_at: int | None = None
+    priority: int = 0
+    max_attempts: int = 3
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout_ms: int = 300_000
+    idempotency_key: str | None = None
+    body_digest: bytes | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    schedule_id: str | None = None
+    fire_at: int | None = None
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobCancelled:
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    reason: str = ""
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobLeased:
+    """A node grants ``token`` for ``attempt``; the worker must start within ``lease_ms``."""
+
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    token: int
+    attempt: int
+    lease_ms: int
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptStarted:
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    token: int
+    worker_id: str
+    lease_ms: int
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseRenewed:
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    token: int
+    lease_ms: int
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptCheckpointed:
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    token: int
+    checkpoint: bytes
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptSucceeded:
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    token: int
+    result: bytes
+    effects: tuple[Effect, ...] = ()
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptFailed:
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    token: int
+    error_type: str
+    message: str
+    retryable: bool = True
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseExpired:
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    token: int
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRequeued:
+    """A dead or cancelled job goes back to scheduled with a fresh attempt budget."""
+
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    reason: str = ""
+    run_at: int | None = None
+    trace: TraceContext | None = None
+
+
+# --- schedule events (key = schedule id) ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobTemplate:
+    """What a cron schedule enqueues at each fire."""
+
+    task: str
+    queue: str
+    args: bytes
+    priority: int = 0
+    max_attempts: int = 3
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout_ms: int = 300_000
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleUpserted:
+    event_id: str
+    schedule_id: str
+    emitted_at: int
+    source: str
+    cron: str
+    timezone: str
+    template: JobTemplate
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleDeleted:
+    event_id: str
+    schedule_id: str
+    emitted_at: int
+    source: str
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleFired:
+    """A node fired the slot ``fire_at``; written in one transaction with the job's JobEnqueued."""
+
+    event_id: str
+    schedule_id: str
+    emitted_at: int
+    source: str
+    fire_at: int
+    job_id: str
+    trace: TraceContext | None = None
+
+
+JobEvent: TypeAlias = (
+    JobEnqueued
+    | JobCancelled
+    | JobLeased
+    | AttemptStarted
+    | LeaseRenewed
+    | AttemptCheckpointed
+    | AttemptSucceeded
+    | AttemptFailed
+    | LeaseExpired
+    | JobRequeued
+)
+ScheduleEvent: TypeAlias = ScheduleUpserted | ScheduleDeleted | ScheduleFired
+Event: TypeAlias = JobEvent | ScheduleEvent
+
+JOB_EVENT_TYPES: tuple[type[JobEvent], ...] = (
+    JobEnqueued,
+    JobCancelled,
+    JobLeased,
+    AttemptStarted,
+    LeaseRenewed,
+    AttemptCheckpointed,
+    AttemptSucceeded,
+    AttemptFailed,
+    LeaseExpired,
+    JobRequeued,
+)
+SCHEDULE_EVENT_TYPES: tuple[type[ScheduleEvent], ...] = (
+    ScheduleUpserted,
+    ScheduleDeleted,
+    ScheduleFired,
+)
+EVENT_TYPES: tuple[type[Event], ...] = JOB_EVENT_TYPES + SCHEDULE_EVENT_TYPES
+
+
+def entity_id(event: Event) -> str:
+    """The key an event is partitioned and indexed by: job id, or schedule id for schedule events."""
+    if isinstance(event, SCHEDULE_EVENT_TYPES):
+        return event.schedule_id
+    return event.job_id

@@ -1,0 +1,110 @@
+"""The projected state of jobs and schedules, the verdicts the fold gives, and timeline entries."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from evsched.core.events import JobTemplate, RetryPolicy, TraceContext
+
+
+class Status(enum.StrEnum):
+    SCHEDULED = "scheduled"
+    LEASED = "leased"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATUSES = frozenset({Status.SUCCEEDED, Status.DEAD, Status.CANCELLED})
+ACTIVE_STATUSES = frozenset({Status.LEASED, Status.RUNNING})
+
+
+class Verdict(enum.StrEnum):
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    CONFLICT = "conflict"
+    STALE = "stale"
+    REJECTED = "rejected"
+    UNDECODABLE = "undecodable"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobError:
+    error_type: str
+    message: str
+    retryable: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobState:
+    """Everything the scheduler, workers and readers need to know about one job.
+
+    ``attempt`` counts attempts since the job was (re)queued; ``token`` only ever grows.
+    ``lease_until`` is set while leased or running; ``run_at`` is when a scheduled job is due.
+    """
+
+    job_id: str
+    status: Status
+    task: str
+    queue: str
+    args: bytes
+    priority: int
+    run_at: int
+    max_attempts: int
+    retry: RetryPolicy
+    timeout_ms: int
+    enqueued_at: int
+    updated_at: int
+    partition: int
+    attempt: int = 0
+    token: int = 0
+    lease_until: int | None = None
+    worker_id: str | None = None
+    idempotency_key: str | None = None
+    body_digest: bytes = b""
+    labels: dict[str, str] = field(default_factory=dict)
+    schedule_id: str | None = None
+    fire_at: int | None = None
+    checkpoint: bytes | None = None
+    result: bytes | None = None
+    last_error: JobError | None = None
+    trace: TraceContext | None = None
+    recent_event_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleState:
+    """A cron schedule; ``next_fire_at`` is None once deleted."""
+
+    schedule_id: str
+    cron: str
+    timezone: str
+    template: JobTemplate
+    created_at: int
+    updated_at: int
+    next_fire_at: int | None
+    last_fire_at: int | None = None
+    last_job_id: str | None = None
+    deleted: bool = False
+    recent_event_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimelineEntry:
+    """One event of an entity's history as the fold judged it.
+
+    ``reason`` is a one-line human reading of the verdict, for audits.
+    """
+
+    partition: int
+    offset: int
+    log_at: int
+    kind: str
+    event_id: str
+    source: str
+    verdict: Verdict
+    reason: str
+    token: int | None = None
+    status_after: Status | None = None

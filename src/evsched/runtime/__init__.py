@@ -1,0 +1,1 @@
+"""The loops that wire adapters to the core: node (projector + scheduler), worker, replica."""
