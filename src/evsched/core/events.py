@@ -35,7 +35,7 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Effect:
-    """A side effect recorded by a handler; published to ``effects`` only with an accepted success."""
+    """A side effect recorded by a handler; published only with an accepted success."""
 
     kind: str
     payload: bytes
@@ -269,7 +269,9 @@ EVENT_TYPES: tuple[type[Event], ...] = JOB_EVENT_TYPES + SCHEDULE_EVENT_TYPES
 
 
 def entity_id(event: Event) -> str:
-    """The key an event is partitioned and indexed by: job id, or schedule id for schedule events."""
-    if isinstance(event, SCHEDULE_EVENT_TYPES):
-        return event.schedule_id
-    return event.job_id
+    """The key an event is partitioned and indexed by: the job id, or the schedule id."""
+    match event:
+        case ScheduleUpserted() | ScheduleDeleted() | ScheduleFired():
+            return event.schedule_id
+        case _:
+            return event.job_id

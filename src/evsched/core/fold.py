@@ -1,0 +1,303 @@
+"""The fold: the only place where job state changes, judging every event with a verdict.
+
+``fold(state, event, position) -> (state, timeline entry)`` is pure and total: it reads time only
+from the position (the broker's log append time) and never raises on any event, so every replica
+and every replay reaches the same states and verdicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import assert_never
+
+from evsched.core import ids, retry
+from evsched.core.events import (
+    AttemptCheckpointed,
+    AttemptFailed,
+    AttemptStarted,
+    AttemptSucceeded,
+    JobCancelled,
+    JobEnqueued,
+    JobEvent,
+    JobLeased,
+    JobRequeued,
+    LeaseExpired,
+    LeaseRenewed,
+    Position,
+)
+from evsched.core.state import (
+    ACTIVE_STATUSES,
+    TERMINAL_STATUSES,
+    JobError,
+    JobState,
+    Status,
+    TimelineEntry,
+    Verdict,
+)
+
+# Bump when a change to the fold could change any state or verdict: indexes then rebuild.
+FOLD_VERSION = 1
+
+# Producer retries repeat an event id within moments; older repeats are still caught by the
+# transition rules (they are rejected or stale), so a short window keeps state small.
+RECENT_EVENT_IDS = 16
+
+TokenEvent = (
+    AttemptStarted
+    | LeaseRenewed
+    | AttemptCheckpointed
+    | AttemptSucceeded
+    | AttemptFailed
+    | LeaseExpired
+)
+# A step's result: the new state, the verdict and a one-line human reading of it.
+Step = tuple[JobState | None, Verdict, str]
+
+
+def fold(
+    state: JobState | None, event: JobEvent, position: Position
+) -> tuple[JobState | None, TimelineEntry]:
+    """Apply ``event`` at ``position``; the state changes only when the verdict is applied."""
+    new: JobState | None
+    if state is not None and event.event_id in state.recent_event_ids:
+        new, verdict, reason = state, Verdict.DUPLICATE, f"event {event.event_id} already applied"
+    else:
+        new, verdict, reason = _step(state, event, position)
+    if verdict is Verdict.APPLIED and new is not None:
+        recent = (*new.recent_event_ids, event.event_id)[-RECENT_EVENT_IDS:]
+        new = replace(new, recent_event_ids=recent, updated_at=position.log_at)
+    else:
+        new = state
+    return new, _entry(event, position, verdict, reason, new)
+
+
+def _entry(
+    event: JobEvent, position: Position, verdict: Verdict, reason: str, state: JobState | None
+) -> TimelineEntry:
+    return TimelineEntry(
+        partition=position.partition,
+        offset=position.offset,
+        log_at=position.log_at,
+        kind=type(event).__name__,
+        event_id=event.event_id,
+        source=event.source,
+        verdict=verdict,
+        reason=reason,
+        token=getattr(event, "token", None),
+        status_after=None if state is None else state.status,
+    )
+
+
+def _step(state: JobState | None, event: JobEvent, position: Position) -> Step:
+    match event:
+        case JobEnqueued():
+            return _enqueued(state, event, position)
+        case JobCancelled():
+            return _cancelled(state, event)
+        case JobRequeued():
+            return _requeued(state, event, position)
+        case JobLeased():
+            return _leased(state, event, position)
+        case (
+            AttemptStarted()
+            | LeaseRenewed()
+            | AttemptCheckpointed()
+            | AttemptSucceeded()
+            | AttemptFailed()
+            | LeaseExpired()
+        ):
+            return _token_event(state, event, position)
+        case _:
+            assert_never(event)
+
+
+def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) -> Step:
+    digest = ids.enqueue_digest(event)
+    if state is not None:
+        if digest == state.body_digest:
+            return state, Verdict.DUPLICATE, "same job already enqueued with the same body"
+        return state, Verdict.CONFLICT, "job id already used by an enqueue with a different body"
+    created = JobState(
+        job_id=event.job_id,
+        status=Status.SCHEDULED,
+        task=event.task,
+        queue=event.queue,
+        args=event.args,
+        priority=event.priority,
+        run_at=position.log_at if event.run_at is None else event.run_at,
+        max_attempts=max(1, event.max_attempts),
+        retry=event.retry,
+        timeout_ms=event.timeout_ms,
+        enqueued_at=position.log_at,
+        updated_at=position.log_at,
+        partition=position.partition,
+        idempotency_key=event.idempotency_key,
+        body_digest=digest,
+        labels=dict(sorted(event.labels.items())),
+        schedule_id=event.schedule_id,
+        fire_at=event.fire_at,
+        trace=event.trace,
+    )
+    return created, Verdict.APPLIED, f"enqueued {event.task} on {event.queue}"
+
+
+def _cancelled(state: JobState | None, event: JobCancelled) -> Step:
+    if state is None:
+        return None, Verdict.REJECTED, "unknown job"
+    if state.status in TERMINAL_STATUSES:
+        return state, Verdict.REJECTED, f"cannot cancel: job is already {state.status}"
+    cancelled = replace(state, status=Status.CANCELLED, lease_until=None)
+    reason = f"cancelled by {event.source}" + (f": {event.reason}" if event.reason else "")
+    return cancelled, Verdict.APPLIED, reason
+
+
+def _requeued(state: JobState | None, event: JobRequeued, position: Position) -> Step:
+    if state is None:
+        return None, Verdict.REJECTED, "unknown job"
+    if state.status not in (Status.DEAD, Status.CANCELLED):
+        return state, Verdict.REJECTED, f"cannot requeue: job is {state.status}"
+    requeued = replace(
+        state,
+        status=Status.SCHEDULED,
+        attempt=0,
+        run_at=position.log_at if event.run_at is None else event.run_at,
+        lease_until=None,
+        worker_id=None,
+    )
+    return requeued, Verdict.APPLIED, f"requeued by {event.source} with a fresh attempt budget"
+
+
+def _leased(state: JobState | None, event: JobLeased, position: Position) -> Step:
+    if state is None:
+        return None, Verdict.REJECTED, "unknown job"
+    if state.status is not Status.SCHEDULED:
+        return state, Verdict.REJECTED, f"cannot lease: job is {state.status}"
+    if event.token <= state.token:
+        return (
+            state,
+            Verdict.REJECTED,
+            (f"lease token {event.token} does not exceed current token {state.token}"),
+        )
+    if position.log_at < state.run_at:
+        return state, Verdict.REJECTED, "lease granted before the job's run_at"
+    if event.attempt != state.attempt + 1:
+        return (
+            state,
+            Verdict.REJECTED,
+            (f"lease for attempt {event.attempt}, expected attempt {state.attempt + 1}"),
+        )
+    leased = replace(
+        state,
+        status=Status.LEASED,
+        token=event.token,
+        attempt=event.attempt,
+        lease_until=position.log_at + event.lease_ms,
+        worker_id=None,
+    )
+    return leased, Verdict.APPLIED, f"leased to token {event.token} for attempt {event.attempt}"
+
+
+def _fence(state: JobState | None, event: TokenEvent) -> Step | None:
+    """The verdict for an event whose token is not the live one, or None when it is live."""
+    if state is None:
+        return None, Verdict.REJECTED, "unknown job"
+    if state.status in TERMINAL_STATUSES:
+        return state, Verdict.REJECTED, (f"{_actor(event)} rejected: job is already {state.status}")
+    if state.status not in ACTIVE_STATUSES:
+        return (
+            state,
+            Verdict.STALE,
+            (f"{_actor(event)} rejected: token {event.token} is stale, no lease is live"),
+        )
+    if event.token != state.token:
+        return (
+            state,
+            Verdict.STALE,
+            (f"{_actor(event)} rejected: token {event.token} is stale, current is {state.token}"),
+        )
+    return None
+
+
+def _actor(event: TokenEvent) -> str:
+    return f"{type(event).__name__} from {event.source}"
+
+
+def _token_event(state: JobState | None, event: TokenEvent, position: Position) -> Step:
+    fenced = _fence(state, event)
+    if fenced is not None:
+        return fenced
+    assert state is not None  # _fence returned None, so the job exists and holds a live lease
+    if isinstance(event, LeaseExpired):
+        return _expired(state, event, position)
+    if isinstance(event, AttemptStarted):
+        if state.status is not Status.LEASED:
+            return state, Verdict.REJECTED, f"token {event.token} already started"
+        started = replace(
+            state,
+            status=Status.RUNNING,
+            worker_id=event.worker_id,
+            lease_until=position.log_at + event.lease_ms,
+        )
+        return started, Verdict.APPLIED, f"attempt {state.attempt} started on {event.worker_id}"
+    if state.status is not Status.RUNNING:
+        return state, Verdict.REJECTED, f"{_actor(event)} rejected: attempt not started"
+    return _running_event(state, event, position)
+
+
+def _running_event(
+    state: JobState,
+    event: LeaseRenewed | AttemptCheckpointed | AttemptSucceeded | AttemptFailed,
+    position: Position,
+) -> Step:
+    match event:
+        case LeaseRenewed():
+            renewed = replace(state, lease_until=position.log_at + event.lease_ms)
+            return renewed, Verdict.APPLIED, f"lease of token {event.token} renewed"
+        case AttemptCheckpointed():
+            saved = replace(state, checkpoint=event.checkpoint)
+            return saved, Verdict.APPLIED, f"checkpoint saved under token {event.token}"
+        case AttemptSucceeded():
+            done = replace(state, status=Status.SUCCEEDED, result=event.result, lease_until=None)
+            return done, Verdict.APPLIED, f"succeeded with token {event.token}"
+        case AttemptFailed():
+            error = JobError(
+                error_type=event.error_type, message=event.message, retryable=event.retryable
+            )
+            return _retry_or_die(state, error, position)
+        case _:
+            assert_never(event)
+
+
+def _expired(state: JobState, event: LeaseExpired, position: Position) -> Step:
+    if state.lease_until is not None and position.log_at < state.lease_until:
+        return (
+            state,
+            Verdict.REJECTED,
+            (f"lease of token {event.token} runs until {state.lease_until}, not expired"),
+        )
+    error = JobError(
+        error_type="LeaseExpired",
+        message=f"lease of token {event.token} expired (worker died, froze or never started)",
+        retryable=True,
+    )
+    return _retry_or_die(state, error, position)
+
+
+def _retry_or_die(state: JobState, error: JobError, position: Position) -> Step:
+    ended = replace(state, last_error=error, lease_until=None, worker_id=None)
+    if retry.may_retry(
+        attempt=state.attempt, max_attempts=state.max_attempts, retryable=error.retryable
+    ):
+        delay = retry.backoff_ms(state.retry, state.job_id, state.attempt)
+        rescheduled = replace(ended, status=Status.SCHEDULED, run_at=position.log_at + delay)
+        return (
+            rescheduled,
+            Verdict.APPLIED,
+            (f"attempt {state.attempt} failed ({error.error_type}), retry in {delay} ms"),
+        )
+    why = "permanent error" if not error.retryable else f"{state.attempt} attempts used"
+    return (
+        replace(ended, status=Status.DEAD),
+        Verdict.APPLIED,
+        (f"attempt {state.attempt} failed ({error.error_type}), dead: {why}"),
+    )

@@ -1,0 +1,49 @@
+"""Deterministic ids: jobs from idempotency keys and cron fires, event ids of node decisions."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+from evsched.core.events import JobEnqueued, JobTemplate
+
+# Fixed namespace so every producer, in any language, derives the same ids (UUIDv5, RFC 9562).
+EVSCHED_NAMESPACE = uuid.UUID("6f1c1c3e-6b0e-5d8a-9a57-2f0a3d7c9e41")
+
+
+def job_id_for_key(queue: str, idempotency_key: str) -> str:
+    """The job id of a keyed enqueue: duplicates from any producer land on one job and partition."""
+    return str(uuid.uuid5(EVSCHED_NAMESPACE, f"job\x00{queue}\x00{idempotency_key}"))
+
+
+def job_id_for_fire(schedule_id: str, fire_at: int) -> str:
+    """The job id of one cron slot, so two nodes firing the same slot make one job."""
+    return str(uuid.uuid5(EVSCHED_NAMESPACE, f"cron\x00{schedule_id}\x00{fire_at}"))
+
+
+def fire_idempotency_key(schedule_id: str, fire_at: int) -> str:
+    return f"cron:{schedule_id}@{fire_at}"
+
+
+def decision_event_id(entity_id: str, decision: str, number: int) -> str:
+    """Event id of a node decision: re-emitting the same decision after a crash is a duplicate."""
+    return str(uuid.uuid5(EVSCHED_NAMESPACE, f"decision\x00{entity_id}\x00{decision}\x00{number}"))
+
+
+def body_digest(task: str, queue: str, args: bytes) -> bytes:
+    """Digest of what makes two enqueues "the same job" when no producer digest is given."""
+    h = hashlib.sha256()
+    for part in (task.encode(), queue.encode(), args):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.digest()
+
+
+def enqueue_digest(event: JobEnqueued) -> bytes:
+    if event.body_digest:
+        return event.body_digest
+    return body_digest(event.task, event.queue, event.args)
+
+
+def template_digest(template: JobTemplate) -> bytes:
+    return body_digest(template.task, template.queue, template.args)

@@ -1,0 +1,107 @@
+"""The fold of cron schedules: upserts, deletes and fires, each judged with a verdict."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import assert_never
+
+from evsched.core import cron
+from evsched.core.events import (
+    Position,
+    ScheduleDeleted,
+    ScheduleEvent,
+    ScheduleFired,
+    ScheduleUpserted,
+)
+from evsched.core.fold import RECENT_EVENT_IDS
+from evsched.core.state import ScheduleState, Status, TimelineEntry, Verdict
+
+Step = tuple[ScheduleState | None, Verdict, str]
+
+
+def fold_schedule(
+    state: ScheduleState | None, event: ScheduleEvent, position: Position
+) -> tuple[ScheduleState | None, TimelineEntry]:
+    """Apply a schedule event; like ``fold``, pure and total, state changes only when applied."""
+    new: ScheduleState | None
+    if state is not None and event.event_id in state.recent_event_ids:
+        new, verdict, reason = state, Verdict.DUPLICATE, f"event {event.event_id} already applied"
+    else:
+        new, verdict, reason = _step(state, event, position)
+    if verdict is Verdict.APPLIED and new is not None:
+        recent = (*new.recent_event_ids, event.event_id)[-RECENT_EVENT_IDS:]
+        new = replace(new, recent_event_ids=recent, updated_at=position.log_at)
+    else:
+        new = state
+    entry = TimelineEntry(
+        partition=position.partition,
+        offset=position.offset,
+        log_at=position.log_at,
+        kind=type(event).__name__,
+        event_id=event.event_id,
+        source=event.source,
+        verdict=verdict,
+        reason=reason,
+        status_after=Status.SCHEDULED if new is not None and not new.deleted else None,
+    )
+    return new, entry
+
+
+def _step(state: ScheduleState | None, event: ScheduleEvent, position: Position) -> Step:
+    match event:
+        case ScheduleUpserted():
+            return _upserted(state, event, position)
+        case ScheduleDeleted():
+            if state is None or state.deleted:
+                return state, Verdict.REJECTED, "unknown or already deleted schedule"
+            deleted = replace(state, deleted=True, next_fire_at=None)
+            return deleted, Verdict.APPLIED, f"deleted by {event.source}"
+        case ScheduleFired():
+            return _fired(state, event, position)
+        case _:
+            assert_never(event)
+
+
+def _upserted(state: ScheduleState | None, event: ScheduleUpserted, position: Position) -> Step:
+    try:
+        # A slot already fired is never fired again, even when the expression changes.
+        after = position.log_at
+        if state is not None and state.last_fire_at is not None:
+            after = max(after, state.last_fire_at)
+        next_fire = cron.next_fire_at(event.cron, event.timezone, after)
+    except cron.InvalidSchedule as exc:
+        return state, Verdict.REJECTED, str(exc)
+    upserted = ScheduleState(
+        schedule_id=event.schedule_id,
+        cron=event.cron,
+        timezone=event.timezone,
+        template=event.template,
+        created_at=position.log_at if state is None else state.created_at,
+        updated_at=position.log_at,
+        next_fire_at=next_fire,
+        last_fire_at=None if state is None else state.last_fire_at,
+        last_job_id=None if state is None else state.last_job_id,
+        recent_event_ids=() if state is None else state.recent_event_ids,
+    )
+    verb = "created" if state is None or state.deleted else "replaced"
+    return upserted, Verdict.APPLIED, f"schedule {verb}: {event.cron} ({event.timezone})"
+
+
+def _fired(state: ScheduleState | None, event: ScheduleFired, position: Position) -> Step:
+    if state is None or state.deleted or state.next_fire_at is None:
+        return state, Verdict.REJECTED, "unknown or deleted schedule"
+    if event.fire_at == state.last_fire_at:
+        return state, Verdict.DUPLICATE, f"slot {event.fire_at} already fired"
+    if event.fire_at < state.next_fire_at:
+        return (
+            state,
+            Verdict.REJECTED,
+            (f"slot {event.fire_at} is before the next due slot {state.next_fire_at}"),
+        )
+    if event.fire_at > position.log_at:
+        return state, Verdict.REJECTED, f"slot {event.fire_at} fired before it was due"
+    next_fire = cron.next_fire_at(state.cron, state.timezone, event.fire_at)
+    fired = replace(
+        state, last_fire_at=event.fire_at, last_job_id=event.job_id, next_fire_at=next_fire
+    )
+    return fired, Verdict.APPLIED, f"fired slot {event.fire_at} as job {event.job_id}"
