@@ -1,1 +1,1 @@
-"""The pure core: events, state, the fold, retry and cron timing, ids. No I/O, clock or randomness."""
+"""The pure core: events, state, the fold, retry and cron timing, ids; no I/O, clock or chance."""
