@@ -1,0 +1,15 @@
+"""The runtime's clock: wall time in epoch milliseconds and a monotonic clock for deadlines."""
+
+from __future__ import annotations
+
+import time
+
+
+def now_ms() -> int:
+    """Wall-clock time in epoch milliseconds (UTC)."""
+    return time.time_ns() // 1_000_000
+
+
+def monotonic_s() -> float:
+    """Seconds on a clock that never jumps, for timeouts and deadlines."""
+    return time.monotonic()
