@@ -1,0 +1,95 @@
+"""Thin aiokafka wiring: producers and consumers with evsched's settings, records, error mapping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    KafkaError,
+    OutOfOrderSequenceNumber,
+    ProducerFenced,
+    TransactionalIdAuthorizationFailed,
+    UnknownProducerId,
+)
+
+from evsched.settings import Settings
+
+# Errors after which a producer can never be used again: close it and make a new one.
+FATAL_PRODUCER_ERRORS: tuple[type[BaseException], ...] = (
+    ProducerFenced,
+    OutOfOrderSequenceNumber,
+    InvalidProducerEpoch,
+    UnknownProducerId,
+    TransactionalIdAuthorizationFailed,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A consumed record as the runtime sees it; ``log_at`` is the broker timestamp in epoch ms."""
+
+    topic: str
+    partition: int
+    offset: int
+    log_at: int
+    key: bytes | None
+    value: bytes | None
+
+
+def to_record(raw: Any) -> Record:
+    return Record(
+        topic=raw.topic,
+        partition=raw.partition,
+        offset=raw.offset,
+        log_at=raw.timestamp,
+        key=raw.key,
+        value=raw.value,
+    )
+
+
+def is_fatal_producer_error(exc: BaseException) -> bool:
+    return isinstance(exc, FATAL_PRODUCER_ERRORS)
+
+
+def producer(
+    settings: Settings, *, client_id: str, transactional_id: str | None = None, **extra: Any
+) -> AIOKafkaProducer:
+    """An idempotent producer (acks=all); transactional when ``transactional_id`` is given."""
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap,
+        "client_id": client_id,
+        "enable_idempotence": True,
+        "acks": "all",
+        "linger_ms": 0,
+        "request_timeout_ms": 30_000,
+        **settings.kafka_options,
+        **extra,
+    }
+    if transactional_id is not None:
+        options["transactional_id"] = transactional_id
+        options["transaction_timeout_ms"] = 60_000
+    return AIOKafkaProducer(**options)
+
+
+def consumer(
+    settings: Settings, *topics: str, group_id: str | None, **extra: Any
+) -> AIOKafkaConsumer:
+    """A read_committed consumer without auto-commit: offsets are committed by the caller."""
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap,
+        "group_id": group_id,
+        "isolation_level": "read_committed",
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "fetch_max_wait_ms": 20,
+        "max_poll_records": 2_000,
+        **settings.kafka_options,
+        **extra,
+    }
+    return AIOKafkaConsumer(*topics, **options)
+
+
+__all__ = ["KafkaError", "Record", "consumer", "is_fatal_producer_error", "producer", "to_record"]

@@ -1,0 +1,150 @@
+"""The scheduler's decisions as pure functions: which jobs to lease, which leases expired, which
+cron slots to fire. Every decision is only a proposal: the fold judges it like any other event."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from evsched.core import cron, ids
+from evsched.core.dispatch import Dispatch
+from evsched.core.events import JobEnqueued, JobLeased, LeaseExpired, ScheduleFired
+from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannerLimits:
+    """``dispatch_timeout_ms``: how long a leased job may wait for a worker to start it."""
+
+    dispatch_timeout_ms: int = 30_000
+    max_in_flight_per_queue: int = 1_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    event: JobLeased
+    dispatch: Dispatch
+
+
+def due_order(state: JobState) -> tuple[int, int, str]:
+    """Higher priority first, then earlier run_at, then job id for a total, stable order."""
+    return (-state.priority, state.run_at, state.job_id)
+
+
+def plan_leases(
+    candidates: Iterable[JobState],
+    in_flight: Mapping[str, int],
+    *,
+    now: int,
+    limits: PlannerLimits,
+    source: str,
+) -> list[Lease]:
+    """Lease due scheduled jobs in priority order while their queue has room."""
+    used = dict(in_flight)
+    leases: list[Lease] = []
+    for state in sorted(candidates, key=due_order):
+        if state.status is not Status.SCHEDULED or state.run_at > now:
+            continue
+        if used.get(state.queue, 0) >= limits.max_in_flight_per_queue:
+            continue
+        used[state.queue] = used.get(state.queue, 0) + 1
+        leases.append(_lease(state, now=now, limits=limits, source=source))
+    return leases
+
+
+def _lease(state: JobState, *, now: int, limits: PlannerLimits, source: str) -> Lease:
+    token = state.token + 1
+    event = JobLeased(
+        event_id=ids.decision_event_id(state.job_id, "lease", token),
+        job_id=state.job_id,
+        emitted_at=now,
+        source=source,
+        token=token,
+        attempt=state.attempt + 1,
+        lease_ms=limits.dispatch_timeout_ms,
+        trace=state.trace,
+    )
+    dispatch = Dispatch(
+        job_id=state.job_id,
+        token=token,
+        attempt=state.attempt + 1,
+        max_attempts=state.max_attempts,
+        task=state.task,
+        queue=state.queue,
+        args=state.args,
+        timeout_ms=state.timeout_ms,
+        lease_ms=limits.dispatch_timeout_ms,
+        run_at=state.run_at,
+        enqueued_at=state.enqueued_at,
+        leased_at=now,
+        partition=state.partition,
+        checkpoint=state.checkpoint,
+        idempotency_key=state.idempotency_key,
+        trace=state.trace,
+    )
+    return Lease(event=event, dispatch=dispatch)
+
+
+def plan_expiries(candidates: Iterable[JobState], *, now: int, source: str) -> list[LeaseExpired]:
+    """Propose expiry for every live lease whose time ran out by ``now``."""
+    return [
+        LeaseExpired(
+            event_id=ids.decision_event_id(state.job_id, "expire", state.token),
+            job_id=state.job_id,
+            emitted_at=now,
+            source=source,
+            token=state.token,
+        )
+        for state in candidates
+        if state.status in ACTIVE_STATUSES
+        and state.lease_until is not None
+        and state.lease_until <= now
+    ]
+
+
+def plan_fires(
+    schedules: Sequence[ScheduleState], *, now: int, source: str
+) -> list[tuple[ScheduleFired, JobEnqueued]]:
+    """Fire each schedule's newest due slot: a ScheduleFired and the job it enqueues."""
+    fires: list[tuple[ScheduleFired, JobEnqueued]] = []
+    for schedule in schedules:
+        if schedule.deleted or schedule.next_fire_at is None:
+            continue
+        slot = cron.latest_due_slot(schedule.cron, schedule.timezone, schedule.next_fire_at, now)
+        if slot is not None:
+            fires.append(_fire(schedule, slot, now=now, source=source))
+    return fires
+
+
+def _fire(
+    schedule: ScheduleState, slot: int, *, now: int, source: str
+) -> tuple[ScheduleFired, JobEnqueued]:
+    job_id = ids.job_id_for_fire(schedule.schedule_id, slot)
+    template = schedule.template
+    fired = ScheduleFired(
+        event_id=ids.decision_event_id(schedule.schedule_id, "fire", slot),
+        schedule_id=schedule.schedule_id,
+        emitted_at=now,
+        source=source,
+        fire_at=slot,
+        job_id=job_id,
+    )
+    enqueued = JobEnqueued(
+        event_id=ids.decision_event_id(job_id, "enqueue", slot),
+        job_id=job_id,
+        emitted_at=now,
+        source=source,
+        task=template.task,
+        queue=template.queue,
+        args=template.args,
+        run_at=slot,
+        priority=template.priority,
+        max_attempts=template.max_attempts,
+        retry=template.retry,
+        timeout_ms=template.timeout_ms,
+        idempotency_key=ids.fire_idempotency_key(schedule.schedule_id, slot),
+        labels=template.labels,
+        schedule_id=schedule.schedule_id,
+        fire_at=slot,
+    )
+    return fired, enqueued
