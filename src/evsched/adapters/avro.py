@@ -1,0 +1,217 @@
+"""The Avro codec: events in single-object encoding, projection records as plain Avro bodies.
+
+Old writer schemas are resolved to the current ones here, so the core only ever sees current event
+types. Nothing but :class:`~evsched.errors.DecodeError` escapes a decode, whatever the bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from io import BytesIO
+from typing import Any, Generic, TypeVar, cast
+
+from fastavro import schemaless_reader, schemaless_writer
+
+from evsched.adapters.avro_mapping import RecordMapper, mapper_for
+from evsched.adapters.avro_registry import (
+    HEADER_SIZE,
+    MAGIC,
+    ParsedSchema,
+    SchemaRegistry,
+    parse_contract_schema,
+)
+from evsched.adapters.contract import load_schema_files
+from evsched.core.events import EVENT_TYPES, Event
+from evsched.core.state import JobState, ScheduleState, TimelineEntry
+from evsched.errors import ContractError, DecodeError, EncodeError
+
+T = TypeVar("T")
+StateT = TypeVar("StateT", JobState, ScheduleState)
+
+PROJECTION_NAMESPACE = "evsched.projections"
+_MAX_REASON = 200
+
+
+def _write(prefix: bytes, schema: ParsedSchema, record: dict[str, Any]) -> bytes:
+    stream = BytesIO()
+    stream.write(prefix)
+    schemaless_writer(stream, schema, record)
+    return stream.getvalue()
+
+
+def _read(data: bytes, start: int, writer: ParsedSchema, reader: ParsedSchema | None) -> Any:
+    stream = BytesIO(data)
+    stream.seek(start)
+    record = schemaless_reader(stream, writer, reader)
+    trailing = len(data) - stream.tell()
+    if trailing:
+        raise DecodeError(f"{trailing} trailing bytes after the record")
+    return record
+
+
+def _decode_reason(exc: Exception) -> str:
+    if isinstance(exc, EOFError):
+        return f"truncated: {exc}"[:_MAX_REASON]
+    return f"invalid record: {type(exc).__name__}: {exc}"[:_MAX_REASON]
+
+
+@dataclass(frozen=True, slots=True)
+class _WritePlan:
+    header: bytes
+    schema: ParsedSchema
+    mapper: RecordMapper[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _ReadPlan:
+    writer: ParsedSchema
+    # None when the writer schema is the current one: nothing to resolve, and fastavro is faster.
+    reader: ParsedSchema | None
+    mapper: RecordMapper[Any]
+
+
+class EventCodec:
+    """Encodes events with their current schema; decodes any schema the registry knows."""
+
+    def __init__(self, registry: SchemaRegistry) -> None:
+        classes = {cls.__name__: cls for cls in EVENT_TYPES}
+        if registry.kinds != classes.keys():
+            unmatched = sorted(registry.kinds ^ classes.keys())
+            raise ContractError(f"event kinds and schemas differ: {unmatched}")
+        self._write_plans = {
+            cls: _WritePlan(
+                header=MAGIC + registry.current(kind).fingerprint,
+                schema=registry.current(kind).schema,
+                mapper=mapper_for(cls),
+            )
+            for kind, cls in classes.items()
+        }
+        self._read_plans = {
+            writer.fingerprint: _ReadPlan(
+                writer=writer.schema,
+                reader=None if writer.current else registry.current(writer.kind).schema,
+                mapper=mapper_for(classes[writer.kind]),
+            )
+            for writer in registry.writers()
+        }
+
+    def encode(self, event: Event) -> bytes:
+        plan = self._write_plans.get(type(event))
+        if plan is None:
+            raise EncodeError(f"not an event type: {type(event).__name__}")
+        try:
+            return _write(plan.header, plan.schema, plan.mapper.to_avro(event))
+        except Exception as exc:  # fastavro reports bad values with assorted types
+            raise EncodeError(f"{type(event).__name__}: {type(exc).__name__}: {exc}") from exc
+
+    def decode(self, data: bytes) -> Event:
+        try:
+            if data[:2] != MAGIC:
+                raise DecodeError(f"bad magic {bytes(data[:2]).hex()!r}: not single-object Avro")
+            if len(data) < HEADER_SIZE:
+                raise DecodeError(f"truncated header: {len(data)} bytes")
+            plan = self._read_plans.get(data[2:HEADER_SIZE])
+            if plan is None:
+                raise DecodeError(f"unknown writer schema fingerprint {data[2:HEADER_SIZE].hex()}")
+            event: Event = plan.mapper.from_avro(_read(data, HEADER_SIZE, plan.writer, plan.reader))
+        except DecodeError:
+            raise
+        except Exception as exc:  # anything the bytes provoke must surface as a DecodeError
+            raise DecodeError(_decode_reason(exc)) from exc
+        return event
+
+
+class RecordCodec(Generic[T]):
+    """A projection record type as a plain Avro body: its bytes are equal iff the values are."""
+
+    def __init__(self, cls: type[T], schema: Any) -> None:
+        if not isinstance(schema, dict) or schema.get("name") != cls.__name__:
+            raise ContractError(f"the schema of {cls.__name__} is not a record of that name")
+        self._name = cls.__name__
+        self._schema = parse_contract_schema(schema, cls.__name__)
+        self._mapper = mapper_for(cls)
+
+    def encode(self, value: T) -> bytes:
+        try:
+            return _write(b"", self._schema, self._mapper.to_avro(value))
+        except Exception as exc:  # fastavro reports bad values with assorted types
+            raise EncodeError(f"{self._name}: {type(exc).__name__}: {exc}") from exc
+
+    def decode(self, data: bytes) -> T:
+        try:
+            return self._mapper.from_avro(_read(data, 0, self._schema, None))
+        except DecodeError:
+            raise
+        except Exception as exc:  # a corrupt index value must not crash its reader
+            raise DecodeError(_decode_reason(exc)) from exc
+
+
+def _projection_codec(cls: type[T], schemas: dict[str, Any]) -> RecordCodec[T]:
+    schema = schemas.get(f"{cls.__name__}.avsc")
+    if not isinstance(schema, dict) or schema.get("namespace") != PROJECTION_NAMESPACE:
+        raise ContractError(f"projections/{cls.__name__}.avsc: no {PROJECTION_NAMESPACE} record")
+    return RecordCodec(cls, schema)
+
+
+_EVENTS = EventCodec(SchemaRegistry.from_contract())
+_PROJECTIONS = load_schema_files("projections")
+_JOB_STATE = _projection_codec(JobState, _PROJECTIONS)
+_SCHEDULE_STATE = _projection_codec(ScheduleState, _PROJECTIONS)
+_TIMELINE = _projection_codec(TimelineEntry, _PROJECTIONS)
+_STATES: dict[type[Any], RecordCodec[Any]] = {
+    JobState: _JOB_STATE,
+    ScheduleState: _SCHEDULE_STATE,
+}
+
+
+def encode_event(event: Event) -> bytes:
+    """``C3 01`` + the current schema's 8-byte fingerprint + the Avro body; raises EncodeError."""
+    return _EVENTS.encode(event)
+
+
+def decode_event(data: bytes) -> Event:
+    """The event in ``data``, upgraded to the current type; raises only DecodeError."""
+    return _EVENTS.decode(data)
+
+
+def encode_job_state(state: JobState) -> bytes:
+    """The value stored in column family ``jobs``."""
+    return _JOB_STATE.encode(state)
+
+
+def decode_job_state(data: bytes) -> JobState:
+    """A stored ``jobs`` value; raises only DecodeError."""
+    return _JOB_STATE.decode(data)
+
+
+def encode_schedule_state(state: ScheduleState) -> bytes:
+    """The value stored in column family ``schedules``."""
+    return _SCHEDULE_STATE.encode(state)
+
+
+def decode_schedule_state(data: bytes) -> ScheduleState:
+    """A stored ``schedules`` value; raises only DecodeError."""
+    return _SCHEDULE_STATE.decode(data)
+
+
+def encode_state(state: JobState | ScheduleState) -> bytes:
+    """``encode_job_state`` or ``encode_schedule_state``, by the type of ``state``."""
+    codec = _STATES.get(type(state))
+    if codec is None:
+        raise EncodeError(f"not a state type: {type(state).__name__}")
+    return codec.encode(state)
+
+
+def decode_state(data: bytes, kind: type[StateT]) -> StateT:
+    """``decode_job_state`` (kind=JobState) or ``decode_schedule_state`` (kind=ScheduleState)."""
+    return cast(StateT, _STATES[kind].decode(data))
+
+
+def encode_timeline(entry: TimelineEntry) -> bytes:
+    """The value stored in column family ``timeline``."""
+    return _TIMELINE.encode(entry)
+
+
+def decode_timeline(data: bytes) -> TimelineEntry:
+    """A stored ``timeline`` value; raises only DecodeError."""
+    return _TIMELINE.decode(data)
