@@ -1,0 +1,256 @@
+"""The RocksDB index of one events partition: job and schedule states, due queues, timelines.
+
+Every change of a batch and the applied offset go into one WriteBatch, so state and offset can
+never disagree. The index is a projection: deleting it and folding the log again rebuilds it byte
+for byte (``digest`` compares two indexes). Key layout: ``projections/README.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch
+
+from evsched.adapters import avro
+from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status, TimelineEntry
+from evsched.errors import StoreError
+
+JOBS, DUE, LEASES, TIMELINE, KEYS = "jobs", "due", "leases", "timeline", "keys"
+SCHEDULES, CRON_DUE, UNDECODABLE, META = "schedules", "cron_due", "undecodable", "meta"
+COLUMN_FAMILIES = (JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, META)
+# What the digest covers: everything the fold derives, in a fixed order.
+DIGEST_FAMILIES = (JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE)
+
+APPLIED_OFFSET = b"applied_offset"
+FOLD_VERSION = b"fold_version"
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
+
+
+def _id(value: str) -> bytes:
+    """A length-prefixed id, so ids of any content sort and prefix-scan unambiguously."""
+    raw = value.encode()
+    return struct.pack(">H", len(raw)) + raw
+
+
+def time_key(at: int, entity: str) -> bytes:
+    return _U64.pack(max(0, at)) + entity.encode()
+
+
+def timeline_key(job_id: str, offset: int) -> bytes:
+    return _id(job_id) + _U64.pack(offset)
+
+
+@dataclass(slots=True)
+class IndexBatch:
+    """Changes folded from a run of records, applied in one WriteBatch by ``PartitionIndex.write``.
+
+    ``jobs``/``schedules`` map ids to the newest state; ``before_*`` keep the stored state at the
+    start of the batch so due and lease entries are moved once, however many events touched a job.
+    """
+
+    jobs: dict[str, JobState] = field(default_factory=dict)
+    before_jobs: dict[str, JobState | None] = field(default_factory=dict)
+    schedules: dict[str, ScheduleState] = field(default_factory=dict)
+    before_schedules: dict[str, ScheduleState | None] = field(default_factory=dict)
+    timeline: list[tuple[str, TimelineEntry]] = field(default_factory=list)
+    undecodable: list[tuple[TimelineEntry, bytes]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs or self.schedules or self.timeline or self.undecodable)
+
+
+class PartitionIndex:
+    """One RocksDB (raw mode, one column family per index) for one events partition."""
+
+    def __init__(self, path: Path, partition: int) -> None:
+        self.path = path
+        self.partition = partition
+        path.mkdir(parents=True, exist_ok=True)
+        options = _options()
+        families = {name: _options() for name in COLUMN_FAMILIES}
+        try:
+            self._db = Rdict(str(path), options, column_families=families)
+        except Exception as exc:
+            raise StoreError(f"cannot open index at {path}: {exc}") from exc
+        self._cf = {name: self._db.get_column_family(name) for name in COLUMN_FAMILIES}
+        self._handles = {name: self._db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def applied_offset(self) -> int:
+        """The offset of the last record folded into this index, or -1 when empty."""
+        raw = self._cf[META].get(APPLIED_OFFSET)
+        return -1 if raw is None else int(_I64.unpack(raw)[0])
+
+    def fold_version(self) -> int | None:
+        raw = self._cf[META].get(FOLD_VERSION)
+        return None if raw is None else int(_U64.unpack(raw)[0])
+
+    def job(self, job_id: str) -> JobState | None:
+        raw = self._cf[JOBS].get(job_id.encode())
+        return None if raw is None else avro.decode_state(raw, JobState)
+
+    def schedule(self, schedule_id: str) -> ScheduleState | None:
+        raw = self._cf[SCHEDULES].get(schedule_id.encode())
+        return None if raw is None else avro.decode_state(raw, ScheduleState)
+
+    def due_job_ids(self, now: int, limit: int) -> list[str]:
+        """Scheduled jobs with ``run_at <= now``, earliest first; reads only due keys."""
+        return self._ids_until(DUE, now, limit)
+
+    def expired_lease_ids(self, now: int, limit: int) -> list[str]:
+        return self._ids_until(LEASES, now, limit)
+
+    def due_schedule_ids(self, now: int, limit: int) -> list[str]:
+        return self._ids_until(CRON_DUE, now, limit)
+
+    def next_due_at(self) -> int | None:
+        """The earliest time anything in this partition becomes due (run_at, lease end, cron)."""
+        firsts = [self._first_time(name) for name in (DUE, LEASES, CRON_DUE)]
+        times = [t for t in firsts if t is not None]
+        return min(times) if times else None
+
+    def timeline(self, job_id: str) -> list[TimelineEntry]:
+        prefix = _id(job_id)
+        return [
+            avro.decode_timeline(value)
+            for _, value in self._scan(TIMELINE, prefix, _prefix_end(prefix))
+        ]
+
+    def undecodable(self) -> list[TimelineEntry]:
+        return [avro.decode_timeline(_split_undecodable(v)[0]) for _, v in self._scan(UNDECODABLE)]
+
+    def jobs(self) -> Iterator[JobState]:
+        for _, value in self._scan(JOBS):
+            yield avro.decode_state(value, JobState)
+
+    def schedules(self) -> Iterator[ScheduleState]:
+        for _, value in self._scan(SCHEDULES):
+            yield avro.decode_state(value, ScheduleState)
+
+    def in_flight_by_queue(self) -> dict[str, int]:
+        """Leased and running jobs per queue, counted from the lease index."""
+        counts: dict[str, int] = {}
+        for key, _ in self._scan(LEASES):
+            state = self.job(key[8:].decode())
+            if state is not None and state.status in ACTIVE_STATUSES:
+                counts[state.queue] = counts.get(state.queue, 0) + 1
+        return counts
+
+    def digest(self) -> str:
+        """SHA-256 over every derived key and value and the applied offset: equal iff same index."""
+        h = hashlib.sha256()
+        for name in DIGEST_FAMILIES:
+            h.update(name.encode() + b"\x00")
+            for key, value in self._scan(name):
+                h.update(_U64.pack(len(key)) + key + _U64.pack(len(value)) + value)
+        h.update(_I64.pack(self.applied_offset()))
+        return h.hexdigest()
+
+    # --- writes ----------------------------------------------------------------------------
+
+    def write(self, batch: IndexBatch, applied_offset: int, fold_version: int) -> None:
+        """Apply every change of ``batch`` and the new applied offset atomically."""
+        wb = WriteBatch(raw_mode=True)
+        for job_id, state in batch.jobs.items():
+            self._put_job(wb, batch.before_jobs.get(job_id), state)
+        for schedule_id, schedule in batch.schedules.items():
+            self._put_schedule(wb, batch.before_schedules.get(schedule_id), schedule)
+        for job_id, entry in batch.timeline:
+            wb.put(
+                timeline_key(job_id, entry.offset), avro.encode_timeline(entry), self._h(TIMELINE)
+            )
+        for entry, raw in batch.undecodable:
+            value = _join_undecodable(avro.encode_timeline(entry), raw)
+            wb.put(_U64.pack(entry.offset), value, self._h(UNDECODABLE))
+        wb.put(APPLIED_OFFSET, _I64.pack(applied_offset), self._h(META))
+        wb.put(FOLD_VERSION, _U64.pack(fold_version), self._h(META))
+        try:
+            self._db.write(wb)
+        except Exception as exc:
+            raise StoreError(f"index write failed at {self.path}: {exc}") from exc
+
+    def _put_job(self, wb: WriteBatch, before: JobState | None, state: JobState) -> None:
+        key = state.job_id
+        if before is not None and before.status is Status.SCHEDULED:
+            wb.delete(time_key(before.run_at, key), self._h(DUE))
+        if before is not None and before.lease_until is not None:
+            wb.delete(time_key(before.lease_until, key), self._h(LEASES))
+        if state.status is Status.SCHEDULED:
+            wb.put(time_key(state.run_at, key), b"", self._h(DUE))
+        if state.lease_until is not None:
+            wb.put(time_key(state.lease_until, key), _U64.pack(state.token), self._h(LEASES))
+        if state.idempotency_key is not None and before is None:
+            keys_key = state.queue.encode() + b"\x00" + state.idempotency_key.encode()
+            wb.put(keys_key, key.encode(), self._h(KEYS))
+        wb.put(key.encode(), avro.encode_state(state), self._h(JOBS))
+
+    def _put_schedule(
+        self, wb: WriteBatch, before: ScheduleState | None, schedule: ScheduleState
+    ) -> None:
+        sid = schedule.schedule_id
+        if before is not None and before.next_fire_at is not None:
+            wb.delete(time_key(before.next_fire_at, sid), self._h(CRON_DUE))
+        if schedule.next_fire_at is not None:
+            wb.put(time_key(schedule.next_fire_at, sid), b"", self._h(CRON_DUE))
+        wb.put(sid.encode(), avro.encode_state(schedule), self._h(SCHEDULES))
+
+    def close(self) -> None:
+        # Column-family handles keep the DB locked after close(): drop them first.
+        self._cf.clear()
+        self._handles.clear()
+        self._db.close()
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _h(self, name: str) -> Any:
+        return self._handles[name]
+
+    def _scan(
+        self, name: str, start: bytes = b"", end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        read = ReadOptions()
+        if end is not None:
+            read.set_iterate_upper_bound(end)
+        yield from self._cf[name].items(from_key=start, read_opt=read)
+
+    def _ids_until(self, name: str, now: int, limit: int) -> list[str]:
+        found: list[str] = []
+        for key, _ in self._scan(name, b"", _U64.pack(max(0, now) + 1)):
+            found.append(key[8:].decode())
+            if len(found) >= limit:
+                break
+        return found
+
+    def _first_time(self, name: str) -> int | None:
+        for key, _ in self._scan(name):
+            return int(_U64.unpack(key[:8])[0])
+        return None
+
+
+def _options() -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    return options
+
+
+def _prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix``."""
+    trimmed = prefix.rstrip(b"\xff")
+    return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else b"\xff" * (len(prefix) + 1)
+
+
+def _join_undecodable(entry: bytes, raw: bytes) -> bytes:
+    return _U64.pack(len(entry)) + entry + raw
+
+
+def _split_undecodable(value: bytes) -> tuple[bytes, bytes]:
+    size = int(_U64.unpack(value[:8])[0])
+    return value[8 : 8 + size], value[8 + size :]

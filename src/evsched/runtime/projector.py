@@ -1,0 +1,144 @@
+"""The projector: decodes a partition's records and folds them into an index batch.
+
+Used by nodes (which also emit) and read replicas and rebuilds (which never emit). Undecodable
+bytes are recorded with their position and skipped; nothing here can crash on a record's content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from evsched.adapters import avro
+from evsched.adapters.index import IndexBatch, PartitionIndex
+from evsched.adapters.kafka import Record
+from evsched.core.events import (
+    AttemptSucceeded,
+    Effect,
+    Event,
+    Position,
+    ScheduleDeleted,
+    ScheduleFired,
+    ScheduleUpserted,
+)
+from evsched.core.fold import FOLD_VERSION, fold
+from evsched.core.schedules import fold_schedule
+from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, TimelineEntry, Verdict
+from evsched.errors import DecodeError
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptedEffect:
+    """An effect of an applied success: published once, keyed by job id and token."""
+
+    job_id: str
+    token: int
+    index: int
+    effect: Effect
+
+
+@dataclass(slots=True)
+class Folded:
+    """What folding a run of records produced, before it is committed to the index."""
+
+    batch: IndexBatch = field(default_factory=IndexBatch)
+    last_offset: int | None = None
+    effects: list[AcceptedEffect] = field(default_factory=list)
+    seen_event_ids: set[str] = field(default_factory=set)
+    verdicts: list[tuple[str, Verdict]] = field(default_factory=list)
+
+
+class Projector:
+    """Folds records of one partition on top of its index, tracking in-flight jobs per queue."""
+
+    def __init__(self, index: PartitionIndex) -> None:
+        self.index = index
+        self.in_flight: dict[str, int] = index.in_flight_by_queue()
+
+    def fold(self, records: Iterable[Record], folded: Folded | None = None) -> Folded:
+        out = Folded() if folded is None else folded
+        for record in records:
+            self._fold_one(record, out)
+            out.last_offset = record.offset
+        return out
+
+    def commit(self, folded: Folded) -> None:
+        """Write the batch and its last offset in one WriteBatch (after outputs are durable)."""
+        if folded.last_offset is not None:
+            self.index.write(folded.batch, folded.last_offset, FOLD_VERSION)
+
+    def job(self, job_id: str, folded: Folded | None = None) -> JobState | None:
+        if folded is not None and job_id in folded.batch.jobs:
+            return folded.batch.jobs[job_id]
+        return self.index.job(job_id)
+
+    def schedule(self, schedule_id: str, folded: Folded | None = None) -> ScheduleState | None:
+        if folded is not None and schedule_id in folded.batch.schedules:
+            return folded.batch.schedules[schedule_id]
+        return self.index.schedule(schedule_id)
+
+    def _fold_one(self, record: Record, out: Folded) -> None:
+        position = Position(partition=record.partition, offset=record.offset, log_at=record.log_at)
+        try:
+            event = avro.decode_event(record.value or b"")
+        except DecodeError as exc:
+            out.batch.undecodable.append((_undecodable(position, exc.reason), record.value or b""))
+            out.verdicts.append(("undecodable", Verdict.UNDECODABLE))
+            return
+        out.seen_event_ids.add(event.event_id)
+        match event:
+            case ScheduleUpserted() | ScheduleDeleted() | ScheduleFired():
+                self._fold_schedule(event, position, out)
+            case _:
+                self._fold_job(event, position, out)
+
+    def _fold_job(self, event: Event, position: Position, out: Folded) -> None:
+        assert not isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired)
+        before = self.job(event.job_id, out)
+        after, entry = fold(before, event, position)
+        out.verdicts.append((entry.kind, entry.verdict))
+        out.batch.timeline.append((event.job_id, entry))
+        if entry.verdict is not Verdict.APPLIED or after is None:
+            return
+        if event.job_id not in out.batch.before_jobs:
+            out.batch.before_jobs[event.job_id] = before
+        out.batch.jobs[event.job_id] = after
+        self._count(before, after)
+        if isinstance(event, AttemptSucceeded):
+            out.effects.extend(
+                AcceptedEffect(job_id=event.job_id, token=event.token, index=i, effect=effect)
+                for i, effect in enumerate(event.effects)
+            )
+
+    def _fold_schedule(
+        self,
+        event: ScheduleUpserted | ScheduleDeleted | ScheduleFired,
+        position: Position,
+        out: Folded,
+    ) -> None:
+        before = self.schedule(event.schedule_id, out)
+        after, entry = fold_schedule(before, event, position)
+        out.verdicts.append((entry.kind, entry.verdict))
+        out.batch.timeline.append((event.schedule_id, entry))
+        if entry.verdict is Verdict.APPLIED and after is not None:
+            out.batch.before_schedules.setdefault(event.schedule_id, before)
+            out.batch.schedules[event.schedule_id] = after
+
+    def _count(self, before: JobState | None, after: JobState) -> None:
+        was = before is not None and before.status in ACTIVE_STATUSES
+        now = after.status in ACTIVE_STATUSES
+        if was != now:
+            self.in_flight[after.queue] = self.in_flight.get(after.queue, 0) + (1 if now else -1)
+
+
+def _undecodable(position: Position, reason: str) -> TimelineEntry:
+    return TimelineEntry(
+        partition=position.partition,
+        offset=position.offset,
+        log_at=position.log_at,
+        kind="undecodable",
+        event_id="",
+        source="",
+        verdict=Verdict.UNDECODABLE,
+        reason=reason,
+    )

@@ -1,0 +1,173 @@
+"""The RocksDB index and the projector on a real RocksDB: queues move with state, writes are atomic
+with the offset, timelines keep every verdict, and two folds of one log have one digest."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from evsched.adapters import avro
+from evsched.adapters.index import PartitionIndex
+from evsched.adapters.kafka import Record
+from evsched.core import events as ev
+from evsched.core.fold import FOLD_VERSION
+from evsched.core.state import Status, Verdict
+from evsched.runtime.projector import Projector
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[PartitionIndex]:
+    idx = PartitionIndex(tmp_path / "p0", 0)
+    yield idx
+    idx.close()
+
+
+class Log:
+    """Encoded records at increasing offsets, as a partition of the events topic holds them."""
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    def add(self, event: ev.Event | bytes, log_at: int) -> Record:
+        value = event if isinstance(event, bytes) else avro.encode_event(event)
+        record = Record("t.events", 0, len(self.records), log_at, b"k", value)
+        self.records.append(record)
+        return record
+
+
+def enqueued(job_id: str, run_at: int | None = None, **kw: object) -> ev.JobEnqueued:
+    return ev.JobEnqueued(
+        event_id=f"e-{job_id}",
+        job_id=job_id,
+        emitted_at=0,
+        source="client",
+        task="t",
+        queue="q",
+        args=b"[]",
+        run_at=run_at,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def leased(job_id: str, token: int, attempt: int = 1) -> ev.JobLeased:
+    return ev.JobLeased(
+        event_id=f"l-{job_id}-{token}",
+        job_id=job_id,
+        emitted_at=0,
+        source="node-1",
+        token=token,
+        attempt=attempt,
+        lease_ms=1_000,
+    )
+
+
+def started(job_id: str, token: int) -> ev.AttemptStarted:
+    return ev.AttemptStarted(
+        event_id=f"s-{job_id}-{token}",
+        job_id=job_id,
+        emitted_at=0,
+        source="worker-1",
+        token=token,
+        worker_id="w1",
+        lease_ms=5_000,
+    )
+
+
+def succeeded(job_id: str, token: int, eid: str | None = None) -> ev.AttemptSucceeded:
+    return ev.AttemptSucceeded(
+        event_id=eid or f"ok-{job_id}-{token}",
+        job_id=job_id,
+        emitted_at=0,
+        source="worker-1",
+        token=token,
+        result=b"1",
+        effects=(ev.Effect(kind="mail", payload=b"hi"),),
+    )
+
+
+def fold_all(index: PartitionIndex, records: list[Record]) -> Projector:
+    projector = Projector(index)
+    projector.commit(projector.fold(records))
+    return projector
+
+
+def test_due_and_lease_queues_follow_the_job(index: PartitionIndex) -> None:
+    log = Log()
+    log.add(enqueued("a", run_at=2_000), 1_000)
+    log.add(enqueued("b"), 1_000)
+    projector = fold_all(index, log.records)
+    assert index.due_job_ids(now=1_500, limit=10) == ["b"]
+    assert index.due_job_ids(now=2_000, limit=10) == ["b", "a"]
+    assert index.next_due_at() == 1_000
+
+    more = [log.add(leased("b", 1), 1_600), log.add(started("b", 1), 1_700)]
+    projector.commit(projector.fold(more))
+    assert index.due_job_ids(now=5_000, limit=10) == ["a"]
+    assert index.expired_lease_ids(now=6_700, limit=10) == ["b"]  # 1_700 + 5_000
+    assert index.expired_lease_ids(now=6_699, limit=10) == []
+    assert projector.in_flight == {"q": 1}
+    assert index.in_flight_by_queue() == {"q": 1}
+    assert index.applied_offset() == 3
+    assert index.fold_version() == FOLD_VERSION
+
+
+def test_effects_only_from_the_applied_success_and_timeline_keeps_every_verdict(
+    index: PartitionIndex,
+) -> None:
+    log = Log()
+    for event, at in [
+        (enqueued("a"), 1_000),
+        (leased("a", 1), 1_001),
+        (started("a", 1), 1_002),
+        (succeeded("a", 1), 1_003),
+        (succeeded("a", 1, eid="retry"), 1_004),
+    ]:
+        log.add(event, at)
+    log.add(b"\x00garbage", 1_005)
+    projector = Projector(index)
+    folded = projector.fold(log.records)
+    assert [(e.job_id, e.token, e.effect.kind) for e in folded.effects] == [("a", 1, "mail")]
+    projector.commit(folded)
+    verdicts = [(t.kind, t.verdict) for t in index.timeline("a")]
+    assert verdicts[-1][0] == "AttemptSucceeded"
+    assert verdicts[-1][1] is not Verdict.APPLIED
+    assert [v for _, v in verdicts[:-1]] == [Verdict.APPLIED] * 4
+    (bad,) = index.undecodable()
+    assert bad.offset == 5 and bad.verdict is Verdict.UNDECODABLE and bad.reason
+    state = index.job("a")
+    assert state is not None and state.status is Status.SUCCEEDED
+
+
+def test_reopen_resumes_and_two_folds_of_one_log_share_a_digest(tmp_path: Path) -> None:
+    log = Log()
+    for i in range(50):
+        log.add(enqueued(f"j{i}", run_at=1_000 + i), 900)
+    log.add(leased("j1", 1), 1_001)
+
+    live = PartitionIndex(tmp_path / "live", 0)
+    fold_all(live, log.records[:20])
+    live.close()
+    live = PartitionIndex(tmp_path / "live", 0)  # resume after a restart
+    assert live.applied_offset() == 19
+    fold_all(live, log.records[20:])
+
+    rebuilt = PartitionIndex(tmp_path / "rebuilt", 0)
+    fold_all(rebuilt, log.records)
+    assert live.digest() == rebuilt.digest()
+
+    other = PartitionIndex(tmp_path / "other", 0)
+    fold_all(other, log.records[:-1])
+    assert other.digest() != rebuilt.digest()
+    for idx in (live, rebuilt, other):
+        idx.close()
+
+
+def test_events_for_unknown_jobs_are_audited_without_creating_state(index: PartitionIndex) -> None:
+    log = Log()
+    log.add(started("ghost", 3), 1_000)
+    fold_all(index, log.records)
+    assert index.job("ghost") is None
+    (entry,) = index.timeline("ghost")
+    assert entry.verdict is Verdict.REJECTED
