@@ -26,3 +26,40 @@ class EncodeError(EvschedError):
         super().__init__(reason)
         self.reason = reason
 
+
+class InvalidEnqueue(EvschedError, ValueError):
+    """A client call that would write a bad event; nothing was written. ``field`` names the culprit."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class UnknownTask(InvalidEnqueue):
+    """Enqueue by name of a task the app does not define."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__("task", f"no task named {name!r} is registered with this app")
+        self.name = name
+
+
+class InvalidTask(EvschedError, ValueError):
+    """A task definition with a bad option (e.g. ``max_attempts=0``)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class PublishError(EvschedError):
+    """The broker did not acknowledge a write: the event may or may not be in the log."""
+
+
+class NoJobReader(EvschedError):
+    """A read (``get_job``) on an app that was given no JobReader."""
+
+
+class StoreError(EvschedError):
+    """The RocksDB index could not be opened or written."""
