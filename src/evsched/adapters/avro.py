@@ -19,8 +19,10 @@ from evsched.adapters.avro_registry import (
     ParsedSchema,
     SchemaRegistry,
     parse_contract_schema,
+    schema_fingerprint,
 )
 from evsched.adapters.contract import load_schema_files
+from evsched.core.dispatch import Dispatch
 from evsched.core.events import EVENT_TYPES, Event
 from evsched.core.state import JobState, ScheduleState, TimelineEntry
 from evsched.errors import ContractError, DecodeError, EncodeError
@@ -29,6 +31,7 @@ T = TypeVar("T")
 StateT = TypeVar("StateT", JobState, ScheduleState)
 
 PROJECTION_NAMESPACE = "evsched.projections"
+DISPATCH_NAMESPACE = "evsched.dispatch"
 _MAX_REASON = 200
 
 
@@ -215,3 +218,43 @@ def encode_timeline(entry: TimelineEntry) -> bytes:
 def decode_timeline(data: bytes) -> TimelineEntry:
     """A stored ``timeline`` value; raises only DecodeError."""
     return _TIMELINE.decode(data)
+
+
+# --- dispatch records: <ns>.dispatch.<queue>, single-object encoded like events -----------------
+
+
+def _dispatch_plan() -> _WritePlan:
+    schema = load_schema_files("schemas", "dispatch").get("dispatch/Dispatch.avsc")
+    if not isinstance(schema, dict) or schema.get("namespace") != DISPATCH_NAMESPACE:
+        raise ContractError(f"schemas/dispatch/Dispatch.avsc: no {DISPATCH_NAMESPACE} record")
+    return _WritePlan(
+        header=MAGIC + schema_fingerprint(schema),
+        schema=parse_contract_schema(schema, "Dispatch.avsc"),
+        mapper=mapper_for(Dispatch),
+    )
+
+
+_DISPATCH = _dispatch_plan()
+
+
+def encode_dispatch(dispatch: Dispatch) -> bytes:
+    """``C3 01`` + the Dispatch schema's fingerprint + the Avro body; raises EncodeError."""
+    try:
+        return _write(_DISPATCH.header, _DISPATCH.schema, _DISPATCH.mapper.to_avro(dispatch))
+    except Exception as exc:  # fastavro reports bad values with assorted types
+        raise EncodeError(f"Dispatch: {type(exc).__name__}: {exc}") from exc
+
+
+def decode_dispatch(data: bytes) -> Dispatch:
+    """The dispatch record in ``data``; raises only DecodeError."""
+    try:
+        if data[:HEADER_SIZE] != _DISPATCH.header:
+            raise DecodeError(f"not a Dispatch record: header {bytes(data[:HEADER_SIZE]).hex()}")
+        dispatch: Dispatch = _DISPATCH.mapper.from_avro(
+            _read(data, HEADER_SIZE, _DISPATCH.schema, None)
+        )
+    except DecodeError:
+        raise
+    except Exception as exc:  # anything the bytes provoke must surface as a DecodeError
+        raise DecodeError(_decode_reason(exc)) from exc
+    return dispatch
