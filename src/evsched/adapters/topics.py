@@ -1,0 +1,277 @@
+"""evsched's Kafka topics: their names, the configs the engine needs, and checked provisioning."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+
+from evsched.errors import EvschedError
+
+DAY_MS = 86_400_000
+DISPATCH_RETENTION_MS = 7 * DAY_MS
+INFINITE = "-1"
+_LEGAL_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_MAX_NAME_LEN = 249
+
+
+class TopicProvisioningError(EvschedError):
+    """Topics could not be created or checked (broker unreachable, request refused, timeout)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    """One setting of an existing topic that differs from what evsched needs."""
+
+    topic: str
+    setting: str
+    actual: str
+    expected: str
+
+    def __str__(self) -> str:
+        return (
+            f"topic {self.topic!r} has {self.setting}={self.actual}, evsched needs {self.expected}"
+        )
+
+
+class TopicMisconfigured(TopicProvisioningError):
+    """An existing topic is configured differently from what evsched needs; it is never used so."""
+
+    def __init__(self, mismatches: Sequence[Mismatch]) -> None:
+        self.mismatches = tuple(mismatches)
+        details = "; ".join(str(m) for m in self.mismatches)
+        super().__init__(f"{details} (change or delete the topic; evsched will not use it as is)")
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """One namespace's topic names: ``<ns>.events``, ``<ns>.effects``, ``<ns>.dispatch.<q>``."""
+
+    namespace: str
+
+    def __post_init__(self) -> None:
+        _check_name_part("namespace", self.namespace)
+
+    @property
+    def events(self) -> str:
+        return f"{self.namespace}.events"
+
+    @property
+    def effects(self) -> str:
+        return f"{self.namespace}.effects"
+
+    def dispatch(self, queue: str) -> str:
+        _check_name_part("queue", queue)
+        return f"{self.namespace}.dispatch.{queue}"
+
+
+def _check_name_part(what: str, value: str) -> None:
+    if not _LEGAL_NAME.fullmatch(value) or len(value) > _MAX_NAME_LEN - len(".dispatch."):
+        raise ValueError(f"{what} {value!r} can't be part of a Kafka topic name ([A-Za-z0-9._-]+)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicSpec:
+    """A topic as evsched needs it; ``configs`` are checked one by one on an existing topic."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+def topic_specs(
+    namespace: str,
+    *,
+    event_partitions: int,
+    queues: Iterable[str],
+    dispatch_partitions: int | None = None,
+    effects_partitions: int | None = None,
+    replication_factor: int = 1,
+    dispatch_retention_ms: int = DISPATCH_RETENTION_MS,
+) -> list[TopicSpec]:
+    """The namespace's topics; dispatch and effects default to as many partitions as events."""
+    names = Topics(namespace)
+    forever = {"cleanup.policy": "delete", "retention.ms": INFINITE, "retention.bytes": INFINITE}
+    # The fold reads time from the broker's append time, never from a producer's clock.
+    events = TopicSpec(
+        name=names.events,
+        partitions=event_partitions,
+        replication_factor=replication_factor,
+        configs={**forever, "message.timestamp.type": "LogAppendTime"},
+    )
+    effects = TopicSpec(
+        name=names.effects,
+        partitions=effects_partitions or event_partitions,
+        replication_factor=replication_factor,
+        configs=forever,
+    )
+    dispatch = [
+        TopicSpec(
+            name=names.dispatch(queue),
+            partitions=dispatch_partitions or event_partitions,
+            replication_factor=replication_factor,
+            configs={"cleanup.policy": "delete", "retention.ms": str(dispatch_retention_ms)},
+        )
+        for queue in dict.fromkeys(queues)
+    ]
+    return [events, *dispatch, effects]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObservedTopic:
+    """What the cluster says about an existing topic."""
+
+    partitions: int
+    replication_factor: int
+    configs: Mapping[str, str]
+
+
+def find_mismatches(spec: TopicSpec, observed: ObservedTopic) -> list[Mismatch]:
+    """Every way ``observed`` differs from ``spec``; more replicas than asked for is fine."""
+    found = []
+    if observed.partitions != spec.partitions:
+        found.append(
+            Mismatch(spec.name, "partitions", str(observed.partitions), str(spec.partitions))
+        )
+    if observed.replication_factor < spec.replication_factor:
+        found.append(
+            Mismatch(
+                spec.name,
+                "replication.factor",
+                str(observed.replication_factor),
+                f">= {spec.replication_factor}",
+            )
+        )
+    for key, expected in spec.configs.items():
+        actual = observed.configs.get(key)
+        if actual != expected:
+            found.append(Mismatch(spec.name, key, str(actual), expected))
+    return found
+
+
+async def ensure_topics(
+    bootstrap: str,
+    namespace: str,
+    *,
+    event_partitions: int,
+    queues: Iterable[str],
+    dispatch_partitions: int | None = None,
+    effects_partitions: int | None = None,
+    replication_factor: int = 1,
+    dispatch_retention_ms: int = DISPATCH_RETENTION_MS,
+    timeout_s: float = 30.0,
+    **client_options: Any,
+) -> list[str]:
+    """Create the namespace's missing topics and check every one; their names, events first.
+
+    ``client_options`` go to aiokafka's admin client as they are (TLS/SASL settings).
+    Raises TopicMisconfigured when an existing topic differs from what evsched needs.
+    """
+    specs = topic_specs(
+        namespace,
+        event_partitions=event_partitions,
+        queues=queues,
+        dispatch_partitions=dispatch_partitions,
+        effects_partitions=effects_partitions,
+        replication_factor=replication_factor,
+        dispatch_retention_ms=dispatch_retention_ms,
+    )
+    await provision(bootstrap, specs, timeout_s=timeout_s, **client_options)
+    return [spec.name for spec in specs]
+
+
+async def provision(
+    bootstrap: str, specs: Sequence[TopicSpec], *, timeout_s: float = 30.0, **client_options: Any
+) -> None:
+    """Create the topics of ``specs`` that don't exist, then check all of them against ``specs``."""
+    timeout_ms = int(timeout_s * 1000)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms, **client_options
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            await _create_missing(admin, specs, timeout_ms)
+            observed = await _observe_when_visible(admin, [spec.name for spec in specs])
+    except KafkaError as exc:
+        raise TopicProvisioningError(f"provisioning topics on {bootstrap} failed: {exc!r}") from exc
+    except TimeoutError as exc:
+        raise TopicProvisioningError(
+            f"provisioning topics on {bootstrap} took more than {timeout_s} s"
+        ) from exc
+    finally:
+        await admin.close()
+    found = [m for spec in specs for m in find_mismatches(spec, observed[spec.name])]
+    if found:
+        raise TopicMisconfigured(found)
+
+
+async def _create_missing(
+    admin: AIOKafkaAdminClient, specs: Sequence[TopicSpec], timeout_ms: int
+) -> None:
+    existing = set(await admin.list_topics())
+    missing = [spec for spec in specs if spec.name not in existing]
+    if not missing:
+        return
+    new_topics = [
+        NewTopic(
+            spec.name, spec.partitions, spec.replication_factor, topic_configs=dict(spec.configs)
+        )
+        for spec in missing
+    ]
+    response = await admin.create_topics(new_topics, timeout_ms=timeout_ms)
+    for result in response.to_object()["topic_errors"]:
+        error = for_code(result["error_code"])
+        # Another process may have created it meanwhile; it gets checked like any existing topic.
+        if result["error_code"] != 0 and error is not TopicAlreadyExistsError:
+            detail = result.get("error_message") or error.__name__
+            raise TopicProvisioningError(f"creating topic {result['topic']!r} failed: {detail}")
+
+
+async def _observe_when_visible(
+    admin: AIOKafkaAdminClient, names: Sequence[str]
+) -> dict[str, ObservedTopic]:
+    # A topic just created may take a moment to reach the broker's metadata cache.
+    while True:
+        try:
+            return await _observe(admin, names)
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+        await asyncio.sleep(0.1)
+
+
+async def _observe(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str, ObservedTopic]:
+    layout: dict[str, tuple[int, int]] = {}
+    for topic in await admin.describe_topics(list(names)):
+        _raise_for_code(topic["error_code"], topic["topic"])
+        partitions = topic["partitions"]
+        replicas = min((len(p["replicas"]) for p in partitions), default=0)
+        layout[topic["topic"]] = (len(partitions), replicas)
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+    configs: dict[str, dict[str, str]] = {}
+    for response in await admin.describe_configs(resources):
+        for resource in response.to_object()["resources"]:
+            _raise_for_code(resource["error_code"], resource["resource_name"])
+            entries = resource["config_entries"]
+            configs[resource["resource_name"]] = {
+                e["config_names"]: e["config_value"] for e in entries
+            }
+    return {
+        name: ObservedTopic(
+            partitions=layout[name][0], replication_factor=layout[name][1], configs=configs[name]
+        )
+        for name in names
+    }
+
+
+def _raise_for_code(code: int, topic: str) -> None:
+    if code != 0:
+        raise for_code(code)(f"topic {topic!r}")
