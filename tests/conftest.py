@@ -1,0 +1,170 @@
+"""Shared fixtures: one Kafka broker per session for tests marked ``broker``, unique names per test.
+
+Where the broker comes from, first match wins:
+
+1. ``EVSCHED_KAFKA_BOOTSTRAP`` names one that already runs;
+2. testcontainers' Kafka container, when a Docker daemon answers;
+3. a local broker from Maven Central jars (``evsched.devstack``) in a temp dir on free ports.
+
+Without any, broker tests are skipped, except under ``CI=true``, where that is a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from evsched.adapters.topics import ensure_topics
+from evsched.devstack.broker import LocalBroker
+from evsched.devstack.errors import DevstackError
+from evsched.devstack.process import free_port
+
+BOOTSTRAP_ENV = "EVSCHED_KAFKA_BOOTSTRAP"
+TEST_EVENT_PARTITIONS = 3
+TEST_QUEUES = ("default",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A test that uses the broker is a broker test, so `-m "not broker"` leaves it out.
+    for item in items:
+        if "kafka_bootstrap" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.broker)
+
+
+@pytest.fixture(autouse=True)
+def _broker_for_marked_tests(request: pytest.FixtureRequest) -> None:
+    # A test marked `broker` gets skipped (or failed in CI) when there is none, even if it
+    # reaches the broker by other means than the fixture.
+    if request.node.get_closest_marker("broker") is not None:
+        request.getfixturevalue("kafka_bootstrap")
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() == "true"
+
+
+def _docker_answers(timeout_s: float = 1.5) -> bool:
+    """True when a Docker daemon answers a ping quickly; any failure means no."""
+    socket_path = Path("/var/run/docker.sock")
+    if not os.environ.get("DOCKER_HOST") and not socket_path.exists():
+        return False
+    try:
+        import docker
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            client = docker.from_env(timeout=int(max(1, timeout_s)))
+            try:
+                return bool(client.ping())
+            finally:
+                client.close()
+    except Exception:
+        return False
+
+
+def _container_bootstrap(stack: contextlib.ExitStack, problems: list[str]) -> str | None:
+    if not _docker_answers():
+        problems.append("no Docker daemon answers")
+        return None
+    try:
+        from testcontainers.community.kafka import KafkaContainer
+
+        container = (
+            KafkaContainer()
+            .with_kraft()
+            .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+            .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+            .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+            .with_env("KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS", "4")
+        )
+        stack.enter_context(container)
+        return str(container.get_bootstrap_server())
+    except Exception as exc:
+        problems.append(f"testcontainers' Kafka failed: {exc!r}")
+        return None
+
+
+def _distinct_free_ports() -> tuple[int, int]:
+    port = free_port()
+    controller_port = free_port()
+    while controller_port == port:
+        controller_port = free_port()
+    return port, controller_port
+
+
+def _local_bootstrap(
+    stack: contextlib.ExitStack, data_dir: Path, problems: list[str]
+) -> str | None:
+    port, controller_port = _distinct_free_ports()
+    broker = LocalBroker(data_dir, port, controller_port, ready_timeout_s=120.0)
+    try:
+        status = broker.up()
+    except DevstackError as exc:
+        problems.append(f"local broker: {exc}")
+        return None
+    stack.callback(broker.down)
+    return status.bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The bootstrap address of a broker that lives for the whole session."""
+    external = os.environ.get(BOOTSTRAP_ENV, "").strip()
+    if external:
+        yield external
+        return
+    with contextlib.ExitStack() as stack:
+        problems: list[str] = []
+        bootstrap = _container_bootstrap(stack, problems) or _local_bootstrap(
+            stack, tmp_path_factory.mktemp("kafka"), problems
+        )
+        if bootstrap is None:
+            reason = "no Kafka broker: " + "; ".join(problems)
+            if _in_ci():
+                pytest.fail(f"{reason} (CI=true: broker tests must run)", pytrace=False)
+            pytest.skip(reason)
+        yield bootstrap
+
+
+def unique_name(prefix: str) -> str:
+    """A name no other test (or earlier run against the same broker) uses."""
+    return f"{prefix}{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def group_id() -> str:
+    return unique_name("g")
+
+
+@pytest.fixture
+async def fresh_namespace(kafka_bootstrap: str) -> AsyncIterator[str]:
+    """A namespace of its own, without topics; its topics are deleted after the test."""
+    namespace = unique_name("t")
+    yield namespace
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        await admin.start()
+        ours = [t for t in await admin.list_topics() if t.startswith(f"{namespace}.")]
+        if ours:
+            await admin.delete_topics(ours)
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def namespace(kafka_bootstrap: str, fresh_namespace: str) -> str:
+    """A namespace whose topics exist: events (3 partitions), dispatch.default, effects."""
+    await ensure_topics(
+        kafka_bootstrap,
+        fresh_namespace,
+        event_partitions=TEST_EVENT_PARTITIONS,
+        queues=TEST_QUEUES,
+    )
+    return fresh_namespace
