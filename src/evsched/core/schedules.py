@@ -71,6 +71,8 @@ def _upserted(state: ScheduleState | None, event: ScheduleUpserted, position: Po
         next_fire = cron.next_fire_at(event.cron, event.timezone, after)
     except cron.InvalidSchedule as exc:
         return state, Verdict.REJECTED, str(exc)
+    if next_fire is None:
+        return state, Verdict.REJECTED, f"cron expression {event.cron!r} never fires again"
     upserted = ScheduleState(
         schedule_id=event.schedule_id,
         cron=event.cron,
@@ -88,20 +90,30 @@ def _upserted(state: ScheduleState | None, event: ScheduleUpserted, position: Po
 
 
 def _fired(state: ScheduleState | None, event: ScheduleFired, position: Position) -> Step:
-    if state is None or state.deleted or state.next_fire_at is None:
+    if state is None or state.deleted:
         return state, Verdict.REJECTED, "unknown or deleted schedule"
     if event.fire_at == state.last_fire_at:
         return state, Verdict.DUPLICATE, f"slot {event.fire_at} already fired"
-    if event.fire_at < state.next_fire_at:
-        return (
-            state,
-            Verdict.REJECTED,
-            (f"slot {event.fire_at} is before the next due slot {state.next_fire_at}"),
-        )
-    if event.fire_at > position.log_at:
-        return state, Verdict.REJECTED, f"slot {event.fire_at} fired before it was due"
+    refusal = _fire_refusal(state, event, position)
+    if refusal is not None:
+        return state, Verdict.REJECTED, refusal
+    # None once the expression has no slot left: the schedule is exhausted and fires no more.
     next_fire = cron.next_fire_at(state.cron, state.timezone, event.fire_at)
     fired = replace(
         state, last_fire_at=event.fire_at, last_job_id=event.job_id, next_fire_at=next_fire
     )
     return fired, Verdict.APPLIED, f"fired slot {event.fire_at} as job {event.job_id}"
+
+
+def _fire_refusal(state: ScheduleState, event: ScheduleFired, position: Position) -> str | None:
+    """Why a fire of a live schedule is rejected, or None when it may apply."""
+    if state.next_fire_at is None:
+        return "schedule exhausted: its expression has no slot left"
+    if event.fire_at < state.next_fire_at:
+        return f"slot {event.fire_at} is before the next due slot {state.next_fire_at}"
+    if event.fire_at > position.log_at:
+        return f"slot {event.fire_at} fired before it was due"
+    # A zombie node still firing a replaced expression must not shift the schedule off its slots.
+    if not cron.is_slot(state.cron, state.timezone, event.fire_at):
+        return f"{event.fire_at} is not a slot of {state.cron!r}"
+    return None

@@ -76,7 +76,7 @@ class JobState:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleState:
-    """A cron schedule; ``next_fire_at`` is None once deleted."""
+    """A cron schedule; ``next_fire_at`` is None once deleted or when no slot is left."""
 
     schedule_id: str
     cron: str
