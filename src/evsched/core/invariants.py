@@ -1,0 +1,184 @@
+"""Replays a recorded history through the fold and checks invariants I1, I6 and I7 on the way.
+
+A history is a sequence of ``(event, position)`` pairs in log order, job and schedule events mixed,
+from one or many partitions. ``replay`` folds it per entity (job id or schedule id) into final
+states and timelines and lists every ``Violation``. The checker keeps its own account of each
+job's ``run_at``, lease token and successes, built only from applied events, instead of trusting
+the fold's guards: a fold that wrongly applied an early lease or a reused token is caught. Tests
+can pass a deliberately broken fold (``fold_job``) to prove it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from evsched.core import retry
+from evsched.core.events import (
+    AttemptFailed,
+    AttemptStarted,
+    AttemptSucceeded,
+    Event,
+    JobEnqueued,
+    JobEvent,
+    JobLeased,
+    JobRequeued,
+    LeaseExpired,
+    Position,
+    RetryPolicy,
+    ScheduleDeleted,
+    ScheduleFired,
+    ScheduleUpserted,
+    entity_id,
+)
+from evsched.core.fold import fold
+from evsched.core.schedules import fold_schedule
+from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
+
+History = Iterable[tuple[Event, Position]]
+JobFold = Callable[[JobState | None, JobEvent, Position], tuple[JobState | None, TimelineEntry]]
+
+NO_DOUBLE_SUCCESS = "I1"
+NO_EARLY_START = "I6"
+TOKENS_INCREASE = "I7"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Violation:
+    """One breach of an invariant, located by job and log position."""
+
+    invariant: str
+    job_id: str
+    offset: int
+    partition: int
+    detail: str
+
+
+@dataclass(slots=True)
+class _Account:
+    """What the checker knows about one job from applied events alone."""
+
+    run_at: int | None = None
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    attempt: int = 0
+    token: int | None = None
+    successes: int = 0
+
+
+@dataclass(slots=True)
+class Replay:
+    """Final states, timelines and violations of a history fed to it in log order."""
+
+    fold_job: JobFold = fold
+    jobs: dict[str, JobState] = field(default_factory=dict)
+    schedules: dict[str, ScheduleState] = field(default_factory=dict)
+    job_timelines: dict[str, list[TimelineEntry]] = field(default_factory=dict)
+    schedule_timelines: dict[str, list[TimelineEntry]] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
+    _accounts: dict[str, _Account] = field(default_factory=dict)
+
+    def feed_all(self, history: History) -> Replay:
+        for event, position in history:
+            self.feed(event, position)
+        return self
+
+    def feed(self, event: Event, position: Position) -> TimelineEntry:
+        """Fold one event into its entity's state, record its timeline entry, check it."""
+        key = entity_id(event)
+        if isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
+            return self._feed_schedule(key, event, position)
+        before = self.jobs.get(key)
+        after, entry = self.fold_job(before, event, position)
+        if after is not None:
+            self.jobs[key] = after
+        self.job_timelines.setdefault(key, []).append(entry)
+        if entry.verdict is Verdict.APPLIED:
+            account = self._accounts.setdefault(key, _Account())
+            self.violations.extend(_audit(account, event, position, after))
+        return entry
+
+    def _feed_schedule(
+        self,
+        key: str,
+        event: ScheduleUpserted | ScheduleDeleted | ScheduleFired,
+        position: Position,
+    ) -> TimelineEntry:
+        after, entry = fold_schedule(self.schedules.get(key), event, position)
+        if after is not None:
+            self.schedules[key] = after
+        self.schedule_timelines.setdefault(key, []).append(entry)
+        return entry
+
+
+def replay(history: History, *, fold_job: JobFold = fold) -> Replay:
+    """Fold a whole history; the result holds final states, timelines and violations."""
+    return Replay(fold_job=fold_job).feed_all(history)
+
+
+def check_history(history: History, *, fold_job: JobFold = fold) -> list[Violation]:
+    """Every violation of I1, I6 and I7 in ``history``, in log order."""
+    return replay(history, fold_job=fold_job).violations
+
+
+def _audit(
+    account: _Account, event: JobEvent, position: Position, after: JobState | None
+) -> list[Violation]:
+    """Check one applied event against the account, then update the account with it."""
+    found: list[Violation] = []
+    match event:
+        case JobEnqueued() | JobRequeued():
+            account.run_at = position.log_at if event.run_at is None else event.run_at
+            if isinstance(event, JobEnqueued):
+                account.policy = event.retry
+        case JobLeased():
+            found += _early(account, event, position)
+            found += _token_reused(account, event, position)
+            account.token = event.token
+            account.attempt = event.attempt
+        case AttemptStarted():
+            found += _early(account, event, position)
+        case AttemptSucceeded():
+            account.successes += 1
+            if account.successes > 1:
+                found.append(_violation(NO_DOUBLE_SUCCESS, event, position, _twice(account)))
+        case AttemptFailed() | LeaseExpired():
+            if after is not None and after.status is Status.SCHEDULED:
+                delay = retry.backoff_ms(account.policy, event.job_id, account.attempt)
+                account.run_at = position.log_at + delay
+        case _:
+            pass
+    return found
+
+
+def _twice(account: _Account) -> str:
+    return f"applied success number {account.successes} of the job"
+
+
+def _early(
+    account: _Account, event: JobLeased | AttemptStarted, position: Position
+) -> list[Violation]:
+    if account.run_at is None:
+        why = "no enqueue of the job was applied before it"
+        return [_violation(NO_EARLY_START, event, position, why)]
+    if position.log_at < account.run_at:
+        why = f"log time {position.log_at} is before run_at {account.run_at}"
+        return [_violation(NO_EARLY_START, event, position, why)]
+    return []
+
+
+def _token_reused(account: _Account, event: JobLeased, position: Position) -> list[Violation]:
+    if account.token is not None and event.token <= account.token:
+        why = f"lease token {event.token} does not exceed previous token {account.token}"
+        return [_violation(TOKENS_INCREASE, event, position, why)]
+    return []
+
+
+def _violation(invariant: str, event: JobEvent, position: Position, detail: str) -> Violation:
+    kind = type(event).__name__
+    return Violation(
+        invariant=invariant,
+        job_id=event.job_id,
+        offset=position.offset,
+        partition=position.partition,
+        detail=f"{kind} {event.event_id}: {detail}",
+    )

@@ -1,0 +1,322 @@
+"""Focused tests of the job fold: retries, fencing, lease timing, idempotent enqueue, requeue."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from evsched.core import ids, retry
+from evsched.core.events import (
+    AttemptCheckpointed,
+    AttemptFailed,
+    AttemptStarted,
+    AttemptSucceeded,
+    JobCancelled,
+    JobEnqueued,
+    JobEvent,
+    JobLeased,
+    JobRequeued,
+    LeaseExpired,
+    LeaseRenewed,
+    Position,
+    RetryPolicy,
+)
+from evsched.core.fold import RECENT_EVENT_IDS, fold
+from evsched.core.state import JobState, Status, TimelineEntry, Verdict
+
+T0 = 1_700_000_000_000
+LEASE_MS = 30_000
+_seq = itertools.count()
+
+
+def _meta(**over: Any) -> dict[str, Any]:
+    return {"event_id": f"e{next(_seq)}", "job_id": "j", "emitted_at": 0, "source": "t"} | over
+
+
+def enqueue(**over: Any) -> JobEnqueued:
+    fields = {"task": "send", "queue": "mail", "args": b'{"to": 1}'} | over
+    return JobEnqueued(**_meta(**fields))
+
+
+def lease(token: int, attempt: int, lease_ms: int = LEASE_MS) -> JobLeased:
+    return JobLeased(**_meta(), token=token, attempt=attempt, lease_ms=lease_ms)
+
+
+def start(token: int, lease_ms: int = LEASE_MS) -> AttemptStarted:
+    return AttemptStarted(**_meta(), token=token, worker_id="w1", lease_ms=lease_ms)
+
+
+def renew(token: int, lease_ms: int = LEASE_MS) -> LeaseRenewed:
+    return LeaseRenewed(**_meta(), token=token, lease_ms=lease_ms)
+
+
+def checkpoint(token: int, data: bytes) -> AttemptCheckpointed:
+    return AttemptCheckpointed(**_meta(), token=token, checkpoint=data)
+
+
+def succeed(token: int) -> AttemptSucceeded:
+    return AttemptSucceeded(**_meta(), token=token, result=b"done")
+
+
+def fail(token: int, *, retryable: bool = True) -> AttemptFailed:
+    return AttemptFailed(**_meta(), token=token, error_type="E", message="m", retryable=retryable)
+
+
+def expire(token: int) -> LeaseExpired:
+    return LeaseExpired(**_meta(), token=token)
+
+
+def cancel() -> JobCancelled:
+    return JobCancelled(**_meta(), reason="user asked")
+
+
+def requeue(run_at: int | None = None) -> JobRequeued:
+    return JobRequeued(**_meta(), run_at=run_at)
+
+
+@dataclass
+class Job:
+    """One job's state, folded event by event at a log time the test controls."""
+
+    state: JobState | None = None
+    now: int = T0
+    offset: int = 0
+    entries: list[TimelineEntry] = field(default_factory=list)
+
+    def apply(self, event: JobEvent, *, at: int | None = None) -> TimelineEntry:
+        self.now = self.now if at is None else at
+        before = self.state
+        self.state, entry = fold(
+            before, event, Position(partition=3, offset=self.offset, log_at=self.now)
+        )
+        self.offset += 1
+        if entry.verdict is not Verdict.APPLIED:
+            assert self.state is before
+        self.entries.append(entry)
+        return entry
+
+    def run(self, *events: JobEvent) -> JobState:
+        for event in events:
+            entry = self.apply(event)
+            assert entry.verdict is Verdict.APPLIED, entry.reason
+        return self.current
+
+    @property
+    def current(self) -> JobState:
+        assert self.state is not None
+        return self.state
+
+
+def test_enqueue_without_run_at_is_due_at_its_log_time_and_clamps_max_attempts() -> None:
+    job = Job()
+    state = job.run(enqueue(max_attempts=0, labels={"b": "2", "a": "1"}))
+    assert (state.status, state.run_at, state.enqueued_at, state.partition) == (
+        Status.SCHEDULED,
+        T0,
+        T0,
+        3,
+    )
+    assert state.max_attempts == 1
+    assert list(state.labels) == ["a", "b"]
+
+
+def test_delayed_job_cannot_be_leased_before_run_at() -> None:
+    job = Job()
+    job.run(enqueue(run_at=T0 + 5_000))
+    early = job.apply(lease(1, 1), at=T0 + 4_999)
+    assert (early.verdict, early.reason) == (
+        Verdict.REJECTED,
+        "lease granted before the job's run_at",
+    )
+    assert job.apply(lease(1, 1), at=T0 + 5_000).verdict is Verdict.APPLIED
+
+
+def test_lease_token_must_strictly_increase() -> None:
+    job = Job()
+    job.run(enqueue(), lease(5, 1), start(5), fail(5))
+    job.now = job.current.run_at
+    for token in (0, 4, 5):
+        entry = job.apply(lease(token, 2))
+        assert entry.verdict is Verdict.REJECTED
+        assert "does not exceed current token 5" in entry.reason
+    assert job.apply(lease(6, 2)).verdict is Verdict.APPLIED
+
+
+def test_lease_for_the_wrong_attempt_number_is_rejected() -> None:
+    job = Job()
+    job.run(enqueue())
+    for attempt in (0, 2):
+        entry = job.apply(lease(1, attempt))
+        assert (entry.verdict, entry.reason) == (
+            Verdict.REJECTED,
+            f"lease for attempt {attempt}, expected attempt 1",
+        )
+
+
+def test_lease_times_come_from_log_time_not_from_the_worker() -> None:
+    job = Job()
+    job.run(enqueue())
+    assert job.run(lease(1, 1)).lease_until == T0 + LEASE_MS
+    job.now = T0 + 100
+    late_worker = AttemptStarted(
+        **_meta(emitted_at=T0 + 10**9), token=1, worker_id="w", lease_ms=50
+    )
+    assert job.run(late_worker).lease_until == T0 + 150
+    job.now = T0 + 400
+    assert job.run(renew(1, lease_ms=1_000)).lease_until == T0 + 1_400
+
+
+def test_lease_expired_before_lease_until_is_rejected() -> None:
+    job = Job()
+    job.run(enqueue(), lease(1, 1))
+    entry = job.apply(expire(1), at=T0 + LEASE_MS - 1)
+    assert (entry.verdict, job.current.status) == (Verdict.REJECTED, Status.LEASED)
+    job.run(start(1))  # the run lease now lasts until T0 + 2 * LEASE_MS - 1
+    assert job.apply(expire(1), at=T0 + LEASE_MS).verdict is Verdict.REJECTED
+    assert job.apply(expire(1), at=T0 + 2 * LEASE_MS - 1).verdict is Verdict.APPLIED
+    state = job.current
+    assert (state.status, state.attempt, state.lease_until, state.worker_id) == (
+        Status.SCHEDULED,
+        1,
+        None,
+        None,
+    )
+    assert state.last_error is not None
+    assert state.last_error.error_type == "LeaseExpired"
+
+
+def test_retryable_failure_reschedules_after_backoff_from_log_time() -> None:
+    job = Job()
+    job.run(enqueue(), lease(1, 1), start(1))
+    job.now = T0 + 777
+    state = job.run(fail(1))
+    expected = T0 + 777 + retry.backoff_ms(RetryPolicy(), "j", 1)
+    assert (state.status, state.run_at) == (Status.SCHEDULED, expected)
+    assert state.last_error is not None
+    assert state.last_error.retryable
+
+
+def test_permanent_failure_is_dead_at_once() -> None:
+    job = Job()
+    job.run(enqueue(max_attempts=5), lease(1, 1), start(1))
+    state = job.run(fail(1, retryable=False))
+    assert (state.status, state.attempt) == (Status.DEAD, 1)
+    assert "permanent error" in job.entries[-1].reason
+
+
+def test_attempts_exhausted_is_dead() -> None:
+    job = Job()
+    job.run(enqueue(max_attempts=2), lease(1, 1), start(1), fail(1))
+    job.now = job.current.run_at
+    job.run(lease(2, 2))
+    job.now += LEASE_MS
+    state = job.run(expire(2))  # a lease expiry counts as an attempt
+    assert (state.status, state.attempt) == (Status.DEAD, 2)
+    assert "2 attempts used" in job.entries[-1].reason
+
+
+def test_duplicate_event_id_is_a_duplicate_within_the_window() -> None:
+    job = Job()
+    first = enqueue()
+    job.run(first, lease(1, 1))
+    started = start(1)
+    job.run(started)
+    assert job.apply(started).verdict is Verdict.DUPLICATE
+    assert job.apply(first).verdict is Verdict.DUPLICATE
+    for _ in range(RECENT_EVENT_IDS + 3):
+        job.run(renew(1))
+    assert len(job.current.recent_event_ids) == RECENT_EVENT_IDS
+    # Out of the window the transition rules still refuse the replay.
+    assert job.apply(started).verdict is Verdict.REJECTED
+
+
+def test_idempotent_enqueue_same_body_is_duplicate_other_body_is_conflict() -> None:
+    job_id = ids.job_id_for_key("mail", "order-42")
+    job = Job()
+    job.run(enqueue(job_id=job_id, idempotency_key="order-42"))
+    again = job.apply(enqueue(job_id=job_id, idempotency_key="order-42"))
+    other = job.apply(enqueue(job_id=job_id, idempotency_key="order-42", args=b"{}"))
+    assert (again.verdict, other.verdict) == (Verdict.DUPLICATE, Verdict.CONFLICT)
+    assert job.current.body_digest == ids.body_digest("send", "mail", b'{"to": 1}')
+
+
+def test_producer_supplied_body_digest_decides_sameness() -> None:
+    job = Job()
+    job.run(enqueue(body_digest=b"D1"))
+    assert job.apply(enqueue(body_digest=b"D1", args=b"other")).verdict is Verdict.DUPLICATE
+    assert job.apply(enqueue(body_digest=b"D2")).verdict is Verdict.CONFLICT
+
+
+def test_requeue_resets_attempts_but_never_the_token() -> None:
+    job = Job()
+    job.run(enqueue(max_attempts=1), lease(7, 1), start(7), fail(7))
+    assert job.current.status is Status.DEAD
+    job.now = T0 + 60_000
+    state = job.run(requeue(run_at=T0 + 90_000))
+    assert (state.status, state.attempt, state.token, state.run_at) == (
+        Status.SCHEDULED,
+        0,
+        7,
+        T0 + 90_000,
+    )
+    job.now = T0 + 90_000
+    assert job.apply(lease(7, 1)).verdict is Verdict.REJECTED
+    assert job.run(lease(8, 1)).attempt == 1
+
+
+def test_requeue_of_a_cancelled_job_is_due_at_its_log_time() -> None:
+    job = Job()
+    job.run(enqueue(run_at=T0 + 10**6), cancel())
+    job.now = T0 + 5
+    assert job.run(requeue()).run_at == T0 + 5
+
+
+def test_cancel_then_late_completion_is_rejected() -> None:
+    job = Job()
+    job.run(enqueue(), lease(1, 1), start(1))
+    state = job.run(cancel())
+    assert (state.status, state.lease_until) == (Status.CANCELLED, None)
+    assert "user asked" in job.entries[-1].reason
+    late = job.apply(succeed(1))
+    assert (late.verdict, late.status_after) == (Verdict.REJECTED, Status.CANCELLED)
+    assert job.current.result is None
+
+
+def test_zombie_completion_after_lease_expiry_is_stale() -> None:
+    job = Job()
+    job.run(enqueue(), lease(1, 1), start(1))
+    job.now += LEASE_MS
+    job.run(expire(1))
+    job.now = job.current.run_at
+    job.run(lease(2, 2), start(2))
+    zombie = job.apply(succeed(1))
+    assert (zombie.verdict, zombie.token) == (Verdict.STALE, 1)
+    assert "current is 2" in zombie.reason
+    assert job.current.status is Status.RUNNING
+    assert job.run(succeed(2)).result == b"done"
+
+
+def test_checkpoint_is_kept_across_retries() -> None:
+    job = Job()
+    job.run(enqueue(), lease(1, 1), start(1), checkpoint(1, b"page=3"), fail(1))
+    assert job.current.checkpoint == b"page=3"
+    job.now = job.current.run_at
+    state = job.run(lease(2, 2), start(2))
+    assert state.checkpoint == b"page=3"
+    assert job.run(checkpoint(2, b"page=7")).checkpoint == b"page=7"
+
+
+def test_timeline_entry_records_position_kind_token_and_status() -> None:
+    job = Job()
+    job.run(enqueue(), lease(4, 1))
+    entry = job.entries[-1]
+    assert (entry.partition, entry.offset, entry.log_at, entry.kind, entry.token) == (
+        3,
+        1,
+        T0,
+        "JobLeased",
+        4,
+    )
+    assert (entry.source, entry.status_after) == ("t", Status.LEASED)
+    assert job.entries[0].token is None

@@ -1,0 +1,298 @@
+"""Hypothesis properties of the fold over random, mostly plausible interleavings of job events.
+
+A driver turns a list of small integers into a history: most steps are a valid next step for the
+job's current state (so histories reach retries, dead jobs and requeues), the rest are garbage:
+replayed events, stale or future tokens, wrong attempt numbers, early expiries, conflicting
+enqueues and events for a job nobody enqueued. Log time only moves forward, sometimes by a lot.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evsched.adapters.avro import decode_state, encode_state
+from evsched.core.events import (
+    JOB_EVENT_TYPES,
+    AttemptCheckpointed,
+    AttemptFailed,
+    AttemptStarted,
+    AttemptSucceeded,
+    Event,
+    JobCancelled,
+    JobEnqueued,
+    JobEvent,
+    JobLeased,
+    JobRequeued,
+    LeaseExpired,
+    LeaseRenewed,
+    Position,
+    RetryPolicy,
+)
+from evsched.core.fold import fold
+from evsched.core.invariants import Replay, check_history, replay
+from evsched.core.state import JobState, Status, Verdict
+
+T0 = 1_735_689_600_000
+JOBS = ("j0", "j1", "j2", "j3")
+GHOST = "ghost"  # never enqueued by the plausible driver
+PARTITION = {"j0": 0, "j1": 1, "j2": 0, "j3": 1, GHOST: 2}
+JUMPS = (0, 0, 1, 7, 250, 1_000, 30_000, 400_000)
+
+
+class Op(NamedTuple):
+    """One step of the driver; every choice is drawn independently so garbage combines freely."""
+
+    job: int  # index into JOBS
+    mode: int  # 0-5 plausible, 6 replay an earlier event, 7-8 zombie decision, 9 garbage
+    variant: int  # which plausible step, zombie decision or garbage kind
+    token_delta: int  # garbage token relative to the job's current one
+    attempt_delta: int  # garbage lease attempt relative to the expected one
+    jump: int  # index into JUMPS: how far log time moves first
+
+
+OPS = st.lists(
+    st.builds(
+        Op,
+        st.integers(0, len(JOBS) - 1),
+        st.integers(0, 9),
+        st.integers(0, 9),
+        st.integers(-1, 1),
+        st.integers(-1, 1),
+        st.integers(0, len(JUMPS) - 1),
+    ),
+    min_size=5,
+    max_size=80,
+)
+History = list[tuple[Event, Position]]
+
+
+@dataclass
+class Driver:
+    """Builds a history step by step, folding as it goes to know what a plausible step is."""
+
+    now: int = T0
+    history: History = field(default_factory=list)
+    live: Replay = field(default_factory=Replay)
+    offsets: dict[int, int] = field(default_factory=dict)
+    ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    def meta(self, job: str) -> dict[str, str | int]:
+        return {"event_id": f"e{next(self.ids)}", "job_id": job, "emitted_at": 0, "source": "d"}
+
+    def step(self, op: Op) -> None:
+        self.now += JUMPS[op.jump]
+        job = self.pick(op.job)
+        state = self.live.jobs.get(job)
+        if op.mode < 6:
+            event = self.plausible(job, state, op.variant)
+        elif op.mode == 6 and self.history:
+            event = self.history[(op.variant * 31 + op.jump) % len(self.history)][0]
+        elif op.mode < 9 and state is not None:
+            event = self.zombie(job, state, op)
+        else:
+            event = self.garbage(GHOST if op.variant == 9 and op.jump == 0 else job, state, op)
+        self.emit(event)
+
+    def pick(self, index: int) -> str:
+        """The job at ``index``, or the next one not succeeded yet, so histories keep going deep."""
+        for job in JOBS[index:] + JOBS[:index]:
+            state = self.live.jobs.get(job)
+            if state is None or state.status is not Status.SUCCEEDED:
+                return job
+        return JOBS[index]
+
+    def zombie(self, job: str, state: JobState, op: Op) -> JobEvent:
+        """A node decision from a stale view: a lease or expiry with tokens, attempts, times off."""
+        token = state.token + op.token_delta
+        if op.variant < 6:
+            attempt = state.attempt + 1 + op.attempt_delta
+            return JobLeased(**self.meta(job), token=token, attempt=attempt, lease_ms=1_000)
+        return LeaseExpired(**self.meta(job), token=token)
+
+    def emit(self, event: Event) -> None:
+        assert isinstance(event, JobEvent)
+        partition = PARTITION[event.job_id]
+        offset = self.offsets.get(partition, 0)
+        self.offsets[partition] = offset + 1
+        position = Position(partition=partition, offset=offset, log_at=self.now)
+        self.history.append((event, position))
+        self.live.feed(event, position)
+
+    def plausible(self, job: str, state: JobState | None, variant: int) -> JobEvent:
+        if state is None:
+            return self.enqueue(job, variant)
+        if state.status is Status.SUCCEEDED:
+            return self.enqueue(job, variant)  # a producer retrying its enqueue
+        if state.status in (Status.DEAD, Status.CANCELLED):
+            run_at = None if variant < 5 else self.now + 100 * variant
+            return JobRequeued(**self.meta(job), run_at=run_at)
+        if variant == 9:
+            return JobCancelled(**self.meta(job), reason="driver")
+        return self.active(job, state, variant)
+
+    def active(self, job: str, state: JobState, variant: int) -> JobEvent:
+        """The next step of a scheduled, leased or running job; time jumps to when it is valid."""
+        if state.status is Status.SCHEDULED:
+            # A node whose clock runs ahead of the log proposes some leases a little early.
+            early = {0: 1, 1: 1_000}.get(variant, 0)
+            self.now = max(self.now, state.run_at - early)
+            attempt = state.attempt + 1
+            lease_ms = 500 * (variant + 1)
+            return JobLeased(
+                **self.meta(job), token=state.token + 1, attempt=attempt, lease_ms=lease_ms
+            )
+        if state.status is Status.LEASED and variant < 6:
+            return AttemptStarted(
+                **self.meta(job), token=state.token, worker_id="w", lease_ms=2_000
+            )
+        if state.status is Status.RUNNING and variant < 8:
+            return self.running(job, state, variant)
+        assert state.lease_until is not None
+        self.now = max(self.now, state.lease_until - (1 if variant == 6 else 0))
+        return LeaseExpired(**self.meta(job), token=state.token)
+
+    def running(self, job: str, state: JobState, variant: int) -> JobEvent:
+        token = state.token
+        if variant < 2:
+            return LeaseRenewed(**self.meta(job), token=token, lease_ms=3_000)
+        if variant < 4:
+            return AttemptCheckpointed(**self.meta(job), token=token, checkpoint=b"%d" % variant)
+        if variant < 6:
+            return AttemptSucceeded(**self.meta(job), token=token, result=b"ok")
+        return AttemptFailed(
+            **self.meta(job), token=token, error_type="E", message="m", retryable=variant != 7
+        )
+
+    def enqueue(self, job: str, variant: int, args: bytes = b"{}") -> JobEnqueued:
+        return JobEnqueued(
+            **self.meta(job),
+            task="t",
+            queue="q",
+            args=args,
+            run_at=None if variant < 5 else self.now + 1_000 * variant,
+            max_attempts=1 + variant % 3,
+            retry=RetryPolicy(initial_backoff_ms=50 * variant, max_backoff_ms=5_000, jitter=0.5),
+            idempotency_key=f"k-{job}" if variant % 2 else None,
+        )
+
+    def garbage(self, job: str, state: JobState | None, op: Op) -> JobEvent:
+        """A kind chosen by ``op.variant`` with a token and an attempt number maybe one off."""
+        token = (1 if state is None else state.token) + op.token_delta
+        attempt = (0 if state is None else state.attempt) + 1 + op.attempt_delta
+        meta = self.meta(job)
+        kinds: list[JobEvent] = [
+            self.enqueue(job, op.variant, args=b"other" if op.token_delta else b"{}"),
+            JobLeased(**meta, token=token, attempt=attempt, lease_ms=1_000),
+            AttemptStarted(**meta, token=token, worker_id="zombie", lease_ms=1_000),
+            LeaseRenewed(**meta, token=token, lease_ms=10**6),
+            AttemptCheckpointed(**meta, token=token, checkpoint=b"zombie"),
+            AttemptSucceeded(**meta, token=token, result=b"zombie"),
+            AttemptFailed(**meta, token=token, error_type="Z", message="z", retryable=op.jump > 3),
+            LeaseExpired(**meta, token=token),  # often too early: no time jump
+            JobCancelled(**meta),
+            JobRequeued(**meta),
+        ]
+        return kinds[op.variant]
+
+
+def build(ops: list[Op]) -> History:
+    driver = Driver()
+    for op in ops:
+        driver.step(op)
+    return driver.history
+
+
+SETTINGS = settings(max_examples=200, deadline=None)
+
+
+@SETTINGS
+@given(OPS)
+def test_fold_is_total_and_the_invariants_hold(ops: list[Op]) -> None:
+    history = build(ops)
+    assert check_history(history) == []
+
+
+@SETTINGS
+@given(OPS)
+def test_refused_events_leave_the_state_identical_and_tokens_only_grow(ops: list[Op]) -> None:
+    states: dict[str, JobState] = {}
+    lease_tokens: dict[str, list[int]] = {}
+    for event, position in build(ops):
+        assert isinstance(event, JobEvent)
+        before = states.get(event.job_id)
+        after, entry = fold(before, event, position)
+        if entry.verdict is not Verdict.APPLIED:
+            assert after is before, entry
+            continue
+        assert after is not None
+        assert before is None or after.token >= before.token
+        if isinstance(event, JobLeased):
+            assert after.token == event.token
+            assert position.log_at >= after.run_at
+            lease_tokens.setdefault(event.job_id, []).append(event.token)
+        states[event.job_id] = after
+    for tokens in lease_tokens.values():
+        assert tokens == sorted(set(tokens))
+
+
+@SETTINGS
+@given(OPS)
+def test_folding_twice_gives_equal_states_and_identical_bytes(ops: list[Op]) -> None:
+    history = build(ops)
+    first, second = replay(history), replay(history)
+    assert first.jobs == second.jobs
+    assert first.job_timelines == second.job_timelines
+    for job, state in first.jobs.items():
+        assert encode_state(state) == encode_state(second.jobs[job])
+
+
+@SETTINGS
+@given(OPS, st.data())
+def test_folding_in_two_halves_through_the_codec_equals_folding_whole(
+    ops: list[Op], data: st.DataObject
+) -> None:
+    history = build(ops)
+    cut = data.draw(st.integers(0, len(history)), label="cut")
+    whole = replay(history)
+    head = replay(history[:cut])
+    resumed = Replay(
+        jobs={job: decode_state(encode_state(s), JobState) for job, s in head.jobs.items()}
+    )
+    resumed.feed_all(history[cut:])
+    assert resumed.jobs == whole.jobs
+    for job, entries in resumed.job_timelines.items():
+        assert whole.job_timelines[job][-len(entries) :] == entries
+    for job, state in whole.jobs.items():
+        assert encode_state(resumed.jobs[job]) == encode_state(state)
+
+
+def test_the_driver_reaches_every_status_and_verdict() -> None:
+    """The driver is only useful if its histories go deep: check what they reach."""
+    rng = random.Random(7)
+    statuses: set[Status | None] = set()
+    verdicts: set[Verdict] = set()
+    applied: set[str] = set()
+    for _ in range(100):
+        ops = [
+            Op(
+                rng.randrange(3),
+                rng.randrange(10),
+                rng.randrange(10),
+                *rng.choices((-1, 0, 1), k=2),
+                rng.randrange(8),
+            )
+            for _ in range(70)
+        ]
+        for entries in replay(build(ops)).job_timelines.values():
+            statuses |= {e.status_after for e in entries}
+            verdicts |= {e.verdict for e in entries}
+            applied |= {e.kind for e in entries if e.verdict is Verdict.APPLIED}
+    assert statuses == {None, *Status}
+    assert verdicts == set(Verdict) - {Verdict.UNDECODABLE}
+    assert applied == {kind.__name__ for kind in JOB_EVENT_TYPES}
