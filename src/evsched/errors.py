@@ -28,7 +28,7 @@ class EncodeError(EvschedError):
 
 
 class InvalidEnqueue(EvschedError, ValueError):
-    """A client call that would write a bad event; nothing was written. ``field`` names the culprit."""
+    """A client call that would write a bad event, so nothing was written; ``field`` says where."""
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")

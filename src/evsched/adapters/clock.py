@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 
 def now_ms() -> int:
@@ -13,3 +14,28 @@ def now_ms() -> int:
 def monotonic_s() -> float:
     """Seconds on a clock that never jumps, for timeouts and deadlines."""
     return time.monotonic()
+
+
+class Clock(Protocol):
+    """The clock as an object, for code that takes one; tests pass ``testing.FrozenClock``."""
+
+    def now_ms(self) -> int:
+        """Wall-clock time in epoch milliseconds (UTC)."""
+        ...
+
+    def monotonic_s(self) -> float:
+        """Seconds on a clock that never jumps."""
+        ...
+
+
+class SystemClock:
+    """The machine's clocks, as a :class:`Clock`."""
+
+    def now_ms(self) -> int:
+        return now_ms()
+
+    def monotonic_s(self) -> float:
+        return monotonic_s()
+
+
+SYSTEM_CLOCK = SystemClock()

@@ -1,0 +1,19 @@
+"""The client library: define tasks, enqueue jobs, cancel, requeue and schedule them."""
+
+from evsched.client.app import App
+from evsched.client.task import Task, TaskOptions
+from evsched.client.transport import Appended, EventLog, KafkaEventLog
+from evsched.core.events import RetryPolicy
+from evsched.runtime.context import Context, JobReader
+
+__all__ = [
+    "App",
+    "Appended",
+    "Context",
+    "EventLog",
+    "JobReader",
+    "KafkaEventLog",
+    "RetryPolicy",
+    "Task",
+    "TaskOptions",
+]

@@ -1,0 +1,320 @@
+"""The client library: an App holds task definitions and writes enqueues and commands to the log."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, overload
+
+from evsched.adapters.clock import SYSTEM_CLOCK, Clock
+from evsched.adapters.topics import Topics
+from evsched.client.sync import LoopThread
+from evsched.client.task import Handler, Task
+from evsched.client.transport import Appended, EventLog, KafkaEventLog
+from evsched.client.validation import (
+    SOURCE,
+    Delay,
+    build_schedule,
+    check_id,
+    encode_checked,
+    new_id,
+    resolve_run_at,
+    task_spec,
+)
+from evsched.core.events import (
+    Event,
+    JobCancelled,
+    JobRequeued,
+    RetryPolicy,
+    ScheduleDeleted,
+    entity_id,
+)
+from evsched.core.state import JobState
+from evsched.errors import EvschedError, NoJobReader, UnknownTask
+from evsched.runtime.context import JobReader
+from evsched.settings import Settings
+
+
+class _LoopLog:
+    """One EventLog per event loop: aiokafka clients must stay on the loop they started on."""
+
+    def __init__(self, factory: Callable[[], EventLog]) -> None:
+        self._factory = factory
+        self._log: EventLog | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> EventLog:
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            if not self._loop.is_closed():
+                raise EvschedError(
+                    "this App's producer belongs to another running event loop: use one loop "
+                    "per App, or the *_sync methods from other threads"
+                )
+            # The old loop is gone (e.g. a second asyncio.run); its producer went with it.
+            self._log, self._loop, self._lock = None, None, asyncio.Lock()
+        async with self._lock:
+            if self._log is None:
+                log = self._factory()
+                await log.start()
+                self._log, self._loop = log, loop
+            return self._log
+
+    async def close(self) -> None:
+        log, self._log, self._loop = self._log, None, None
+        if log is not None:
+            await log.close()
+
+
+class App:
+    """Task definitions plus a producer: ``@app.task`` to define, ``await task.enqueue()`` to run.
+
+    Writes return only after the broker acknowledged them (idempotent producer, acks=all).
+    ``log_factory`` replaces Kafka (tests pass ``testing.MemoryLog``); ``reader`` serves
+    :meth:`get_job`. Use ``async with app:`` (or ``with app:`` in sync code) to close it.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        name: str = "evsched",
+        log_factory: Callable[[], EventLog] | None = None,
+        reader: JobReader | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.settings = settings if settings is not None else Settings.from_env()
+        self.name = name
+        self.topics = Topics(self.settings.namespace)
+        self.reader = reader
+        self.clock = clock
+        factory = log_factory or (
+            lambda: KafkaEventLog(self.settings, client_id=f"evsched-client-{name}")
+        )
+        self._tasks: dict[str, Task] = {}
+        self._async_log = _LoopLog(factory)
+        self._sync_log = _LoopLog(factory)
+        self._sync = LoopThread(f"evsched-client-{name}", cleanup=self._sync_log.close)
+
+    # --- definitions ----------------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: Handler, /) -> Task: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        max_attempts: int = 3,
+        retry: RetryPolicy | None = None,
+        timeout_s: float = 300,
+        priority: int = 0,
+        retry_on: Sequence[type[BaseException]] = (Exception,),
+        permanent_on: Sequence[type[BaseException]] = (),
+    ) -> Callable[[Handler], Task]: ...
+
+    def task(
+        self,
+        fn: Handler | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        max_attempts: int = 3,
+        retry: RetryPolicy | None = None,
+        timeout_s: float = 300,
+        priority: int = 0,
+        retry_on: Sequence[type[BaseException]] = (Exception,),
+        permanent_on: Sequence[type[BaseException]] = (),
+    ) -> Task | Callable[[Handler], Task]:
+        """Define a task; its name defaults to ``module.function_name``.
+
+        An exception in ``permanent_on`` kills the job at once; one in ``retry_on`` (and not in
+        ``permanent_on``) is retried while attempts are left; any other is permanent.
+        """
+
+        def define(handler: Handler) -> Task:
+            spec = task_spec(
+                name if name is not None else f"{handler.__module__}.{handler.__name__}",
+                queue=queue,
+                max_attempts=max_attempts,
+                retry=retry if retry is not None else RetryPolicy(),
+                timeout_s=timeout_s,
+                priority=priority,
+                retry_on=retry_on,
+                permanent_on=permanent_on,
+            )
+            if spec.name in self._tasks:
+                raise EvschedError(f"task {spec.name!r} is defined twice")
+            defined = Task(self, spec, handler)
+            self._tasks[spec.name] = defined
+            return defined
+
+        return define if fn is None else define(fn)
+
+    @property
+    def tasks(self) -> Mapping[str, Task]:
+        return dict(self._tasks)
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """The queues the app's tasks run on, in definition order."""
+        return tuple(dict.fromkeys(t.spec.queue for t in self._tasks.values()))
+
+    def get_task(self, name: str) -> Task:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            raise UnknownTask(name) from None
+
+    # --- writes ---------------------------------------------------------------------------------
+
+    async def enqueue(self, task: str, /, *args: Any, **kwargs: Any) -> str:
+        """Enqueue the task named ``task`` with default options; returns the job id."""
+        return await self.get_task(task).enqueue(*args, **kwargs)
+
+    def enqueue_sync(self, task: str, /, *args: Any, **kwargs: Any) -> str:
+        return self.get_task(task).enqueue_sync(*args, **kwargs)
+
+    async def cancel(self, job_id: str, *, reason: str = "") -> None:
+        """Ask for the job to stop; a running attempt's later completion is rejected."""
+        check_id("job_id", job_id)
+        await self.publish(
+            JobCancelled(
+                event_id=new_id(),
+                job_id=job_id,
+                emitted_at=self.clock.now_ms(),
+                source=SOURCE,
+                reason=reason,
+            )
+        )
+
+    async def requeue(
+        self,
+        job_id: str,
+        *,
+        reason: str = "",
+        delay: Delay | None = None,
+        run_at: datetime | None = None,
+    ) -> None:
+        """Send a dead or cancelled job back to scheduled, with a fresh attempt budget."""
+        check_id("job_id", job_id)
+        now = self.clock.now_ms()
+        await self.publish(
+            JobRequeued(
+                event_id=new_id(),
+                job_id=job_id,
+                emitted_at=now,
+                source=SOURCE,
+                reason=reason,
+                run_at=resolve_run_at(now, delay, run_at),
+            )
+        )
+
+    async def upsert_schedule(
+        self,
+        schedule_id: str,
+        cron: str,
+        timezone: str,
+        task: str | Task,
+        *,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        priority: int | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        """Create or replace a cron schedule that enqueues ``task`` at each slot."""
+        defined = task if isinstance(task, Task) else self.get_task(task)
+        template = defined.template(args, kwargs or {}, priority=priority, labels=labels)
+        event = build_schedule(
+            schedule_id,
+            cron,
+            timezone,
+            template,
+            now_ms=self.clock.now_ms(),
+            event_id=new_id(),
+        )
+        await self.publish(event)
+
+    async def delete_schedule(self, schedule_id: str) -> None:
+        check_id("schedule_id", schedule_id)
+        await self.publish(
+            ScheduleDeleted(
+                event_id=new_id(),
+                schedule_id=schedule_id,
+                emitted_at=self.clock.now_ms(),
+                source=SOURCE,
+            )
+        )
+
+    async def publish(self, event: Event) -> Appended:
+        """Write one event to ``<ns>.events`` keyed by its job or schedule id, after checks."""
+        data = encode_checked(event)
+        log = await self._log_for_this_loop()
+        return await log.append(self.topics.events, entity_id(event), data)
+
+    # --- sync forms -----------------------------------------------------------------------------
+
+    def run_sync(self, make: Callable[[], Any]) -> Any:
+        """Run ``make()`` (a coroutine of this app) from sync code, on the app's private loop."""
+        return self._sync.run(make)
+
+    def cancel_sync(self, job_id: str, *, reason: str = "") -> None:
+        self._sync.run(lambda: self.cancel(job_id, reason=reason))
+
+    def requeue_sync(self, job_id: str, **options: Any) -> None:
+        self._sync.run(lambda: self.requeue(job_id, **options))
+
+    def upsert_schedule_sync(
+        self, schedule_id: str, cron: str, timezone: str, task: str | Task, **options: Any
+    ) -> None:
+        self._sync.run(lambda: self.upsert_schedule(schedule_id, cron, timezone, task, **options))
+
+    def delete_schedule_sync(self, schedule_id: str) -> None:
+        self._sync.run(lambda: self.delete_schedule(schedule_id))
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    async def get_job(self, job_id: str) -> JobState | None:
+        """The job's state from the app's JobReader (None if unknown there)."""
+        if self.reader is None:
+            raise NoJobReader("this App was created without a reader: pass App(reader=...)")
+        return await self.reader.job(job_id)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Close the producer of the calling loop and the private loop of the sync forms."""
+        await self._async_log.close()
+        await asyncio.to_thread(self._sync.close)
+
+    def close_sync(self) -> None:
+        self._sync.close()
+
+    async def __aenter__(self) -> App:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close_sync()
+
+    async def _log_for_this_loop(self) -> EventLog:
+        if asyncio.get_running_loop() is self._sync.loop:
+            return await self._sync_log.get()
+        return await self._async_log.get()

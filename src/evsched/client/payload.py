@@ -1,0 +1,64 @@
+"""Task arguments, results, checkpoints and effects as canonical JSON bytes, and back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+class NotJson(ValueError):
+    """A value that has no canonical JSON form (an object, NaN, a non-string key...)."""
+
+
+def canonical_json(value: Any) -> bytes:
+    """UTF-8 JSON with sorted keys and no spaces: equal values give equal bytes (and digests).
+
+    NaN and infinities are refused: they are not JSON, and other languages could not read them.
+    """
+    try:
+        text = json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise NotJson(str(exc)) from exc
+    return text.encode()
+
+
+def encode_args(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
+    """``{"args": [...], "kwargs": {...}}`` as canonical JSON: the ``args`` of JobEnqueued."""
+    return canonical_json({"args": list(args), "kwargs": dict(kwargs)})
+
+
+@dataclass(frozen=True, slots=True)
+class Arguments:
+    """Decoded task arguments."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def decode_args(data: bytes) -> Arguments:
+    """The arguments in ``data``; raises NotJson when it is not an args document."""
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise NotJson(f"args are not UTF-8 JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise NotJson("args must be a JSON object with 'args' and 'kwargs'")
+    args = document.get("args", [])
+    kwargs = document.get("kwargs", {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise NotJson("'args' must be a JSON array and 'kwargs' a JSON object")
+    return Arguments(tuple(args), kwargs)
+
+
+def decode_json(data: bytes | None) -> Any:
+    """A stored JSON value (a checkpoint), or None when there is none; raises NotJson."""
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise NotJson(f"not UTF-8 JSON: {exc}") from exc

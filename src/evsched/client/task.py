@@ -1,0 +1,157 @@
+"""A defined task: its handler and defaults, and how calls to it become enqueues."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from evsched.client.validation import (
+    Delay,
+    EnqueueOptions,
+    TaskSpec,
+    args_bytes,
+    build_enqueue,
+    check_labels,
+    new_id,
+)
+from evsched.core.events import JobTemplate
+from evsched.errors import InvalidEnqueue
+
+if TYPE_CHECKING:
+    from evsched.client.app import App
+
+Handler = Callable[..., Any]
+CONTEXT_PARAMETER = "ctx"
+
+
+def takes_context(handler: Handler) -> bool:
+    """The rule: a handler gets the attempt's Context iff its first parameter is named ``ctx``."""
+    parameters = list(inspect.signature(handler).parameters.values())
+    return bool(parameters) and parameters[0].name == CONTEXT_PARAMETER
+
+
+def qualified_name(kind: type[BaseException]) -> str:
+    """``module.QualName`` of an exception class; builtins by their bare name (``TimeoutError``)."""
+    if kind.__module__ == "builtins":
+        return kind.__qualname__
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+class Task:
+    """What ``@app.task`` returns: call it to run the handler here, ``enqueue`` to make a job."""
+
+    def __init__(self, app: App, spec: TaskSpec, handler: Handler) -> None:
+        self.app = app
+        self.spec = spec
+        self.name = spec.name
+        self.handler = handler
+        self.takes_context = takes_context(handler)
+        self.is_async = inspect.iscoroutinefunction(handler)
+        self._signature = inspect.signature(handler)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.handler(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.spec.queue}>"
+
+    def options(
+        self,
+        *,
+        delay: Delay | None = None,
+        run_at: datetime | None = None,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> TaskOptions:
+        """This task with per-call options: ``await task.options(delay=60).enqueue(x)``.
+
+        ``delay`` is a timedelta or seconds from now, ``run_at`` an aware datetime (not both).
+        With ``idempotency_key`` the job id derives from (queue, key): repeats make one job.
+        """
+        return TaskOptions(
+            self,
+            EnqueueOptions(
+                delay=delay,
+                run_at=run_at,
+                idempotency_key=idempotency_key,
+                priority=priority,
+                labels=labels,
+            ),
+        )
+
+    async def enqueue(self, *args: Any, **kwargs: Any) -> str:
+        """Enqueue a job with the task's defaults; returns its id once the broker acknowledged."""
+        return await TaskOptions(self, EnqueueOptions()).enqueue(*args, **kwargs)
+
+    def enqueue_sync(self, *args: Any, **kwargs: Any) -> str:
+        """``enqueue`` for sync code (any thread), on the app's private event loop."""
+        return TaskOptions(self, EnqueueOptions()).enqueue_sync(*args, **kwargs)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        if isinstance(exc, self.spec.permanent_on):
+            return False
+        return isinstance(exc, self.spec.retry_on)
+
+    def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        """InvalidEnqueue when the handler could not be called with these arguments."""
+        leading = (None,) if self.takes_context else ()
+        try:
+            self._signature.bind(*leading, *args, **kwargs)
+        except TypeError as exc:
+            raise InvalidEnqueue("args", f"{self.name}: {exc}") from exc
+
+    def template(
+        self,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        *,
+        priority: int | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> JobTemplate:
+        """What a cron schedule of this task enqueues at each slot."""
+        self.check_call(args, kwargs)
+        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+            raise InvalidEnqueue("priority", f"must be an integer, not {priority!r}")
+        return JobTemplate(
+            task=self.name,
+            queue=self.spec.queue,
+            args=args_bytes(args, kwargs),
+            priority=self.spec.priority if priority is None else priority,
+            max_attempts=self.spec.max_attempts,
+            retry=self.spec.retry,
+            timeout_ms=self.spec.timeout_ms,
+            labels=check_labels(labels),
+        )
+
+
+class TaskOptions:
+    """A task with per-call options set; ``options()`` again to change some of them."""
+
+    def __init__(self, task: Task, options: EnqueueOptions) -> None:
+        self.task = task
+        self.values = options
+
+    def options(self, **changes: Any) -> TaskOptions:
+        return TaskOptions(self.task, replace(self.values, **changes))
+
+    async def enqueue(self, *args: Any, **kwargs: Any) -> str:
+        """Write the JobEnqueued; returns the job id once the broker acknowledged it."""
+        app = self.task.app
+        self.task.check_call(args, kwargs)
+        event = build_enqueue(
+            self.task.spec,
+            args_bytes(args, kwargs),
+            self.values,
+            now_ms=app.clock.now_ms(),
+            new_id=new_id,
+        )
+        await app.publish(event)
+        return event.job_id
+
+    def enqueue_sync(self, *args: Any, **kwargs: Any) -> str:
+        result: str = self.task.app.run_sync(lambda: self.enqueue(*args, **kwargs))
+        return result

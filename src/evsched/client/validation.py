@@ -1,0 +1,258 @@
+"""Checks task definitions and client calls, and turns valid calls into events (or raises)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from evsched.adapters.avro import encode_event
+from evsched.adapters.topics import Topics
+from evsched.client.payload import NotJson, encode_args
+from evsched.core import cron, ids
+from evsched.core.events import (
+    Event,
+    JobEnqueued,
+    JobTemplate,
+    RetryPolicy,
+    ScheduleUpserted,
+)
+from evsched.errors import EncodeError, InvalidEnqueue, InvalidTask
+
+# Kafka's default max.message.bytes is 1 MB; leave room for the record's own overhead.
+MAX_EVENT_BYTES = 900 * 1024
+MAX_AHEAD = timedelta(days=3653)
+MAX_BEHIND = timedelta(days=366)
+MAX_KEY_CHARS = 512
+SOURCE = "client"
+
+Delay = timedelta | float | int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSpec:
+    """A task's name and defaults, checked once when the task is defined."""
+
+    name: str
+    queue: str = "default"
+    max_attempts: int = 3
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout_ms: int = 300_000
+    priority: int = 0
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+    permanent_on: tuple[type[BaseException], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnqueueOptions:
+    """Per-call options; None keeps the task's default."""
+
+    delay: Delay | None = None
+    run_at: datetime | None = None
+    idempotency_key: str | None = None
+    priority: int | None = None
+    labels: Mapping[str, str] | None = None
+
+
+def new_id() -> str:
+    """A random UUID string: ids of jobs without an idempotency key, and of events."""
+    return str(uuid.uuid4())  # noqa: TID251 - ids are generated at the edge, here
+
+
+def task_spec(
+    name: str,
+    *,
+    queue: str,
+    max_attempts: int,
+    retry: RetryPolicy,
+    timeout_s: float,
+    priority: int,
+    retry_on: Sequence[type[BaseException]],
+    permanent_on: Sequence[type[BaseException]],
+) -> TaskSpec:
+    """A TaskSpec, or InvalidTask naming the first bad option."""
+    if not isinstance(name, str) or not name:
+        raise InvalidTask("name", "must be a non-empty string")
+    try:
+        Topics("ns").dispatch(queue)
+    except (ValueError, TypeError) as exc:
+        raise InvalidTask("queue", str(exc)) from exc
+    if not _is_int(max_attempts) or max_attempts < 1:
+        raise InvalidTask("max_attempts", f"must be an integer >= 1, not {max_attempts!r}")
+    if not _is_number(timeout_s) or not 0 < timeout_s < math.inf:
+        raise InvalidTask("timeout_s", f"must be a positive number of seconds, not {timeout_s!r}")
+    if not _is_int(priority):
+        raise InvalidTask("priority", f"must be an integer, not {priority!r}")
+    _check_retry(retry)
+    for option, classes in (("retry_on", retry_on), ("permanent_on", permanent_on)):
+        if not all(isinstance(c, type) and issubclass(c, BaseException) for c in classes):
+            raise InvalidTask(option, "must be a sequence of exception classes")
+    return TaskSpec(
+        name=name,
+        queue=queue,
+        max_attempts=max_attempts,
+        retry=retry,
+        timeout_ms=max(1, round(timeout_s * 1000)),
+        priority=priority,
+        retry_on=tuple(retry_on),
+        permanent_on=tuple(permanent_on),
+    )
+
+
+def _check_retry(retry: RetryPolicy) -> None:
+    if not isinstance(retry, RetryPolicy):
+        raise InvalidTask("retry", "must be an evsched RetryPolicy")
+    if retry.initial_backoff_ms < 0 or retry.max_backoff_ms < retry.initial_backoff_ms:
+        raise InvalidTask("retry", "needs 0 <= initial_backoff_ms <= max_backoff_ms")
+    if retry.multiplier < 1 or not 0 <= retry.jitter <= 1:
+        raise InvalidTask("retry", "needs multiplier >= 1 and 0 <= jitter <= 1")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def args_bytes(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
+    try:
+        return encode_args(args, kwargs)
+    except NotJson as exc:
+        raise InvalidEnqueue("args", f"not JSON-serialisable: {exc}") from exc
+
+
+def resolve_run_at(now_ms: int, delay: Delay | None, run_at: datetime | None) -> int | None:
+    """The epoch-ms start asked for (None: as soon as possible); InvalidEnqueue if absurd."""
+    if delay is not None and run_at is not None:
+        raise InvalidEnqueue("run_at", "give either delay or run_at, not both")
+    if delay is not None:
+        return now_ms + _delay_ms(delay)
+    if run_at is None:
+        return None
+    if not isinstance(run_at, datetime) or run_at.utcoffset() is None:
+        raise InvalidEnqueue("run_at", "must be a timezone-aware datetime (e.g. tzinfo=UTC)")
+    at_ms = math.floor(run_at.timestamp() * 1000)
+    if at_ms > now_ms + _ms(MAX_AHEAD):
+        raise InvalidEnqueue("run_at", f"{run_at.isoformat()} is more than 10 years ahead")
+    if at_ms < now_ms - _ms(MAX_BEHIND):
+        raise InvalidEnqueue("run_at", f"{run_at.isoformat()} is more than a year in the past")
+    return at_ms
+
+
+def _delay_ms(delay: Delay) -> int:
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif _is_number(delay) and math.isfinite(delay):
+        seconds = float(delay)
+    else:
+        raise InvalidEnqueue("delay", f"must be a timedelta or seconds, not {delay!r}")
+    if seconds < 0:
+        raise InvalidEnqueue("delay", f"must not be negative, not {seconds} s")
+    if seconds > MAX_AHEAD.total_seconds():
+        raise InvalidEnqueue("delay", "must be at most 10 years")
+    return math.ceil(seconds * 1000)
+
+
+def _ms(span: timedelta) -> int:
+    return int(span.total_seconds() * 1000)
+
+
+def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    if labels is None:
+        return {}
+    if not isinstance(labels, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise InvalidEnqueue("labels", "must map strings to strings")
+    return dict(labels)
+
+
+def check_id(what: str, value: object) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS:
+        raise InvalidEnqueue(what, f"must be a non-empty string of at most {MAX_KEY_CHARS} chars")
+    return value
+
+
+def build_enqueue(
+    spec: TaskSpec,
+    args: bytes,
+    options: EnqueueOptions,
+    *,
+    now_ms: int,
+    new_id: Callable[[], str],
+) -> JobEnqueued:
+    """The JobEnqueued of one call; its job id derives from the idempotency key when given."""
+    run_at = resolve_run_at(now_ms, options.delay, options.run_at)
+    priority = spec.priority if options.priority is None else options.priority
+    if not _is_int(priority):
+        raise InvalidEnqueue("priority", f"must be an integer, not {priority!r}")
+    key = options.idempotency_key
+    if key is not None:
+        check_id("idempotency_key", key)
+    job_id = new_id() if key is None else ids.job_id_for_key(spec.queue, key)
+    return JobEnqueued(
+        event_id=new_id(),
+        job_id=job_id,
+        emitted_at=now_ms,
+        source=SOURCE,
+        task=spec.name,
+        queue=spec.queue,
+        args=args,
+        run_at=run_at,
+        priority=priority,
+        max_attempts=spec.max_attempts,
+        retry=spec.retry,
+        timeout_ms=spec.timeout_ms,
+        idempotency_key=key,
+        body_digest=ids.body_digest(spec.name, spec.queue, args),
+        labels=check_labels(options.labels),
+    )
+
+
+def build_schedule(
+    schedule_id: str,
+    cron_expression: str,
+    timezone: str,
+    template: JobTemplate,
+    *,
+    now_ms: int,
+    event_id: str,
+) -> ScheduleUpserted:
+    """A ScheduleUpserted, after checking the cron expression and the time zone on their own."""
+    check_id("schedule_id", schedule_id)
+    # Checked one at a time, so the error names the field that is wrong.
+    for what, expression, zone in (
+        ("timezone", "* * * * *", timezone),
+        ("cron", cron_expression, "UTC"),
+    ):
+        try:
+            cron.validate(expression, zone)
+        except (cron.InvalidSchedule, TypeError) as exc:
+            raise InvalidEnqueue(what, str(exc)) from exc
+    return ScheduleUpserted(
+        event_id=event_id,
+        schedule_id=schedule_id,
+        emitted_at=now_ms,
+        source=SOURCE,
+        cron=cron_expression,
+        timezone=timezone,
+        template=template,
+    )
+
+
+def encode_checked(event: Event) -> bytes:
+    """The event's bytes, or InvalidEnqueue when they cannot be written or would be too big."""
+    try:
+        data = encode_event(event)
+    except EncodeError as exc:
+        raise InvalidEnqueue("event", exc.reason) from exc
+    if len(data) > MAX_EVENT_BYTES:
+        raise InvalidEnqueue(
+            "args", f"the event is {len(data)} bytes, above the {MAX_EVENT_BYTES}-byte limit"
+        )
+    return data

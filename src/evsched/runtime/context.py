@@ -1,0 +1,161 @@
+"""What a running handler sees of its attempt: ids, effects, checkpoints and a fence check."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from evsched.adapters.clock import Clock
+from evsched.client.payload import canonical_json, decode_json
+from evsched.core.dispatch import Dispatch, external_idempotency_key
+from evsched.core.events import Effect
+from evsched.core.state import ACTIVE_STATUSES, JobState
+
+
+class JobReader(Protocol):
+    """Reads a job's projected state (a read replica, or the API); None when it is unknown."""
+
+    async def job(self, job_id: str) -> JobState | None: ...
+
+
+class AttemptFinished(RuntimeError):
+    """The handler used its context after the attempt ended (a sync handler past its timeout)."""
+
+
+@dataclass(slots=True)
+class LeaseWatch:
+    """When this worker last renewed its run lease, by its own monotonic clock.
+
+    A gap longer than the lease (the process was frozen, or the broker unreachable) means the node
+    has probably expired the lease; the watch then stays ``lost`` for the rest of the attempt.
+    """
+
+    lease_ms: int
+    clock: Clock
+    renewed_at: float
+    _lost: bool = False
+
+    def renewed(self, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` (monotonic) was acknowledged."""
+        if self._gap_exceeded(sent_at):
+            self._lost = True
+        self.renewed_at = max(self.renewed_at, sent_at)
+
+    @property
+    def lost(self) -> bool:
+        if not self._lost and self._gap_exceeded(self.clock.monotonic_s()):
+            self._lost = True
+        return self._lost
+
+    def _gap_exceeded(self, at: float) -> bool:
+        return (at - self.renewed_at) * 1000 > self.lease_ms
+
+
+@dataclass(slots=True, kw_only=True)
+class AttemptIo:
+    """The worker's side of a context: how checkpoints are written and who can check the fence."""
+
+    save_checkpoint: Callable[[bytes], Awaitable[None]]
+    lease: LeaseWatch
+    reader: JobReader | None
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass(slots=True)
+class _Collected:
+    effects: list[Effect] = field(default_factory=list)
+    finished: bool = False
+
+
+class Context:
+    """Passed to a handler whose first parameter is named ``ctx``.
+
+    ``idempotency_key`` is the same for every attempt of a job: hand it to external systems.
+    ``last_checkpoint`` is the decoded value of the newest accepted (or own) checkpoint, or None.
+    """
+
+    def __init__(self, dispatch: Dispatch, *, worker_id: str, io: AttemptIo) -> None:
+        self.job_id = dispatch.job_id
+        self.token = dispatch.token
+        self.attempt = dispatch.attempt
+        self.max_attempts = dispatch.max_attempts
+        self.task = dispatch.task
+        self.queue = dispatch.queue
+        self.worker_id = worker_id
+        self.idempotency_key = external_idempotency_key(dispatch.job_id)
+        self.last_checkpoint: Any = decode_json(dispatch.checkpoint)
+        self.log = structlog.get_logger("evsched.handler").bind(
+            job_id=self.job_id, token=self.token, attempt=self.attempt
+        )
+        self._io = io
+        self._collected = _Collected()
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def effect(self, kind: str, payload: bytes | Any, key: str | None = None) -> None:
+        """Record a side effect; it is published only if this attempt's success is accepted.
+
+        ``payload`` is kept as is when it is bytes, otherwise stored as canonical JSON.
+        """
+        self._check_open()
+        body = payload if isinstance(payload, bytes) else canonical_json(payload)
+        self._collected.effects.append(Effect(kind=kind, payload=body, key=key))
+
+    async def checkpoint(self, value: Any) -> None:
+        """Save progress (any JSON value); returns once the broker acknowledged it.
+
+        A later attempt of the job starts with it as ``last_checkpoint``.
+        """
+        self._check_open()
+        await self._io.save_checkpoint(canonical_json(value))
+        self.last_checkpoint = value
+
+    async def is_current(self) -> bool:
+        """Whether this attempt still holds the job's lease, as far as the worker can tell.
+
+        False once the worker went longer than the lease without renewing it (by its own
+        monotonic clock: e.g. it was frozen). Otherwise, with a JobReader, whether the projection
+        still shows this token live (as fresh as that projection); without one, True.
+        The fold has the last word: a completion with a stale token is rejected either way.
+        """
+        if self._collected.finished or self._io.lease.lost:
+            return False
+        if self._io.reader is None:
+            return True
+        state = await self._io.reader.job(self.job_id)
+        return state is not None and state.token == self.token and state.status in ACTIVE_STATUSES
+
+    def checkpoint_sync(self, value: Any) -> None:
+        """``checkpoint`` for a sync handler running in the worker's thread pool."""
+        self._from_thread(lambda: self.checkpoint(value))
+
+    def is_current_sync(self) -> bool:
+        """``is_current`` for a sync handler running in the worker's thread pool."""
+        return bool(self._from_thread(self.is_current))
+
+    def _from_thread(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        async def run() -> Any:
+            return await call()
+
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._io.loop:
+            raise RuntimeError("called on the worker's event loop: await the async form instead")
+        return asyncio.run_coroutine_threadsafe(run(), self._io.loop).result()
+
+    def _check_open(self) -> None:
+        if self._collected.finished:
+            raise AttemptFinished(f"attempt {self.attempt} of job {self.job_id} has ended")
+
+    def finish(self) -> tuple[Effect, ...]:
+        """Close the context (later calls raise AttemptFinished) and return its effects."""
+        self._collected.finished = True
+        return tuple(self._collected.effects)
