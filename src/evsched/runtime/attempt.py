@@ -1,0 +1,272 @@
+"""Runs one dispatched attempt: start, the handler under a timeout with heartbeats, outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from evsched.adapters.avro import encode_event
+from evsched.adapters.clock import Clock
+from evsched.client.payload import NotJson, canonical_json, decode_args
+from evsched.client.task import Task, qualified_name
+from evsched.client.transport import EventLog
+from evsched.client.validation import MAX_EVENT_BYTES, new_id
+from evsched.core.dispatch import Dispatch
+from evsched.core.events import (
+    AttemptCheckpointed,
+    AttemptFailed,
+    AttemptStarted,
+    AttemptSucceeded,
+    JobEvent,
+    LeaseRenewed,
+)
+from evsched.errors import EncodeError, InvalidEnqueue
+from evsched.runtime.context import AttemptIo, Context, JobReader, LeaseWatch
+
+log = structlog.get_logger("evsched.worker")
+MAX_MESSAGE_CHARS = 4_000
+
+
+@dataclass(frozen=True, slots=True)
+class Succeeded:
+    result: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    error_type: str
+    message: str
+    retryable: bool
+    exc: BaseException | None = field(default=None, compare=False)
+
+
+Outcome = Succeeded | Failed
+
+
+class ThreadCount:
+    """How many sync handlers are running in threads right now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.busy = 0
+
+    def run(self, context: contextvars.Context, call: Callable[[], Any]) -> Any:
+        with self._lock:
+            self.busy += 1
+        try:
+            return context.run(call)
+        finally:
+            with self._lock:
+                self.busy -= 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptRunner:
+    """What every attempt of one worker shares: identity, the event log, clock, thread pool."""
+
+    worker_id: str
+    lease_ms: int
+    events_topic: str
+    log: EventLog
+    clock: Clock
+    executor: Executor
+    reader: JobReader | None = None
+    threads: ThreadCount = field(default_factory=ThreadCount)
+
+    @property
+    def source(self) -> str:
+        return f"worker-{self.worker_id}"
+
+    async def run(self, dispatch: Dispatch, task: Task | None) -> None:
+        """Start, run and complete the attempt; PublishError if even AttemptStarted fails."""
+        logger = log.bind(job_id=dispatch.job_id, token=dispatch.token, task=dispatch.task)
+        sent_at = self.clock.monotonic_s()
+        await self.emit(self._started(dispatch))
+        lease = LeaseWatch(self.lease_ms, self.clock, renewed_at=sent_at)
+        logger.info("job_started", attempt=dispatch.attempt, worker_id=self.worker_id)
+        ctx = Context(
+            dispatch,
+            worker_id=self.worker_id,
+            io=AttemptIo(
+                save_checkpoint=functools.partial(self._checkpoint, dispatch),
+                lease=lease,
+                reader=self.reader,
+                loop=asyncio.get_running_loop(),
+            ),
+        )
+        heartbeat = asyncio.create_task(self._heartbeat(dispatch, lease))
+        overrun: asyncio.Future[Any] | None = None
+        try:
+            outcome, overrun = await self._execute(dispatch, task, ctx)
+        finally:
+            heartbeat.cancel()
+            await asyncio.wait({heartbeat})
+        await self._complete(dispatch, outcome, ctx.finish(), logger)
+        if overrun is not None:
+            await _outlive(overrun, logger)
+
+    async def emit(self, event: JobEvent) -> None:
+        """Write one event keyed by its job id; EncodeError when it cannot be written."""
+        data = encode_event(event)
+        if len(data) > MAX_EVENT_BYTES:
+            raise EncodeError(f"{type(event).__name__} is {len(data)} bytes, above the limit")
+        await self.log.append(self.events_topic, event.job_id, data)
+
+    def _started(self, dispatch: Dispatch) -> AttemptStarted:
+        return AttemptStarted(
+            event_id=new_id(),
+            job_id=dispatch.job_id,
+            emitted_at=self.clock.now_ms(),
+            source=self.source,
+            token=dispatch.token,
+            worker_id=self.worker_id,
+            lease_ms=self.lease_ms,
+            trace=dispatch.trace,
+        )
+
+    async def _checkpoint(self, dispatch: Dispatch, value: bytes) -> None:
+        await self.emit(
+            AttemptCheckpointed(
+                event_id=new_id(),
+                job_id=dispatch.job_id,
+                emitted_at=self.clock.now_ms(),
+                source=self.source,
+                token=dispatch.token,
+                checkpoint=value,
+                trace=dispatch.trace,
+            )
+        )
+
+    async def _heartbeat(self, dispatch: Dispatch, lease: LeaseWatch) -> None:
+        logger = log.bind(job_id=dispatch.job_id, token=dispatch.token)
+        reported_lost = False
+        while True:
+            await asyncio.sleep(self.lease_ms / 3000)
+            sent_at = self.clock.monotonic_s()
+            if lease.lost and not reported_lost:
+                reported_lost = True
+                logger.warning("lease_lost", lease_ms=self.lease_ms)
+            renewal = LeaseRenewed(
+                event_id=new_id(),
+                job_id=dispatch.job_id,
+                emitted_at=self.clock.now_ms(),
+                source=self.source,
+                token=dispatch.token,
+                lease_ms=self.lease_ms,
+                trace=dispatch.trace,
+            )
+            try:
+                await self.emit(renewal)
+            except Exception as exc:  # keep beating: the next renewal may get through
+                logger.warning("lease_renew_failed", error=repr(exc))
+                continue
+            lease.renewed(sent_at)
+
+    async def _execute(
+        self, dispatch: Dispatch, task: Task | None, ctx: Context
+    ) -> tuple[Outcome, asyncio.Future[Any] | None]:
+        if task is None:
+            # Likely a rolling deploy: a worker that knows the task may get the retry.
+            reason = f"this worker has no task {dispatch.task!r}"
+            return Failed("evsched.UnknownTask", reason, retryable=True), None
+        try:
+            arguments = decode_args(dispatch.args)
+            task.check_call(arguments.args, arguments.kwargs)
+        except (NotJson, InvalidEnqueue) as exc:
+            return Failed("evsched.InvalidArguments", str(exc), retryable=False), None
+        leading = (ctx,) if task.takes_context else ()
+        call = functools.partial(task.handler, *leading, *arguments.args, **arguments.kwargs)
+        return await self._call(task, call, dispatch.timeout_ms)
+
+    async def _call(
+        self, task: Task, call: Callable[[], Any], timeout_ms: int
+    ) -> tuple[Outcome, asyncio.Future[Any] | None]:
+        running: asyncio.Future[Any]
+        if task.is_async:
+            running = asyncio.ensure_future(call())
+        else:
+            context = contextvars.copy_context()
+            running = asyncio.wrap_future(self.executor.submit(self.threads.run, context, call))
+        try:
+            async with asyncio.timeout(timeout_ms / 1000) as scope:
+                value = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            running.cancel()
+            raise
+        except TimeoutError as exc:
+            if not scope.expired():
+                return _failure(task, exc), None
+            if task.is_async:
+                running.cancel()  # a thread cannot be stopped: it runs on, holding its slot
+            message = f"attempt exceeded its timeout of {timeout_ms} ms"
+            return Failed("TimeoutError", message, retryable=True), running
+        except (Exception, SystemExit) as exc:
+            return _failure(task, exc), None
+        try:
+            return Succeeded(canonical_json(value)), None
+        except NotJson as exc:
+            reason = f"the handler returned a value that is not JSON: {exc}"
+            return Failed("evsched.ResultNotJson", reason, retryable=False), None
+
+    async def _complete(
+        self, dispatch: Dispatch, outcome: Outcome, effects: tuple[Any, ...], logger: Any
+    ) -> None:
+        completion = self._completion(dispatch, outcome, effects)
+        try:
+            await self.emit(completion)
+        except EncodeError as exc:
+            # Oversized or unwritable result/effects: retrying would fail the same way.
+            outcome = Failed("evsched.ResultTooLarge", exc.reason, retryable=False)
+            await self.emit(self._completion(dispatch, outcome, ()))
+        if isinstance(outcome, Succeeded):
+            logger.info("job_succeeded", effects=len(effects))
+        else:
+            logger.info(
+                "job_failed",
+                error_type=outcome.error_type,
+                error=outcome.message,
+                retryable=outcome.retryable,
+                exc_info=outcome.exc,
+            )
+
+    def _completion(
+        self, dispatch: Dispatch, outcome: Outcome, effects: tuple[Any, ...]
+    ) -> JobEvent:
+        common: dict[str, Any] = {
+            "event_id": new_id(),
+            "job_id": dispatch.job_id,
+            "emitted_at": self.clock.now_ms(),
+            "source": self.source,
+            "token": dispatch.token,
+            "trace": dispatch.trace,
+        }
+        if isinstance(outcome, Succeeded):
+            return AttemptSucceeded(**common, result=outcome.result, effects=effects)
+        return AttemptFailed(
+            **common,
+            error_type=outcome.error_type,
+            message=outcome.message,
+            retryable=outcome.retryable,
+        )
+
+
+def _failure(task: Task, exc: BaseException) -> Failed:
+    message = (str(exc) or repr(exc))[:MAX_MESSAGE_CHARS]
+    return Failed(qualified_name(type(exc)), message, task.is_retryable(exc), exc)
+
+
+async def _outlive(running: asyncio.Future[Any], logger: Any) -> None:
+    """Hold the attempt's slot until a timed-out handler really stops (a thread can't be killed)."""
+    if not running.done():
+        logger.warning("handler_overran")
+    await asyncio.wait({running})
+    if not running.cancelled():
+        running.exception()  # already reported as a timeout; mark it retrieved

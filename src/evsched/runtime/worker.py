@@ -1,0 +1,361 @@
+"""The worker: takes dispatch records and runs their attempts within a concurrency limit."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import secrets
+import signal
+import socket
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Protocol
+
+import structlog
+import typer
+
+from evsched.adapters.avro import decode_dispatch
+from evsched.adapters.clock import SYSTEM_CLOCK, Clock
+from evsched.adapters.kafka import KafkaError, Record, consumer, to_record
+from evsched.client.app import App
+from evsched.client.transport import EventLog, KafkaEventLog
+from evsched.errors import DecodeError, EvschedError
+from evsched.runtime.attempt import AttemptRunner, ThreadCount
+from evsched.runtime.context import JobReader
+
+log = structlog.get_logger("evsched.worker")
+RUN_AT_CHECK_S = 1.0
+
+
+class DispatchFeed(Protocol):
+    """Dispatch records for a worker pool; ``testing.MemoryFeed`` is the in-memory twin."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def take(self, max_records: int, timeout_s: float) -> list[Record]:
+        """Up to ``max_records`` records, committed as they are taken (dispatch is a hint).
+
+        With ``max_records`` 0 it takes nothing but keeps the pool membership alive.
+        """
+        ...
+
+
+class KafkaDispatchFeed:
+    """A consumer in group ``<ns>.workers.<pool>`` on the dispatch topics of the pool's queues.
+
+    It fetches only as many records as the worker can start; while the worker is full, its
+    partitions are paused and polled, so the group does not evict it for being idle.
+    """
+
+    def __init__(self, consumer_factory: Any) -> None:
+        self._factory = consumer_factory
+        self._consumer: Any = None
+
+    async def start(self) -> None:
+        self._consumer = self._factory()
+        try:
+            await self._consumer.start()
+        except KafkaError as exc:
+            await self._consumer.stop()
+            raise EvschedError(f"the worker's consumer could not start: {exc!r}") from exc
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+
+    async def take(self, max_records: int, timeout_s: float) -> list[Record]:
+        c = self._consumer
+        try:
+            if max_records <= 0:
+                c.pause(*c.assignment())
+                await c.getmany(timeout_ms=0)
+                return []
+            if paused := c.paused():
+                c.resume(*paused)
+            batches = await c.getmany(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        except KafkaError as exc:
+            log.warning("dispatch_poll_failed", error=repr(exc))
+            await asyncio.sleep(timeout_s)  # back off, then let the loop poll again
+            return []
+        if batches:
+            await self._commit({tp: records[-1].offset + 1 for tp, records in batches.items()})
+        return [to_record(raw) for records in batches.values() for raw in records]
+
+    async def _commit(self, offsets: dict[Any, int]) -> None:
+        try:
+            await self._consumer.commit(offsets)
+        except KafkaError as exc:
+            # A lost commit only means a record may be dispatched twice; fencing makes that safe.
+            log.warning("dispatch_commit_failed", error=repr(exc))
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    """How a worker runs; ``lease_ms`` is its run lease, renewed every third of it."""
+
+    queues: tuple[str, ...]
+    pool: str = "default"
+    concurrency: int = 10
+    lease_ms: int = 30_000
+    grace_s: float = 30.0
+    poll_s: float = 0.5
+    worker_id: str = field(default_factory=default_worker_id)
+
+    def __post_init__(self) -> None:
+        if not self.queues:
+            raise EvschedError("a worker needs at least one queue")
+        if self.concurrency < 1 or self.lease_ms < 10 or self.grace_s < 0:
+            raise EvschedError("a worker needs concurrency >= 1, lease_ms >= 10 and grace_s >= 0")
+
+
+class Worker:
+    """Runs an App's tasks from dispatch records until ``stop()``; see DESIGN.md section 5."""
+
+    def __init__(
+        self,
+        app: App,
+        config: WorkerConfig,
+        *,
+        feed: DispatchFeed,
+        events: EventLog,
+        clock: Clock = SYSTEM_CLOCK,
+        reader: JobReader | None = None,
+    ) -> None:
+        self.app = app
+        self.config = config
+        self._feed = feed
+        self._events = events
+        self._clock = clock
+        self._reader = reader
+        self._running: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
+        self._forced = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self.peak_running = 0
+        self.threads = ThreadCount()
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def stop(self) -> None:
+        """Stop taking work and let running attempts finish; called a second time, stop now."""
+        if self._stopping.is_set():
+            self._forced.set()
+        self._stopping.set()
+        self._slot_freed.set()
+
+    async def run(self) -> None:
+        """Run until stopped; returns once in-flight attempts finished or the grace ran out."""
+        executor = ThreadPoolExecutor(self.config.concurrency, "evsched-handler")
+        runner = AttemptRunner(
+            worker_id=self.config.worker_id,
+            lease_ms=self.config.lease_ms,
+            events_topic=self.app.topics.events,
+            log=self._events,
+            clock=self._clock,
+            executor=executor,
+            reader=self._reader,
+            threads=self.threads,
+        )
+        await self._events.start()
+        try:
+            await self._feed.start()
+            log.info("worker_started", worker_id=self.config.worker_id, queues=self.config.queues)
+            try:
+                await self._take_until_stopped(runner)
+            finally:
+                # Leave the group first, so the pool's other workers take over the partitions.
+                await self._feed.close()
+                await self._drain()
+        finally:
+            await self._events.close()
+            executor.shutdown(wait=False, cancel_futures=True)
+        log.info("worker_stopped", worker_id=self.config.worker_id)
+
+    async def _take_until_stopped(self, runner: AttemptRunner) -> None:
+        while not self._stopping.is_set():
+            self._slot_freed.clear()
+            free = self.config.concurrency - len(self._running)
+            if free <= 0:
+                await self._feed.take(0, 0)
+                await _wait(self._slot_freed, self.config.poll_s)
+                continue
+            for record in await self._take(free):
+                self._spawn(runner, record)
+
+    async def _take(self, free: int) -> list[Record]:
+        """Records to run now; a stop interrupts the wait (what was not taken stays uncommitted)."""
+        taking = asyncio.ensure_future(self._feed.take(free, self.config.poll_s))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({taking, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not taking.done():
+            taking.cancel()
+            await asyncio.wait({taking})
+            return []
+        return taking.result()
+
+    def _spawn(self, runner: AttemptRunner, record: Record) -> None:
+        task = asyncio.create_task(self._handle(runner, record))
+        self._running.add(task)
+        self.peak_running = max(self.peak_running, len(self._running))
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._slot_freed.set()
+
+    async def _handle(self, runner: AttemptRunner, record: Record) -> None:
+        try:
+            dispatch = decode_dispatch(record.value or b"")
+        except DecodeError as exc:
+            log.warning(
+                "dispatch_undecodable",
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                reason=exc.reason,
+            )
+            return
+        logger = log.bind(job_id=dispatch.job_id, token=dispatch.token)
+        if not await self._wait_until(dispatch.run_at, dispatch.lease_ms, logger):
+            return
+        try:
+            await runner.run(dispatch, self.app.tasks.get(dispatch.task))
+        except EvschedError as exc:
+            # Nothing more to do here: the lease expires and the node leases the job again.
+            logger.warning("attempt_abandoned", error=repr(exc))
+        except Exception:
+            logger.exception("attempt_crashed")
+
+    async def _wait_until(self, run_at: int, lease_ms: int, logger: Any) -> bool:
+        """Never start before run_at (by this worker's clock); False to skip the dispatch."""
+        while (ahead := run_at - self._clock.now_ms()) > 0:
+            if ahead > lease_ms:
+                # Only a far-off clock gets here: the start lease would lapse while waiting.
+                logger.warning("dispatch_not_due", run_at=run_at, ahead_ms=ahead)
+                return False
+            if await _wait(self._stopping, min(ahead / 1000, RUN_AT_CHECK_S)):
+                return False
+        return True
+
+    async def _drain(self) -> None:
+        if not self._running:
+            return
+        log.info("worker_draining", running=len(self._running), grace_s=self.config.grace_s)
+        deadline = asyncio.get_running_loop().time() + self.config.grace_s
+        while self._running and not self._forced.is_set():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            forced = asyncio.ensure_future(self._forced.wait())
+            await asyncio.wait(
+                {*self._running, forced}, timeout=left, return_when=asyncio.FIRST_COMPLETED
+            )
+            forced.cancel()
+        if self._running:
+            # Unfinished attempts are recovered by lease expiry.
+            log.warning("worker_grace_expired", abandoned=len(self._running))
+            for task in self._running:
+                task.cancel()
+            await asyncio.wait(set(self._running))
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
+    """Whether ``event`` got set within ``timeout_s``."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def load_app(reference: str) -> App:
+    """The App at ``module:attribute`` (the current directory is importable, as with uvicorn)."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise typer.BadParameter(f"expected module:attribute, got {reference!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise typer.BadParameter(f"cannot import {module_name!r}: {exc}") from exc
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise typer.BadParameter(f"{reference} is not an evsched App")
+    return app
+
+
+def kafka_worker(app: App, config: WorkerConfig) -> Worker:
+    """A worker on the real broker: its own producer and a consumer in ``<ns>.workers.<pool>``."""
+    client_id = f"evsched-worker-{config.worker_id}"
+    topics = [app.topics.dispatch(queue) for queue in config.queues]
+    group = f"{app.settings.namespace}.workers.{config.pool}"
+    feed = KafkaDispatchFeed(
+        lambda: consumer(app.settings, *topics, group_id=group, client_id=client_id)
+    )
+    events = KafkaEventLog(app.settings, client_id=client_id)
+    return Worker(app, config, feed=feed, events=events)
+
+
+async def serve(worker: Worker) -> None:
+    """Run ``worker`` until SIGTERM or SIGINT (a second one cuts the grace period short)."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, worker.stop)
+    try:
+        await worker.run()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+def worker_command(
+    *,
+    app: Annotated[str, typer.Option(help="The App to serve, as module:attribute.")],
+    queues: Annotated[
+        str | None, typer.Option(help="Comma-separated queues; default: those of the app's tasks.")
+    ] = None,
+    pool: Annotated[str, typer.Option(help="Worker pool: consumer group <ns>.workers.<pool>.")] = (
+        "default"
+    ),
+    concurrency: Annotated[int, typer.Option(min=1, help="Attempts run at once.")] = 10,
+    lease_s: Annotated[
+        float, typer.Option(min=0.01, help="Run lease, renewed every third of it.")
+    ] = 30.0,
+    grace_s: Annotated[
+        float, typer.Option(min=0, help="On SIGTERM, how long running attempts may finish.")
+    ] = 30.0,
+) -> None:
+    """Run the tasks of an evsched App from its dispatch queues."""
+    loaded = load_app(app)
+    listed = tuple(q.strip() for q in (queues or "").split(",") if q.strip())
+    config = WorkerConfig(
+        queues=listed or loaded.queues,
+        pool=pool,
+        concurrency=concurrency,
+        lease_ms=round(lease_s * 1000),
+        grace_s=grace_s,
+    )
+    worker = kafka_worker(loaded, config)
+    asyncio.run(serve(worker))
+    if worker.threads.busy:
+        # Threads can't be killed, and Python waits for them at exit: leave without them.
+        log.warning("worker_exit_abandoning_threads", threads=worker.threads.busy)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
