@@ -168,3 +168,53 @@ async def test_enqueue_sync_from_threads_reaches_the_broker(
     )
     assert sorted(job_ids) == sorted(event.job_id for _, _, event in events)
     assert all(key == event.job_id for _, key, event in events)
+
+
+async def test_a_full_worker_pauses_and_still_runs_every_dispatch_in_turn(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    app = App(Settings(bootstrap=kafka_bootstrap, namespace=namespace), name="it")
+
+    @app.task(name="it.step")
+    async def step(ctx: Context) -> int:
+        await asyncio.sleep(0.3)  # the job's own work, long enough for the worker to sit full
+        return ctx.token
+
+    dispatches = [
+        Dispatch(
+            job_id=f"job-{n}",
+            token=n,
+            attempt=1,
+            max_attempts=1,
+            task="it.step",
+            queue="default",
+            args=b'{"args":[],"kwargs":{}}',
+            timeout_ms=10_000,
+            lease_ms=30_000,
+            run_at=now_ms(),
+            enqueued_at=now_ms(),
+            leased_at=now_ms(),
+            partition=0,
+        )
+        for n in range(1, 5)
+    ]
+    for dispatch in dispatches:
+        await write_dispatch(app.settings, dispatch)
+    config = WorkerConfig(queues=("default",), pool="solo", concurrency=1, poll_s=0.1)
+    worker = kafka_worker(app, config)
+    async with running(worker):
+        events = await read_events(
+            app.settings,
+            lambda seen: len([e for e in seen if isinstance(e, AttemptSucceeded)]) == 4,
+        )
+    await app.close()
+
+    assert worker.peak_running == 1
+    assert sorted(e.token for _, _, e in events if isinstance(e, AttemptSucceeded)) == [1, 2, 3, 4]
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(f"{namespace}.workers.solo")
+    finally:
+        await admin.close()
+    assert sum(meta.offset for meta in offsets.values() if meta.offset > 0) == 4
