@@ -109,9 +109,11 @@ class AttemptRunner:
         finally:
             heartbeat.cancel()
             await asyncio.wait({heartbeat})
-        await self._complete(dispatch, outcome, ctx.finish(), logger)
-        if overrun is not None:
-            await _outlive(overrun, logger)
+        try:
+            await self._complete(dispatch, outcome, ctx.finish(), logger)
+        finally:
+            if overrun is not None:
+                await _outlive(overrun, logger)
 
     async def emit(self, event: JobEvent) -> None:
         """Write one event keyed by its job id; EncodeError when it cannot be written."""
