@@ -2,12 +2,51 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
+from evsched.core.planner import PlannerLimits
 from evsched.devstack.cli import kafka_app
+from evsched.logging import configure_logging
+from evsched.runtime.node import NodeConfig, serve_node
+from evsched.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="evsched: event-sourced jobs.")
 app.add_typer(kafka_app, name="kafka")
+
+
+@app.command()
+def node(
+    data_dir: Annotated[
+        Path, typer.Option("--data-dir", envvar="EVSCHED_NODE_DATA_DIR", help="RocksDB indexes.")
+    ] = Path("./evsched-data/node"),
+    node_id: Annotated[
+        str | None, typer.Option("--node-id", help="Stable name in logs and event sources.")
+    ] = None,
+    max_in_flight: Annotated[
+        int, typer.Option("--max-in-flight", min=1, help="Leased + running jobs per queue.")
+    ] = 1_000,
+    dispatch_timeout_s: Annotated[
+        float, typer.Option("--dispatch-timeout-s", min=0.1, help="Time for a worker to start.")
+    ] = 30.0,
+    log_json: Annotated[bool, typer.Option("--log-json/--log-console")] = True,
+) -> None:
+    """Own events partitions: fold them into RocksDB and run the scheduler."""
+    configure_logging(json=log_json)
+    config = NodeConfig(
+        settings=Settings.from_env(),
+        node_id=node_id or socket.gethostname(),
+        data_dir=data_dir,
+        limits=PlannerLimits(
+            dispatch_timeout_ms=int(dispatch_timeout_s * 1000),
+            max_in_flight_per_queue=max_in_flight,
+        ),
+    )
+    asyncio.run(serve_node(config))
 
 
 def main() -> None:

@@ -110,9 +110,10 @@ class PartitionIndex:
     def due_schedule_ids(self, now: int, limit: int) -> list[str]:
         return self._ids_until(CRON_DUE, now, limit)
 
-    def next_due_at(self) -> int | None:
-        """The earliest time anything in this partition becomes due (run_at, lease end, cron)."""
-        firsts = [self._first_time(name) for name in (DUE, LEASES, CRON_DUE)]
+    def next_due_at(self, after: int = -1) -> int | None:
+        """The earliest time after ``after`` that anything here becomes due (run_at, lease end,
+        cron slot); what is due by ``after`` already is the caller's to act on."""
+        firsts = [self._first_time(name, after + 1) for name in (DUE, LEASES, CRON_DUE)]
         times = [t for t in firsts if t is not None]
         return min(times) if times else None
 
@@ -228,8 +229,8 @@ class PartitionIndex:
                 break
         return found
 
-    def _first_time(self, name: str) -> int | None:
-        for key, _ in self._scan(name):
+    def _first_time(self, name: str, at_least: int) -> int | None:
+        for key, _ in self._scan(name, _U64.pack(max(0, at_least))):
             return int(_U64.unpack(key[:8])[0])
         return None
 

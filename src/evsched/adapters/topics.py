@@ -275,3 +275,24 @@ async def _observe(admin: AIOKafkaAdminClient, names: Sequence[str]) -> dict[str
 def _raise_for_code(code: int, topic: str) -> None:
     if code != 0:
         raise for_code(code)(f"topic {topic!r}")
+
+
+async def partition_count(
+    bootstrap: str, topic: str, *, timeout_s: float = 30.0, **client_options: Any
+) -> int:
+    """How many partitions ``topic`` has; TopicProvisioningError when it can't be described."""
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), **client_options
+    )
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            (described,) = await admin.describe_topics([topic])
+    except KafkaError as exc:
+        raise TopicProvisioningError(f"describing {topic} on {bootstrap} failed: {exc!r}") from exc
+    except TimeoutError as exc:
+        raise TopicProvisioningError(f"describing {topic} took more than {timeout_s} s") from exc
+    finally:
+        await admin.close()
+    _raise_for_code(described["error_code"], topic)
+    return len(described["partitions"])

@@ -1,0 +1,232 @@
+"""The node: owns events partitions through a consumer group, folds them and runs the scheduler.
+
+Kafka's group assignment is the ownership: there is no election of our own. Each owned partition
+gets a transactional producer whose id is bound to the partition, so a new owner's producer fences
+a zombie's, and the fold rejects whatever a zombie still manages to write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import IllegalStateError
+from aiokafka.structs import TopicPartition
+
+from evsched.adapters import kafka
+from evsched.adapters.clock import now_ms
+from evsched.adapters.kafka import Record
+from evsched.adapters.topics import Topics, ensure_topics
+from evsched.core.planner import PlannerLimits
+from evsched.runtime.partition import OwnedPartition
+from evsched.settings import Settings
+
+log = structlog.get_logger("evsched.node")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    settings: Settings
+    node_id: str
+    data_dir: Path
+    limits: PlannerLimits = field(default_factory=PlannerLimits)
+    max_idle_ms: int = 200
+    max_records: int = 2_000
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.settings.namespace}.nodes"
+
+    def transactional_id(self, partition: int) -> str:
+        return f"{self.settings.namespace}.node.p{partition}"
+
+
+class Node:
+    """Run with ``await node.run(stop)``; returns once ``stop`` is set and partitions closed."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.topics = Topics(config.settings.namespace)
+        self.owned: dict[int, OwnedPartition] = {}
+        self._lock = asyncio.Lock()
+        self._known_queues: set[str] = set()
+        self._consumer: AIOKafkaConsumer | None = None
+        self.log = log.bind(node_id=config.node_id)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        consumer = kafka.consumer(
+            self.config.settings,
+            group_id=self.config.group_id,
+            client_id=f"evsched-node-{self.config.node_id}",
+            max_poll_records=self.config.max_records,
+        )
+        self._consumer = consumer
+        consumer.subscribe([self.topics.events], listener=_Listener(self))
+        await consumer.start()
+        self.log.info("node_started", group_id=self.config.group_id)
+        try:
+            while not stop.is_set():
+                await self._poll_once(consumer)
+        finally:
+            async with self._lock:
+                await self._close_all()
+            await consumer.stop()
+            self.log.info("node_stopped")
+
+    async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
+        batches = await consumer.getmany(
+            timeout_ms=self._idle_ms(), max_records=self.config.max_records
+        )
+        # getmany(timeout_ms=0) may return without yielding: let heartbeats and fetches run.
+        await asyncio.sleep(0)
+        async with self._lock:
+            now = now_ms()
+            by_partition: dict[int, list[Record]] = {}
+            for tp, raws in batches.items():
+                by_partition[tp.partition] = [kafka.to_record(r) for r in raws]
+            for partition, owner in list(self.owned.items()):
+                await self._step(consumer, owner, by_partition.get(partition, []), now)
+
+    async def _step(
+        self, consumer: AIOKafkaConsumer, owner: OwnedPartition, records: list[Record], now: int
+    ) -> None:
+        try:
+            position = await consumer.position(owner.tp)
+            await owner.step(records, now, position)
+        except IllegalStateError:
+            return  # revoked while we polled; the listener closes it
+        except Exception as exc:
+            # Anything else (fenced producer, broker trouble): drop the partition's in-memory
+            # work and reopen it from its index; the log and the index stay consistent.
+            self.log.warning("partition_step_failed", partition=owner.partition, error=repr(exc))
+            await self._reopen(owner.partition)
+
+    async def ensure_queues(self, queues: set[str]) -> None:
+        """Create dispatch topics for queues this node has not sent to yet."""
+        queues = queues - self._known_queues
+        if queues:
+            settings = self.config.settings
+            await ensure_topics(
+                settings.bootstrap,
+                settings.namespace,
+                event_partitions=settings.event_partitions,
+                queues=sorted(queues),
+                **dict(settings.kafka_options),
+            )
+            self._known_queues |= queues
+
+    def _idle_ms(self) -> int:
+        """Sleep in the poll no longer than until the next due time of any owned partition."""
+        wake = [w for o in self.owned.values() if (w := o.next_wake_at()) is not None]
+        if not wake:
+            return self.config.max_idle_ms
+        return max(0, min(self.config.max_idle_ms, min(wake) - now_ms()))
+
+    # --- ownership ---------------------------------------------------------------------------
+
+    async def assign(self, partitions: Iterable[int]) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        for partition in partitions:
+            await self._open(consumer, partition)
+
+    async def revoke(self, partitions: Iterable[int]) -> None:
+        for partition in partitions:
+            owner = self.owned.pop(partition, None)
+            if owner is not None:
+                await self._close(owner)
+                self.log.info("partition_revoked", partition=partition)
+
+    async def _open(self, consumer: AIOKafkaConsumer, partition: int) -> None:
+        tp = TopicPartition(self.topics.events, partition)
+        producer = kafka.producer(
+            self.config.settings,
+            client_id=f"evsched-node-{self.config.node_id}-p{partition}",
+            transactional_id=self.config.transactional_id(partition),
+        )
+        # Starting the producer bumps the transactional epoch: a zombie owner is fenced here.
+        await producer.start()
+        committed = await consumer.committed(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        owner = OwnedPartition(
+            partition=partition,
+            data_dir=self.config.data_dir,
+            topics=self.topics,
+            producer=producer,
+            group_id=self.config.group_id,
+            node_id=self.config.node_id,
+            limits=self.config.limits,
+            committed=committed,
+            end_offset=end,
+            ensure_queues=self.ensure_queues,
+        )
+        consumer.seek(tp, owner.resume_offset)
+        self.owned[partition] = owner
+        self.log.info(
+            "partition_assigned",
+            partition=partition,
+            resume_offset=owner.resume_offset,
+            committed=committed,
+            end_offset=end,
+        )
+
+    async def _reopen(self, partition: int) -> None:
+        owner = self.owned.pop(partition, None)
+        if owner is not None:
+            await self._close(owner)
+        consumer = self._consumer
+        if consumer is not None and TopicPartition(self.topics.events, partition) in (
+            consumer.assignment()
+        ):
+            await self._open(consumer, partition)
+
+    async def _close(self, owner: OwnedPartition) -> None:
+        with contextlib.suppress(Exception):
+            await _stop_producer(owner.producer)
+        owner.close()
+
+    async def _close_all(self) -> None:
+        await self.revoke(list(self.owned))
+
+
+async def _stop_producer(producer: AIOKafkaProducer) -> None:
+    await producer.stop()
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Opens and closes owned partitions as the group assigns and revokes them."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        async with self.node._lock:
+            await self.node.revoke(tp.partition for tp in revoked)
+
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        async with self.node._lock:
+            await self.node.assign(tp.partition for tp in assigned)
+
+
+async def serve_node(config: NodeConfig) -> None:
+    """Provision the base topics, run the node until SIGTERM or SIGINT, then close cleanly."""
+    settings = config.settings
+    await ensure_topics(
+        settings.bootstrap,
+        settings.namespace,
+        event_partitions=settings.event_partitions,
+        queues=[],
+        **dict(settings.kafka_options),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await Node(config).run(stop)

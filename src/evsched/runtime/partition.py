@@ -1,0 +1,266 @@
+"""One owned events partition: fold its records, decide, and commit outputs with offsets atomically.
+
+Each step folds new records into an index batch, plans leases, expiries and cron fires on top of
+it, then sends effects, decisions and dispatch records in one Kafka transaction together with the
+consumer offset. Only after that transaction commits is the index written, so the index can lag
+the committed offset after a crash but never run ahead of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import TopicPartition
+
+from evsched.adapters import avro
+from evsched.adapters.clock import monotonic_s
+from evsched.adapters.index import PartitionIndex
+from evsched.adapters.kafka import Record
+from evsched.adapters.topics import Topics
+from evsched.core import planner
+from evsched.core.events import Event, entity_id
+from evsched.core.fold import FOLD_VERSION
+from evsched.core.state import JobState, ScheduleState, Status
+from evsched.runtime.projector import AcceptedEffect, Folded, Projector
+
+log = structlog.get_logger("evsched.node")
+
+# A decision not seen back in the log within this time (e.g. its transaction aborted) is retried.
+PENDING_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outgoing:
+    topic: str
+    key: bytes
+    value: bytes
+    partition: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    queue: str | None = None  # set on dispatch records: their topic must exist first
+
+
+@dataclass(slots=True)
+class Pending:
+    """Decisions sent but not yet folded back, so the next step doesn't propose them again."""
+
+    by_event: dict[str, tuple[str, float]] = field(default_factory=dict)
+    entities: dict[str, int] = field(default_factory=dict)
+    leases_by_queue: dict[str, int] = field(default_factory=dict)
+    queue_of: dict[str, str] = field(default_factory=dict)
+
+    def add(self, event_id: str, entity: str, queue: str | None, deadline: float) -> None:
+        self.by_event[event_id] = (entity, deadline)
+        self.entities[entity] = self.entities.get(entity, 0) + 1
+        if queue is not None:
+            self.queue_of[event_id] = queue
+            self.leases_by_queue[queue] = self.leases_by_queue.get(queue, 0) + 1
+
+    def first_deadline_ms(self, now: int) -> int | None:
+        """The earliest pending deadline as an epoch-ms time (deadlines are monotonic seconds)."""
+        if not self.by_event:
+            return None
+        soonest = min(deadline for _, deadline in self.by_event.values())
+        return now + max(0, int((soonest - monotonic_s()) * 1000))
+
+    def settle(self, event_ids: set[str], monotonic_now: float) -> None:
+        done = [e for e, (_, dl) in self.by_event.items() if e in event_ids or dl <= monotonic_now]
+        for event_id in done:
+            entity, _ = self.by_event.pop(event_id)
+            self.entities[entity] -= 1
+            if not self.entities[entity]:
+                del self.entities[entity]
+            queue = self.queue_of.pop(event_id, None)
+            if queue is not None:
+                self.leases_by_queue[queue] -= 1
+
+
+class OwnedPartition:
+    """The node's work for one partition it owns; ``step`` is called by the node's poll loop."""
+
+    def __init__(
+        self,
+        *,
+        partition: int,
+        data_dir: Path,
+        topics: Topics,
+        producer: AIOKafkaProducer,
+        group_id: str,
+        node_id: str,
+        limits: planner.PlannerLimits,
+        committed: int | None,
+        end_offset: int,
+        ensure_queues: Callable[[set[str]], Awaitable[None]],
+        scan_limit: int = 1_000,
+    ) -> None:
+        self.partition = partition
+        self.tp = TopicPartition(topics.events, partition)
+        self.topics = topics
+        self.producer = producer
+        self.group_id = group_id
+        self.source = f"node-{node_id}"
+        self.limits = limits
+        self.ensure_queues = ensure_queues
+        self.scan_limit = scan_limit
+        self.index = PartitionIndex(data_dir / f"p{partition:04d}", partition)
+        if self.index.fold_version() not in (None, FOLD_VERSION):
+            raise RuntimeError(
+                f"index of partition {partition} was built by fold version "
+                f"{self.index.fold_version()}, this is {FOLD_VERSION}: run `evsched rebuild`"
+            )
+        self.projector = Projector(self.index)
+        # Records below the committed offset were folded and their outputs sent before a crash.
+        self.replay_until = committed if committed is not None else 0
+        # Decide nothing until the log as it stood at assignment is folded: a previous owner's
+        # decisions must be seen before proposing new ones.
+        self.end_offset = end_offset
+        self.caught_up = False
+        self.pending = Pending()
+        self.wake_at: int | None = None
+        self.log = log.bind(partition=partition)
+
+    @property
+    def resume_offset(self) -> int:
+        return self.index.applied_offset() + 1
+
+    def next_wake_at(self) -> int | None:
+        """When this partition next has something to decide without new records arriving."""
+        return self.wake_at
+
+    async def step(self, records: Sequence[Record], now: int, position: int) -> int:
+        """Fold ``records`` and act on them; returns how many decisions were sent.
+
+        ``position`` is the consumer's next fetch offset, past any transaction markers.
+        """
+        gap = [r for r in records if r.offset < self.replay_until]
+        fresh = [r for r in records if r.offset >= self.replay_until]
+        if gap:
+            self.projector.commit(self.projector.fold(gap))
+            self.log.info("gap_refolded", count=len(gap), until=self.replay_until)
+        folded = self.projector.fold(fresh)
+        self.pending.settle(folded.seen_event_ids, monotonic_s())
+        self.caught_up = self.caught_up or position >= self.end_offset
+        decisions = self._plan(folded, now) if self.caught_up else []
+        outgoing = [_effect_record(self.topics, e) for e in folded.effects] + decisions
+        if fresh or outgoing:
+            await self._transact(outgoing, folded.last_offset)
+        self.projector.commit(folded)
+        self.wake_at = self._next_wake(now, saturated=len(decisions) >= self.scan_limit)
+        return len(decisions)
+
+    def _next_wake(self, now: int, *, saturated: bool) -> int | None:
+        """Blocked due work (pending, queue full) waits for records; the rest for its time."""
+        if saturated:
+            return now
+        times = [
+            t
+            for t in (self.index.next_due_at(after=now), self.pending.first_deadline_ms(now))
+            if t is not None
+        ]
+        return min(times) if times else None
+
+    async def _transact(self, outgoing: list[Outgoing], last_offset: int | None) -> None:
+        queues = {o.queue for o in outgoing if o.queue is not None}
+        if queues:
+            await self.ensure_queues(queues)
+        async with self.producer.transaction():
+            futures = [
+                await self.producer.send(
+                    o.topic, o.value, key=o.key, partition=o.partition, headers=list(o.headers)
+                )
+                for o in outgoing
+            ]
+            for future in futures:
+                await future
+            if last_offset is not None:
+                await self.producer.send_offsets_to_transaction(
+                    {self.tp: last_offset + 1}, self.group_id
+                )
+
+    def _plan(self, folded: Folded, now: int) -> list[Outgoing]:
+        deadline = monotonic_s() + PENDING_TIMEOUT_S
+        out: list[Outgoing] = []
+        for lease in self._plan_leases(folded, now):
+            out.append(self._event(lease.event))
+            out.append(self._dispatch(lease))
+            queue = lease.dispatch.queue
+            self.pending.add(lease.event.event_id, lease.event.job_id, queue, deadline)
+        expiring = self._jobs(self.index.expired_lease_ids(now, self.scan_limit), folded)
+        for expiry in planner.plan_expiries(expiring, now=now, source=self.source):
+            out.append(self._event(expiry))
+            self.pending.add(expiry.event_id, expiry.job_id, None, deadline)
+        schedules = self._due_schedules(folded, now)
+        for fired, enqueued in planner.plan_fires(schedules, now=now, source=self.source):
+            out.append(self._event(fired))
+            out.append(self._event(enqueued, own_partition=False))
+            self.pending.add(fired.event_id, fired.schedule_id, None, deadline)
+        return out
+
+    def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
+        ids = self.index.due_job_ids(now, self.scan_limit)
+        ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
+        candidates = [s for s in self._jobs(ids, folded) if s.run_at <= now]
+        in_flight = dict(self.projector.in_flight)
+        for queue, count in self.pending.leases_by_queue.items():
+            in_flight[queue] = in_flight.get(queue, 0) + count
+        return planner.plan_leases(
+            candidates, in_flight, now=now, limits=self.limits, source=self.source
+        )
+
+    def _jobs(self, ids: Sequence[str], folded: Folded) -> list[JobState]:
+        found: dict[str, JobState] = {}
+        for job_id in ids:
+            if job_id in found or job_id in self.pending.entities:
+                continue
+            state = self.projector.job(job_id, folded)
+            if state is not None:
+                found[job_id] = state
+        return list(found.values())
+
+    def _due_schedules(self, folded: Folded, now: int) -> list[ScheduleState]:
+        ids = self.index.due_schedule_ids(now, self.scan_limit) + list(folded.batch.schedules)
+        found: dict[str, ScheduleState] = {}
+        for sid in ids:
+            state = self.projector.schedule(sid, folded)
+            if sid not in self.pending.entities and state is not None:
+                found[sid] = state
+        return list(found.values())
+
+    def _event(self, event: Event, *, own_partition: bool = True) -> Outgoing:
+        return Outgoing(
+            topic=self.topics.events,
+            key=entity_id(event).encode(),
+            value=avro.encode_event(event),
+            partition=self.partition if own_partition else None,
+        )
+
+    def _dispatch(self, lease: planner.Lease) -> Outgoing:
+        return Outgoing(
+            topic=self.topics.dispatch(lease.dispatch.queue),
+            key=lease.dispatch.job_id.encode(),
+            value=avro.encode_dispatch(lease.dispatch),
+            queue=lease.dispatch.queue,
+        )
+
+    def close(self) -> None:
+        self.index.close()
+
+
+def _effect_record(topics: Topics, accepted: AcceptedEffect) -> Outgoing:
+    headers: list[tuple[str, bytes]] = [
+        ("evsched-job-id", accepted.job_id.encode()),
+        ("evsched-token", str(accepted.token).encode()),
+        ("evsched-effect-index", str(accepted.index).encode()),
+        ("evsched-effect-kind", accepted.effect.kind.encode()),
+    ]
+    if accepted.effect.key is not None:
+        headers.append(("evsched-effect-key", accepted.effect.key.encode()))
+    return Outgoing(
+        topic=topics.effects,
+        key=accepted.job_id.encode(),
+        value=accepted.effect.payload,
+        headers=tuple(headers),
+    )
