@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from evsched.core import ids, retry
 from evsched.core.events import (
@@ -22,8 +25,9 @@ from evsched.core.events import (
     Position,
     RetryPolicy,
 )
-from evsched.core.fold import RECENT_EVENT_IDS, fold
+from evsched.core.fold import RECENT_EVENT_IDS, _applied, fold
 from evsched.core.state import JobState, Status, TimelineEntry, Verdict
+from tests.strategies import job_states
 
 T0 = 1_700_000_000_000
 LEASE_MS = 30_000
@@ -320,3 +324,27 @@ def test_timeline_entry_records_position_kind_token_and_status() -> None:
     )
     assert (entry.source, entry.status_after) == ("t", Status.LEASED)
     assert job.entries[0].token is None
+
+
+def test_a_repeat_older_than_the_window_falls_to_the_transition_rules() -> None:
+    # Known limit of the id window: a late repeat whose transition is still allowed applies again.
+    job = Job()
+    job.run(enqueue(), lease(1, 1), start(1))
+    old = checkpoint(1, b"page=1")
+    job.run(old, *(renew(1) for _ in range(RECENT_EVENT_IDS)), checkpoint(1, b"page=2"))
+    assert job.apply(old).verdict is Verdict.APPLIED
+    assert job.current.checkpoint == b"page=1"
+
+
+@settings(max_examples=100, deadline=None)
+@given(state=job_states(), token=st.integers(0, 10**6), log_at=st.integers(0, 2**62))
+def test_the_fast_copy_of_an_applied_step_equals_dataclasses_replace(
+    state: JobState, token: int, log_at: int
+) -> None:
+    assert not hasattr(JobState, "__post_init__")  # _applied bypasses __init__
+    event = renew(token)
+    new = _applied(state, event, Position(partition=0, offset=0, log_at=log_at), token=token)
+    recent = (*state.recent_event_ids, event.event_id)[-RECENT_EVENT_IDS:]
+    assert new == replace(state, token=token, recent_event_ids=recent, updated_at=log_at)
+    assert all(hasattr(new, f.name) for f in fields(JobState))
+    assert new is not state

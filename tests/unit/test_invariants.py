@@ -104,30 +104,16 @@ def good_history() -> Log:
     log.add(JobCancelled(**_meta("a")), JobRequeued(**_meta("a"), run_at=T0 + 90_000))
     log.add(lease("a", 3, 1), start("a", 3), succeed("a", 3), at=T0 + 90_000)
     log.add(succeed("ghost", 1), partition=2)
-    log.add(ScheduleDeleted(event_id="s0", schedule_id="a", emitted_at=0, source="t"))
+    # Schedule events share the log (and here even an id with a job) but not the job's account.
+    schedule = {"schedule_id": "a", "emitted_at": 0, "source": "t"}
     template = JobTemplate(task="t", queue="q", args=b"{}")
-    log.add(
-        ScheduleUpserted(
-            event_id="s1",
-            schedule_id="a",
-            emitted_at=0,
-            source="t",
-            cron="* * * * *",
-            timezone="UTC",
-            template=template,
-        ),
-        at=T0 + 100_000,
+    log.add(ScheduleDeleted(**schedule, event_id="s0"))
+    upsert = ScheduleUpserted(
+        **schedule, event_id="s1", cron="* * * * *", timezone="UTC", template=template
     )
+    log.add(upsert, at=T0 + 100_000)
     log.add(
-        ScheduleFired(
-            event_id="s2",
-            schedule_id="a",
-            emitted_at=0,
-            source="t",
-            fire_at=T0 + 120_000,
-            job_id="x",
-        ),
-        at=T0 + 130_000,
+        ScheduleFired(**schedule, event_id="s2", fire_at=T0 + 120_000, job_id="x"), at=T0 + 130_000
     )
     return log
 
