@@ -7,23 +7,31 @@ import json
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from evsched.adapters.avro import decode_event, encode_dispatch
 from evsched.adapters.clock import now_ms
 from evsched.adapters.kafka import consumer, producer
+from evsched.adapters.topics import partition_count
 from evsched.client import App, Context
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import (
+    AttemptFailed,
     AttemptStarted,
     AttemptSucceeded,
     Effect,
     Event,
     JobEnqueued,
+    RetryPolicy,
 )
+from evsched.core.state import Status
+from evsched.runtime.node import Node, NodeConfig
+from evsched.runtime.replica import Replica
 from evsched.runtime.worker import Worker, WorkerConfig, kafka_worker
 from evsched.settings import Settings
 
@@ -44,15 +52,27 @@ def make_app(bootstrap: str, namespace: str) -> App:
 
 async def read_events(settings: Settings, until: Any) -> list[tuple[int, str, Event]]:
     """(partition, key, event) of every event in ``<ns>.events`` until ``until(events)`` holds."""
-    reader = consumer(settings, f"{settings.namespace}.events", group_id=None)
-    seen: list[tuple[int, str, Event]] = []
+    return [
+        (r.partition, r.key.decode(), decode_event(r.value))
+        for r in await read_records(
+            settings,
+            f"{settings.namespace}.events",
+            lambda records: until([decode_event(r.value) for r in records]),
+        )
+    ]
+
+
+async def read_records(settings: Settings, topic: str, until: Any) -> list[Any]:
+    """The consumer records of ``topic`` from its start, until ``until(records)`` holds."""
+    reader = consumer(settings, topic, group_id=None)
+    seen: list[Any] = []
     await reader.start()
     try:
         async with asyncio.timeout(DEADLINE_S):
-            while not until([event for _, _, event in seen]):
+            while not until(seen):
                 batches = await reader.getmany(timeout_ms=200)
                 for records in batches.values():
-                    seen += [(r.partition, r.key.decode(), decode_event(r.value)) for r in records]
+                    seen += records
     finally:
         await reader.stop()
     return seen
@@ -218,3 +238,94 @@ async def test_a_full_worker_pauses_and_still_runs_every_dispatch_in_turn(
     finally:
         await admin.close()
     assert sum(meta.offset for meta in offsets.values() if meta.offset > 0) == 4
+
+
+async def test_jobs_run_end_to_end_through_a_node_and_a_worker(
+    kafka_bootstrap: str, namespace: str, tmp_path: Path
+) -> None:
+    settings = Settings(bootstrap=kafka_bootstrap, namespace=namespace, event_partitions=3)
+    app = App(settings, name="e2e")
+
+    @app.task(name="e2e.ship")
+    async def ship(ctx: Context, order: str) -> str:
+        ctx.effect("order.shipped", {"order": order}, key=order)
+        return order
+
+    @app.task(
+        name="e2e.flaky",
+        retry=RetryPolicy(initial_backoff_ms=50, max_backoff_ms=100),
+        retry_on=(ConnectionError,),
+    )
+    async def flaky(ctx: Context, failures: int) -> int:
+        if ctx.attempt <= failures:
+            raise ConnectionError(f"attempt {ctx.attempt}")
+        return ctx.attempt
+
+    @app.task(name="e2e.broken", permanent_on=(ValueError,))
+    def broken() -> None:
+        raise ValueError("bad input")
+
+    stop = asyncio.Event()
+    node_config = NodeConfig(settings=settings, node_id="n1", data_dir=tmp_path / "node")
+    node = asyncio.create_task(Node(node_config).run(stop))
+    worker_config = WorkerConfig(queues=("default",), pool="e2e", lease_ms=5_000, poll_s=0.1)
+    try:
+        async with running(kafka_worker(app, worker_config)), app:
+            shipped = await ship.enqueue("B-2")
+            retried = await flaky.enqueue(2)
+            dead = await broken.enqueue()
+            records = await read_records(
+                settings,
+                f"{namespace}.events",
+                lambda seen: _outcomes(seen) >= {shipped, retried, dead},
+            )
+    finally:
+        stop.set()
+        await asyncio.wait_for(node, DEADLINE_S)
+
+    async with Replica(settings, tmp_path / "replica") as replica:
+        for record in records:
+            await replica.wait_for(record.partition, record.offset, timeout_s=DEADLINE_S)
+        states = {job_id: await replica.job(job_id) for job_id in (shipped, retried, dead)}
+    assert {job_id: s.status for job_id, s in states.items() if s} == {
+        shipped: Status.SUCCEEDED,
+        retried: Status.SUCCEEDED,
+        dead: Status.DEAD,
+    }
+    assert states[retried] is not None and states[retried].attempt == 3
+    assert states[dead] is not None and states[dead].last_error is not None
+    assert states[dead].last_error.error_type == "ValueError"
+    effects = await read_to_end(settings, f"{namespace}.effects")
+    assert [(r.key.decode(), r.value) for r in effects] == [(shipped, b'{"order":"B-2"}')]
+
+
+async def read_to_end(settings: Settings, topic: str) -> list[Any]:
+    """Every committed record of ``topic`` now (the node that writes it has stopped)."""
+    count = await partition_count(settings.bootstrap, topic)
+    partitions = [TopicPartition(topic, p) for p in range(count)]
+    reader = consumer(settings, group_id=None)
+    seen: list[Any] = []
+    await reader.start()
+    try:
+        reader.assign(partitions)
+        await reader.seek_to_beginning(*partitions)
+        ends = await reader.end_offsets(partitions)
+        async with asyncio.timeout(DEADLINE_S):
+            while [tp for tp, end in ends.items() if await reader.position(tp) < end]:
+                for records in (await reader.getmany(timeout_ms=200)).values():
+                    seen += records
+    finally:
+        await reader.stop()
+    return seen
+
+
+def _outcomes(records: list[Any]) -> set[str]:
+    """Jobs with a success, or a permanent failure, among the consumed event records."""
+    done = set()
+    for record in records:
+        event = decode_event(record.value)
+        if isinstance(event, AttemptSucceeded) or (
+            isinstance(event, AttemptFailed) and not event.retryable
+        ):
+            done.add(event.job_id)
+    return done

@@ -22,6 +22,7 @@ from evsched.adapters.kafka import KafkaError, Record, consumer, to_record
 from evsched.client.app import App
 from evsched.client.transport import EventLog, KafkaEventLog
 from evsched.errors import DecodeError, EvschedError
+from evsched.logging import configure_logging
 from evsched.runtime.attempt import AttemptRunner, ThreadCount
 from evsched.runtime.context import JobReader
 
@@ -340,8 +341,10 @@ def worker_command(
     grace_s: Annotated[
         float, typer.Option(min=0, help="On SIGTERM, how long running attempts may finish.")
     ] = 30.0,
+    log_json: Annotated[bool, typer.Option("--log-json/--log-console")] = True,
 ) -> None:
     """Run the tasks of an evsched App from its dispatch queues."""
+    configure_logging(json=log_json)
     loaded = load_app(app)
     listed = tuple(q.strip() for q in (queues or "").split(",") if q.strip())
     config = WorkerConfig(
