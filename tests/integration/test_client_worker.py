@@ -32,7 +32,7 @@ from evsched.core.events import (
 from evsched.core.state import Status
 from evsched.runtime.node import Node, NodeConfig
 from evsched.runtime.replica import Replica
-from evsched.runtime.worker import Worker, WorkerConfig, kafka_worker
+from evsched.runtime.worker import Worker, WorkerConfig, ensure_worker_topics, kafka_worker
 from evsched.settings import Settings
 
 pytestmark = pytest.mark.broker
@@ -329,3 +329,15 @@ def _outcomes(records: list[Any]) -> set[str]:
         ):
             done.add(event.job_id)
     return done
+
+
+async def test_a_worker_creates_its_missing_dispatch_topics(
+    kafka_bootstrap: str, fresh_namespace: str
+) -> None:
+    app = App(Settings(bootstrap=kafka_bootstrap, namespace=fresh_namespace, event_partitions=2))
+    config = WorkerConfig(queues=("default", "mail"))
+
+    await ensure_worker_topics(app, config)
+
+    for queue in ("default", "mail"):
+        assert await partition_count(kafka_bootstrap, f"{fresh_namespace}.dispatch.{queue}") == 2

@@ -19,6 +19,7 @@ import typer
 from evsched.adapters.avro import decode_dispatch
 from evsched.adapters.clock import SYSTEM_CLOCK, Clock
 from evsched.adapters.kafka import KafkaError, Record, consumer, to_record
+from evsched.adapters.topics import TopicProvisioningError, ensure_topics
 from evsched.client.app import App
 from evsched.client.transport import EventLog, KafkaEventLog
 from evsched.errors import DecodeError, EvschedError
@@ -313,6 +314,22 @@ def kafka_worker(app: App, config: WorkerConfig) -> Worker:
     return Worker(app, config, feed=feed, events=events)
 
 
+async def ensure_worker_topics(app: App, config: WorkerConfig) -> None:
+    """Create the pool's dispatch topics if missing, as the node would (and check them).
+
+    A consumer subscribed to a topic that does not exist yet only sees it at its next metadata
+    refresh (minutes), so a worker started before the node would sit idle that long.
+    """
+    settings = app.settings
+    await ensure_topics(
+        settings.bootstrap,
+        settings.namespace,
+        event_partitions=settings.event_partitions,
+        queues=config.queues,
+        **dict(settings.kafka_options),
+    )
+
+
 async def serve(worker: Worker) -> None:
     """Run ``worker`` until SIGTERM or SIGINT (a second one cuts the grace period short)."""
     loop = asyncio.get_running_loop()
@@ -355,6 +372,11 @@ def worker_command(
         grace_s=grace_s,
     )
     worker = kafka_worker(loaded, config)
+    try:
+        asyncio.run(ensure_worker_topics(loaded, config))
+    except TopicProvisioningError as exc:
+        typer.echo(f"evsched worker: {exc}", err=True)
+        raise typer.Exit(1) from exc
     asyncio.run(serve(worker))
     if worker.threads.busy:
         # Threads can't be killed, and Python waits for them at exit: leave without them.
