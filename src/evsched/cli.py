@@ -13,10 +13,12 @@ from evsched.core.planner import PlannerLimits
 from evsched.devstack.cli import kafka_app
 from evsched.logging import configure_logging
 from evsched.runtime.node import NodeConfig, serve_node
+from evsched.runtime.worker import worker_command
 from evsched.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="evsched: event-sourced jobs.")
 app.add_typer(kafka_app, name="kafka")
+app.command("worker")(worker_command)
 
 
 @app.command()

@@ -1,0 +1,254 @@
+"""A harness for engine scenarios: real node and worker processes on the real broker, a replica to
+watch job states, and checks of what actually landed in the log (invariants, effects)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiokafka import TopicPartition
+
+from evsched.adapters import avro, kafka
+from evsched.adapters.topics import Topics, partition_count
+from evsched.client import App
+from evsched.core.events import AttemptSucceeded, Event, Position
+from evsched.core.invariants import Replay, replay
+from evsched.core.state import TERMINAL_STATUSES, JobState, Status, Verdict
+from evsched.errors import DecodeError
+from evsched.runtime.replica import Replica
+from evsched.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+DEADLINE_S = 60.0
+T = TypeVar("T")
+
+
+async def wait_for(
+    probe: Callable[[], Awaitable[T | None]], *, what: str, timeout_s: float = DEADLINE_S
+) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class Proc:
+    """A node or worker process we started; stopped only by its own pid."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def signal(self, signum: int) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.popen.wait(timeout=30)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        self.signal(signal.SIGCONT)  # a frozen process can't handle SIGTERM
+        self.signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@dataclass
+class Stack:
+    """One namespace's engine: processes, a client app and a replica, all on one broker."""
+
+    bootstrap: str
+    namespace: str
+    tmp: Path
+    partitions: int = 3
+    procs: list[Proc] = field(default_factory=list)
+    _replica: Replica | None = None
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(
+            bootstrap=self.bootstrap, namespace=self.namespace, event_partitions=self.partitions
+        )
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(self.namespace)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            EVSCHED_KAFKA_BOOTSTRAP=self.bootstrap,
+            EVSCHED_NAMESPACE=self.namespace,
+            EVSCHED_EVENT_PARTITIONS=str(self.partitions),
+            PYTHONPATH=str(REPO),
+        )
+        return env
+
+    def _spawn(self, name: str, args: list[str]) -> Proc:
+        log_path = self.tmp / f"{name}.log"
+        with log_path.open("ab") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "evsched", *args],
+                cwd=REPO,
+                env=self.env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def start_node(self, name: str = "node-1", *args: str) -> Proc:
+        data = self.tmp / name
+        return self._spawn(name, ["node", "--data-dir", str(data), "--node-id", name, *args])
+
+    def node_data(self, name: str = "node-1") -> Path:
+        return self.tmp / name
+
+    def start_worker(self, name: str = "worker-1", *args: str) -> Proc:
+        app = "tests.integration.scenario_app:app"
+        return self._spawn(name, ["worker", "--app", app, *args])
+
+    def app(self) -> App:
+        from tests.integration.scenario_app import make_app
+
+        return make_app(self.settings)
+
+    async def replica(self) -> Replica:
+        if self._replica is None:
+            self._replica = Replica(self.settings, self.tmp / "replica")
+            await self._replica.start()
+        return self._replica
+
+    async def job(self, job_id: str) -> JobState | None:
+        return await (await self.replica()).job(job_id)
+
+    async def wait_status(
+        self, job_id: str, *statuses: Status, timeout_s: float = DEADLINE_S
+    ) -> JobState:
+        async def probe() -> JobState | None:
+            state = await self.job(job_id)
+            return state if state is not None and state.status in statuses else None
+
+        return await wait_for(probe, what=f"job {job_id} to be {statuses}", timeout_s=timeout_s)
+
+    async def close(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+        if self._replica is not None:
+            await self._replica.stop()
+
+    # --- what is in the log ------------------------------------------------------------------
+
+    async def read_topic(self, topic: str) -> list[kafka.Record]:
+        """Every committed record of ``topic``, from the start to its current end."""
+        return [kafka.to_record(r) for r in await self.read_raw(topic)]
+
+    async def read_raw(self, topic: str) -> list[Any]:
+        """Every committed consumer record of ``topic`` (headers included)."""
+        count = await partition_count(self.bootstrap, topic)
+        tps = [TopicPartition(topic, p) for p in range(count)]
+        consumer = kafka.consumer(self.settings, group_id=None, client_id="it-reader")
+        await consumer.start()
+        try:
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            end = await consumer.end_offsets(tps)
+            records: list[Any] = []
+            while any([await consumer.position(tp) < end[tp] for tp in tps]):
+                batch = await consumer.getmany(timeout_ms=200)
+                records += [r for rs in batch.values() for r in rs]
+            return records
+        finally:
+            await consumer.stop()
+
+    async def history(self) -> tuple[list[tuple[Event, Position]], list[kafka.Record]]:
+        """The decoded events with positions, in log order per partition; and undecodable ones."""
+        events: list[tuple[Event, Position]] = []
+        bad: list[kafka.Record] = []
+        for record in sorted(
+            await self.read_topic(self.topics.events), key=lambda r: (r.partition, r.offset)
+        ):
+            try:
+                event = avro.decode_event(record.value or b"")
+            except DecodeError:
+                bad.append(record)
+                continue
+            events.append(
+                (
+                    event,
+                    Position(
+                        partition=record.partition, offset=record.offset, log_at=record.log_at
+                    ),
+                )
+            )
+        return events, bad
+
+    async def check(self, *, all_terminal: bool = True) -> Replay:
+        """I1/I6/I7 on the log, effects = effects of applied successes, I3 when asked."""
+        events, _ = await self.history()
+        folded = replay(events)
+        assert folded.violations == [], folded.violations
+        expected = _expected_effects(folded, events)
+        published = sorted(effect_id(r) for r in await self.read_raw(self.topics.effects))
+        assert published == sorted(expected), (published, expected)
+        if all_terminal:
+            stuck = {
+                j: s.status for j, s in folded.jobs.items() if s.status not in TERMINAL_STATUSES
+            }
+            assert not stuck, f"jobs not terminal: {stuck}"
+        return folded
+
+
+def effect_id(record: Any) -> tuple[str, int, int]:
+    """(job id, token, index) from an effects record's headers."""
+    headers = dict(record.headers or ())
+    return (
+        headers["evsched-job-id"].decode(),
+        int(headers["evsched-token"]),
+        int(headers["evsched-effect-index"]),
+    )
+
+
+def _expected_effects(
+    folded: Replay, events: list[tuple[Event, Position]]
+) -> list[tuple[str, int, int]]:
+    """(job, token, index) of every effect of every applied AttemptSucceeded."""
+    applied = {
+        (job_id, entry.offset, entry.partition)
+        for job_id, timeline in folded.job_timelines.items()
+        for entry in timeline
+        if entry.kind == "AttemptSucceeded" and entry.verdict is Verdict.APPLIED
+    }
+    return [
+        (event.job_id, event.token, i)
+        for event, position in events
+        if isinstance(event, AttemptSucceeded)
+        and (event.job_id, position.offset, position.partition) in applied
+        for i in range(len(event.effects))
+    ]
