@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import structlog
 
 
-def configure_logging(*, json: bool = True, level: int = logging.INFO) -> None:
-    """Route structlog (and the stdlib loggers of our dependencies) to stderr."""
+def configure_logging(*, json: bool = True, level: int | None = None) -> None:
+    """Route structlog (and the stdlib loggers of our dependencies) to stderr.
+
+    ``level`` defaults to ``EVSCHED_LOG_LEVEL`` (debug, info, warning, error), else info.
+    """
+    if level is None:
+        name = os.environ.get("EVSCHED_LOG_LEVEL", "info").upper()
+        level = logging.getLevelNamesMapping().get(name, logging.INFO)
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     )

@@ -171,3 +171,16 @@ def test_events_for_unknown_jobs_are_audited_without_creating_state(index: Parti
     assert index.job("ghost") is None
     (entry,) = index.timeline("ghost")
     assert entry.verdict is Verdict.REJECTED
+
+
+def test_a_record_handed_out_twice_is_folded_once(index: PartitionIndex) -> None:
+    log = Log()
+    log.add(enqueued("a"), 1_000)
+    log.add(leased("a", 1), 1_001)
+    projector = Projector(index)
+    projector.commit(projector.fold(log.records))
+    again = projector.fold(log.records)  # a consumer that redelivers after a seek
+    assert again.last_offset is None and not again.batch
+    fresh = Projector(index)  # and after a restart, from the stored offset
+    assert fresh.fold(log.records).last_offset is None
+    assert [e.verdict for e in index.timeline("a")] == [Verdict.APPLIED, Verdict.APPLIED]

@@ -22,10 +22,11 @@ from aiokafka.structs import TopicPartition
 
 from evsched.adapters import kafka
 from evsched.adapters.clock import now_ms
+from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka import Record
 from evsched.adapters.topics import Topics, ensure_topics
 from evsched.core.planner import PlannerLimits
-from evsched.runtime.partition import OwnedPartition
+from evsched.runtime.partition import OwnedPartition, open_index
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.node")
@@ -57,7 +58,9 @@ class Node:
         self.owned: dict[int, OwnedPartition] = {}
         self._lock = asyncio.Lock()
         self._known_queues: set[str] = set()
+        self._queues_lock = asyncio.Lock()
         self._consumer: AIOKafkaConsumer | None = None
+        self._generation = 0  # bumped on every assignment change
         self.log = log.bind(node_id=config.node_id)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -81,18 +84,31 @@ class Node:
             self.log.info("node_stopped")
 
     async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
+        generation = self._generation
         batches = await consumer.getmany(
             timeout_ms=self._idle_ms(), max_records=self.config.max_records
         )
         # getmany(timeout_ms=0) may return without yielding: let heartbeats and fetches run.
         await asyncio.sleep(0)
         async with self._lock:
+            if generation != self._generation:
+                # The assignment changed while we fetched: these records may predate our seeks.
+                # Drop them and fetch again from exactly where each partition's fold stands.
+                for owner in self.owned.values():
+                    consumer.seek(owner.tp, owner.projector.next_offset)
+                return
             now = now_ms()
             by_partition: dict[int, list[Record]] = {}
             for tp, raws in batches.items():
                 by_partition[tp.partition] = [kafka.to_record(r) for r in raws]
+            # Partitions step concurrently: each waits on its own transaction, so one partition's
+            # round trips to the broker overlap another's fold and plan instead of adding up.
+            steps = []
             for partition, owner in list(self.owned.items()):
-                await self._step(consumer, owner, by_partition.get(partition, []), now)
+                records = by_partition.get(partition, [])
+                if owner.has_work(records, now):
+                    steps.append(self._step(consumer, owner, records, now))
+            await asyncio.gather(*steps)
 
     async def _step(
         self, consumer: AIOKafkaConsumer, owner: OwnedPartition, records: list[Record], now: int
@@ -110,7 +126,12 @@ class Node:
 
     async def ensure_queues(self, queues: set[str]) -> None:
         """Create dispatch topics for queues this node has not sent to yet."""
-        queues = queues - self._known_queues
+        if queues <= self._known_queues:
+            return
+        async with self._queues_lock:  # partitions step concurrently: provision once
+            await self._ensure_queues(queues - self._known_queues)
+
+    async def _ensure_queues(self, queues: set[str]) -> None:
         if queues:
             settings = self.config.settings
             await ensure_topics(
@@ -134,30 +155,54 @@ class Node:
     async def assign(self, partitions: Iterable[int]) -> None:
         consumer = self._consumer
         assert consumer is not None
-        for partition in partitions:
-            await self._open(consumer, partition)
+        self._generation += 1
+        # Seek every partition to its index before anything awaits, and hold its fetches until
+        # it is open: a fetch from the group's committed offset must never reach the fold first.
+        indexes = [self._seek_to_index(consumer, p) for p in partitions]
+        for index in indexes:
+            try:
+                await self._open(consumer, index)
+            except Exception as exc:
+                # Left paused and unowned: the poll loop retries it (see _adopt_orphans).
+                self.log.warning(
+                    "partition_open_failed", partition=index.partition, error=repr(exc)
+                )
+
+    def _seek_to_index(self, consumer: AIOKafkaConsumer, partition: int) -> PartitionIndex:
+        tp = TopicPartition(self.topics.events, partition)
+        consumer.pause(tp)
+        index = open_index(self.config.data_dir, partition)
+        consumer.seek(tp, index.applied_offset() + 1)
+        return index
 
     async def revoke(self, partitions: Iterable[int]) -> None:
+        self._generation += 1
         for partition in partitions:
             owner = self.owned.pop(partition, None)
             if owner is not None:
                 await self._close(owner)
                 self.log.info("partition_revoked", partition=partition)
 
-    async def _open(self, consumer: AIOKafkaConsumer, partition: int) -> None:
+    async def _open(self, consumer: AIOKafkaConsumer, index: PartitionIndex) -> None:
+        partition = index.partition
         tp = TopicPartition(self.topics.events, partition)
         producer = kafka.producer(
             self.config.settings,
             client_id=f"evsched-node-{self.config.node_id}-p{partition}",
             transactional_id=self.config.transactional_id(partition),
         )
-        # Starting the producer bumps the transactional epoch: a zombie owner is fenced here.
-        await producer.start()
-        committed = await consumer.committed(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
+        try:
+            # Starting the producer bumps the transactional epoch: a zombie owner is fenced here.
+            await producer.start()
+            committed = await consumer.committed(tp)
+            end = (await consumer.end_offsets([tp]))[tp]
+        except Exception:
+            index.close()
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            raise
         owner = OwnedPartition(
-            partition=partition,
-            data_dir=self.config.data_dir,
+            index=index,
             topics=self.topics,
             producer=producer,
             group_id=self.config.group_id,
@@ -168,6 +213,7 @@ class Node:
             ensure_queues=self.ensure_queues,
         )
         consumer.seek(tp, owner.resume_offset)
+        consumer.resume(tp)
         self.owned[partition] = owner
         self.log.info(
             "partition_assigned",
@@ -185,7 +231,7 @@ class Node:
         if consumer is not None and TopicPartition(self.topics.events, partition) in (
             consumer.assignment()
         ):
-            await self._open(consumer, partition)
+            await self._open(consumer, self._seek_to_index(consumer, partition))
 
     async def _close(self, owner: OwnedPartition) -> None:
         with contextlib.suppress(Exception):

@@ -8,6 +8,7 @@ the committed offset after a crash but never run ahead of it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,14 +79,26 @@ class Pending:
                 self.leases_by_queue[queue] -= 1
 
 
+def open_index(data_dir: Path, partition: int) -> PartitionIndex:
+    """The partition's index under ``data_dir``; refuses one built by another fold version."""
+    index = PartitionIndex(data_dir / f"p{partition:04d}", partition)
+    version = index.fold_version()
+    if version not in (None, FOLD_VERSION):
+        index.close()
+        raise RuntimeError(
+            f"index of partition {partition} was built by fold version {version}, "
+            f"this is {FOLD_VERSION}: rebuild it from the log (`evsched rebuild`)"
+        )
+    return index
+
+
 class OwnedPartition:
     """The node's work for one partition it owns; ``step`` is called by the node's poll loop."""
 
     def __init__(
         self,
         *,
-        partition: int,
-        data_dir: Path,
+        index: PartitionIndex,
         topics: Topics,
         producer: AIOKafkaProducer,
         group_id: str,
@@ -96,6 +109,7 @@ class OwnedPartition:
         ensure_queues: Callable[[set[str]], Awaitable[None]],
         scan_limit: int = 1_000,
     ) -> None:
+        partition = index.partition
         self.partition = partition
         self.tp = TopicPartition(topics.events, partition)
         self.topics = topics
@@ -105,12 +119,7 @@ class OwnedPartition:
         self.limits = limits
         self.ensure_queues = ensure_queues
         self.scan_limit = scan_limit
-        self.index = PartitionIndex(data_dir / f"p{partition:04d}", partition)
-        if self.index.fold_version() not in (None, FOLD_VERSION):
-            raise RuntimeError(
-                f"index of partition {partition} was built by fold version "
-                f"{self.index.fold_version()}, this is {FOLD_VERSION}: run `evsched rebuild`"
-            )
+        self.index = index
         self.projector = Projector(self.index)
         # Records below the committed offset were folded and their outputs sent before a crash.
         self.replay_until = committed if committed is not None else 0
@@ -130,6 +139,18 @@ class OwnedPartition:
         """When this partition next has something to decide without new records arriving."""
         return self.wake_at
 
+    def has_work(self, records: Sequence[Record], now: int) -> bool:
+        """Whether a step would do anything: records to fold, catching up, or a wake time due.
+
+        Without records nothing changes what ``_plan`` sees before ``wake_at`` (due times, lease
+        ends, cron slots and pending deadlines are all in it), so such a step is skipped.
+        """
+        return (
+            bool(records)
+            or not self.caught_up
+            or (self.wake_at is not None and now >= self.wake_at)
+        )
+
     async def step(self, records: Sequence[Record], now: int, position: int) -> int:
         """Fold ``records`` and act on them; returns how many decisions were sent.
 
@@ -141,6 +162,10 @@ class OwnedPartition:
             self.projector.commit(self.projector.fold(gap))
             self.log.info("gap_refolded", count=len(gap), until=self.replay_until)
         folded = self.projector.fold(fresh)
+        if fresh:
+            self.log.debug(
+                "records_folded", first=fresh[0].offset, last=fresh[-1].offset, count=len(fresh)
+            )
         self.pending.settle(folded.seen_event_ids, monotonic_s())
         self.caught_up = self.caught_up or position >= self.end_offset
         decisions = self._plan(folded, now) if self.caught_up else []
@@ -167,18 +192,21 @@ class OwnedPartition:
         if queues:
             await self.ensure_queues(queues)
         async with self.producer.transaction():
-            futures = [
+            acks: list[Awaitable[object]] = [
                 await self.producer.send(
                     o.topic, o.value, key=o.key, partition=o.partition, headers=list(o.headers)
                 )
                 for o in outgoing
             ]
-            for future in futures:
-                await future
             if last_offset is not None:
-                await self.producer.send_offsets_to_transaction(
-                    {self.tp: last_offset + 1}, self.group_id
+                # The offset commit goes out while the records are in flight (one round trip
+                # less per step); the transaction commits once both are acknowledged.
+                acks.append(
+                    self.producer.send_offsets_to_transaction(
+                        {self.tp: last_offset + 1}, self.group_id
+                    )
                 )
+            await asyncio.gather(*acks)
 
     def _plan(self, folded: Folded, now: int) -> list[Outgoing]:
         deadline = monotonic_s() + PENDING_TIMEOUT_S

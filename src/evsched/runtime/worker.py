@@ -15,6 +15,7 @@ from typing import Annotated, Any, Protocol
 
 import structlog
 import typer
+from aiokafka.errors import CommitFailedError
 
 from evsched.adapters.avro import decode_dispatch
 from evsched.adapters.clock import SYSTEM_CLOCK, Clock
@@ -40,6 +41,9 @@ class DispatchFeed(Protocol):
 
     async def take(self, max_records: int, timeout_s: float) -> list[Record]:
         """Up to ``max_records`` records, committed as they are taken (dispatch is a hint).
+
+        Records whose commit the group refused because it rebalanced are not returned: the
+        partitions' owner after the rebalance reads them again.
 
         With ``max_records`` 0 it takes nothing but keeps the pool membership alive.
         """
@@ -83,16 +87,35 @@ class KafkaDispatchFeed:
             log.warning("dispatch_poll_failed", error=repr(exc))
             await asyncio.sleep(timeout_s)  # back off, then let the loop poll again
             return []
-        if batches:
-            await self._commit({tp: records[-1].offset + 1 for tp, records in batches.items()})
+        if not batches:
+            return []
+        if not await self._commit({tp: rs[-1].offset + 1 for tp, rs in batches.items()}):
+            return []
         return [to_record(raw) for records in batches.values() for raw in records]
 
-    async def _commit(self, offsets: dict[Any, int]) -> None:
+    async def _commit(self, offsets: dict[Any, int]) -> bool:
+        """Commit what was taken; False when the records must not run here."""
         try:
             await self._consumer.commit(offsets)
+        except CommitFailedError as exc:
+            # The group rebalanced under this member (e.g. it was evicted after a freeze): the
+            # offsets stay where they were, and whoever owns the partitions after the rebalance
+            # (another member, or this one after rejoining) reads these records again from there.
+            # Running them here as well would run the same live token twice, which fencing
+            # cannot tell apart.
+            log.warning(
+                "dispatch_dropped_after_rebalance", offsets=_named(offsets), error=repr(exc)
+            )
+            return False
         except KafkaError as exc:
-            # A lost commit only means a record may be dispatched twice; fencing makes that safe.
+            # Anything else: the records may be dispatched again, which fencing makes safe;
+            # dropping them could lose them.
             log.warning("dispatch_commit_failed", error=repr(exc))
+        return True
+
+
+def _named(offsets: dict[Any, int]) -> dict[str, int]:
+    return {f"{tp.topic}[{tp.partition}]": offset for tp, offset in sorted(offsets.items())}
 
 
 def default_worker_id() -> str:
