@@ -62,6 +62,7 @@ from evsched.core.events import (
     AttemptStarted,
     AttemptSucceeded,
     JobEnqueued,
+    JobLeased,
     Position,
 )
 from evsched.core.fold import fold
@@ -180,6 +181,7 @@ class Cluster:
     def start_broker(self) -> None:
         if self.args.bootstrap:
             self.bootstrap = self.args.bootstrap
+            self.broker_pid = self.args.broker_pid
             return
         self.broker_dir = self.run_dir / "broker"
         port, controller = _free_port(), _free_port()
@@ -394,6 +396,7 @@ async def flood(task: Task, count: int, delay_s: float, share: float, start: int
 @dataclass
 class JobTimes:
     run_at: int = 0
+    leased_at: int | None = None
     started_at: int | None = None
     succeeded_at: int | None = None
 
@@ -444,6 +447,8 @@ def _fold_record(
     t = times.setdefault(job_id, JobTimes())
     if isinstance(event, JobEnqueued):
         t.run_at = after.run_at
+    elif isinstance(event, JobLeased) and t.leased_at is None:
+        t.leased_at = raw.timestamp
     elif isinstance(event, AttemptStarted) and t.started_at is None:
         t.started_at = raw.timestamp
     elif isinstance(event, AttemptSucceeded):
@@ -478,6 +483,22 @@ def report_cpu(name: str, before: dict[str, float], after: dict[str, float], wal
     )
 
 
+def report_stages(name: str, sent: Sent, times: dict[str, JobTimes]) -> None:
+    """Where a delayed job's lateness comes from: due to leased (node), leased to started."""
+    found = [times[j] for j in sent.delayed if j in times]
+    lease = [float(t.leased_at - t.run_at) for t in found if t.leased_at is not None]
+    start = [
+        float(t.started_at - t.leased_at)
+        for t in found
+        if t.started_at is not None and t.leased_at is not None
+    ]
+    if lease and start:
+        print(
+            f"{name}: run_at to JobLeased p50={pct(lease, 50):.1f} p99={pct(lease, 99):.1f} ms; "
+            f"JobLeased to AttemptStarted p50={pct(start, 50):.1f} p99={pct(start, 99):.1f} ms"
+        )
+
+
 def report_lateness(name: str, late: list[float]) -> None:
     negative = sum(1 for x in late if x < 0)
     if late:
@@ -502,6 +523,7 @@ async def phase_paced(cluster: Cluster, task: Task) -> tuple[Sent, list[float]]:
         f"p99={pct(lat, 99):.2f} ms max={max(lat):.1f} ms"
     )
     report_lateness("paced", late)
+    report_stages("paced", sent, times)
     return sent, late
 
 
@@ -630,6 +652,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--concurrency", type=int, default=100, help="attempts per worker at once")
     p.add_argument("--bootstrap", help="use this broker instead of starting one")
+    p.add_argument("--broker-pid", type=int, help="with --bootstrap: count this pid's CPU")
     p.add_argument("--rss", action="store_true", help="measure the node's RSS instead")
     p.add_argument("--rss-stages", default="100000,1000000", help="jobs in the index per sample")
     p.add_argument("--profile", help="py-spy the processes in the sustained phase into this dir")
