@@ -58,6 +58,17 @@ def make_app(settings: Settings | None = None) -> App:
         (folder / f"finished-{ctx.attempt}-{ctx.token}").touch()
         return tag
 
+    @app.task(name="s.gated_each", max_attempts=5, retry=FAST_RETRY, timeout_s=120)
+    async def gated_each(ctx: Context, marks: str, tag: str) -> str:
+        """Like ``s.gated``, but each token waits for a ``go-<token>`` file of its own."""
+        folder = Path(marks)
+        (folder / f"started-{ctx.attempt}-{ctx.token}").touch()
+        while not (folder / f"go-{ctx.token}").exists():
+            await asyncio.sleep(0.05)
+        ctx.effect("gated", {"tag": tag, "token": ctx.token}, key=tag)
+        (folder / f"finished-{ctx.attempt}-{ctx.token}").touch()
+        return tag
+
     @app.task(name="s.count", max_attempts=5, retry=FAST_RETRY, timeout_s=120)
     async def count(ctx: Context, marks: str, n: int) -> int:
         """Counts to ``n``, checkpointing each step; a re-run resumes after the last checkpoint."""
