@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install up down check lint test bench clean
+.PHONY: install up kafka down check lint test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 up: $(STAMP)
+	$(BIN)/evsched dev
+
+kafka: $(STAMP)
 	$(BIN)/evsched kafka up
 
 down: $(STAMP)

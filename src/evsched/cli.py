@@ -11,6 +11,7 @@ import typer
 
 from evsched.core.planner import PlannerLimits
 from evsched.devstack.cli import kafka_app
+from evsched.devstack.dev import DevStack
 from evsched.logging import configure_logging
 from evsched.runtime.node import NodeConfig, serve_node
 from evsched.runtime.worker import worker_command
@@ -49,6 +50,22 @@ def node(
         ),
     )
     asyncio.run(serve_node(config))
+
+
+@app.command()
+def dev(
+    app_ref: Annotated[
+        str, typer.Option("--app", help="The App to serve, as module:attribute.")
+    ] = "examples.app:app",
+    data_dir: Annotated[
+        Path, typer.Option("--data-dir", help="Node indexes for the dev stack.")
+    ] = Path("./evsched-data/dev"),
+    demo: Annotated[
+        bool, typer.Option("--demo/--no-demo", help="Run the app module's main() once.")
+    ] = True,
+) -> None:
+    """Run the local stack: broker, node and worker with an app; Ctrl-C stops it all."""
+    DevStack(app=app_ref, data_dir=data_dir, demo=demo).run()
 
 
 def main() -> None:
