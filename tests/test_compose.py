@@ -81,3 +81,36 @@ def test_cluster_id_is_kraft_shaped(kafka: dict[str, Any]) -> None:
     cluster_id = kafka["environment"]["CLUSTER_ID"]
     assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
     assert not cluster_id.startswith("-")
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, Any]:
+    compose = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
+    found: dict[str, Any] = compose["services"]
+    return found
+
+
+@pytest.mark.parametrize("name", ["topics", "node", "worker"])
+def test_evsched_services_are_valid_cli_calls(services: dict[str, Any], name: str) -> None:
+    from typer.testing import CliRunner
+
+    from evsched.cli import app
+
+    command = services[name]["command"]
+    result = CliRunner().invoke(app, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+
+
+def test_evsched_services_reach_kafka_on_its_internal_listener(services: dict[str, Any]) -> None:
+    internal = services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"].split(",")[0]
+    address = internal.split("://", 1)[1]
+    for name in ("node", "worker"):
+        env = services[name]["environment"]
+        assert env["EVSCHED_KAFKA_BOOTSTRAP"] == address
+        assert services[name]["depends_on"]["topics"]["condition"] == (
+            "service_completed_successfully"
+        )
+    topics = services["topics"]["command"]
+    assert topics[topics.index("--bootstrap") + 1] == address
+    partitions = topics[topics.index("--partitions") + 1]
+    assert services["node"]["environment"]["EVSCHED_EVENT_PARTITIONS"] == partitions
