@@ -274,7 +274,7 @@ async def test_frozen_worker_completion_is_stale_while_the_rerun_runs(
 
 @pytest.mark.broker
 @scenario
-async def test_frozen_worker_completing_after_the_rerun_committed_is_rejected(
+async def test_frozen_worker_completing_after_the_rerun_committed_is_stale(
     stack: Stack, marks: Path
 ) -> None:
     a = start_worker(stack, "worker-a")
@@ -292,9 +292,9 @@ async def test_frozen_worker_completing_after_the_rerun_committed_is_rejected(
 
     a.signal(signal.SIGCONT)  # its handler sees `go` and completes with token 1
     late = await wait_judged(stack, job_id, "AttemptSucceeded", 1)
-    # The job is already terminal, which the fold checks before the token (DESIGN.md section 4,
-    # tests/unit/test_fold_table.py): rejected, not stale; either way nothing changes.
-    assert late.verdict is Verdict.REJECTED, late
+    # An older token is stale whatever became of the job (DESIGN.md section 4,
+    # tests/unit/test_fold_table.py); nothing changes and no effect is published.
+    assert late.verdict is Verdict.STALE, late
     await stack.wait_node_past(late.partition, late.offset)
 
     pairs = await judged(stack, job_id)

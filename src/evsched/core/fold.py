@@ -222,22 +222,26 @@ def _leased(state: JobState | None, event: JobLeased, position: Position) -> Ste
 
 
 def _fence(state: JobState | None, event: TokenEvent) -> Step | None:
-    """The verdict for an event whose token is not the live one, or None when it is live."""
+    """The verdict for an event whose token is not the live one, or None when it is live.
+
+    An older token is stale whatever became of the job, so an audit names the zombie as such;
+    the current token of a finished job is rejected (the transition is not allowed).
+    """
     if state is None:
         return None, Verdict.REJECTED, "unknown job"
+    if event.token != state.token:
+        return (
+            state,
+            Verdict.STALE,
+            (f"{_actor(event)} rejected: token {event.token} is stale, current is {state.token}"),
+        )
     if state.status in TERMINAL_STATUSES:
         return state, Verdict.REJECTED, (f"{_actor(event)} rejected: job is already {state.status}")
     if state.status not in ACTIVE_STATUSES:
         return (
             state,
             Verdict.STALE,
-            (f"{_actor(event)} rejected: token {event.token} is stale, no lease is live"),
-        )
-    if event.token != state.token:
-        return (
-            state,
-            Verdict.STALE,
-            (f"{_actor(event)} rejected: token {event.token} is stale, current is {state.token}"),
+            (f"{_actor(event)} rejected: token {event.token} is stale, its attempt has ended"),
         )
     return None
 
