@@ -184,3 +184,13 @@ def test_a_record_handed_out_twice_is_folded_once(index: PartitionIndex) -> None
     fresh = Projector(index)  # and after a restart, from the stored offset
     assert fresh.fold(log.records).last_offset is None
     assert [e.verdict for e in index.timeline("a")] == [Verdict.APPLIED, Verdict.APPLIED]
+
+
+def test_timeline_keeps_each_events_bytes_for_audits(index: PartitionIndex) -> None:
+    log = Log()
+    log.add(enqueued("a"), 1_000)
+    log.add(leased("a", 1), 1_001)
+    fold_all(index, log.records)
+    stored = index.timeline_events("a")
+    assert [raw for _, raw in stored] == [r.value for r in log.records]
+    assert [avro.decode_event(raw).event_id for _, raw in stored] == [e.event_id for e, _ in stored]

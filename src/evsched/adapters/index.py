@@ -58,7 +58,7 @@ class IndexBatch:
     before_jobs: dict[str, JobState | None] = field(default_factory=dict)
     schedules: dict[str, ScheduleState] = field(default_factory=dict)
     before_schedules: dict[str, ScheduleState | None] = field(default_factory=dict)
-    timeline: list[tuple[str, TimelineEntry]] = field(default_factory=list)
+    timeline: list[tuple[str, TimelineEntry, bytes]] = field(default_factory=list)
     undecodable: list[tuple[TimelineEntry, bytes]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
@@ -118,14 +118,22 @@ class PartitionIndex:
         return min(times) if times else None
 
     def timeline(self, job_id: str) -> list[TimelineEntry]:
+        """Every event of a job (or schedule) as the fold judged it, in log order."""
+        return [entry for entry, _ in self.timeline_events(job_id)]
+
+    def timeline_events(self, job_id: str) -> list[tuple[TimelineEntry, bytes]]:
+        """The timeline with each event's bytes as written, so audits can refold to any offset."""
         prefix = _id(job_id)
         return [
-            avro.decode_timeline(value)
-            for _, value in self._scan(TIMELINE, prefix, _prefix_end(prefix))
+            (avro.decode_timeline(entry), raw)
+            for entry, raw in (
+                _split_entry(value)
+                for _, value in self._scan(TIMELINE, prefix, _prefix_end(prefix))
+            )
         ]
 
     def undecodable(self) -> list[TimelineEntry]:
-        return [avro.decode_timeline(_split_undecodable(v)[0]) for _, v in self._scan(UNDECODABLE)]
+        return [avro.decode_timeline(_split_entry(v)[0]) for _, v in self._scan(UNDECODABLE)]
 
     def jobs(self) -> Iterator[JobState]:
         for _, value in self._scan(JOBS):
@@ -163,12 +171,11 @@ class PartitionIndex:
             self._put_job(wb, batch.before_jobs.get(job_id), state)
         for schedule_id, schedule in batch.schedules.items():
             self._put_schedule(wb, batch.before_schedules.get(schedule_id), schedule)
-        for job_id, entry in batch.timeline:
-            wb.put(
-                timeline_key(job_id, entry.offset), avro.encode_timeline(entry), self._h(TIMELINE)
-            )
+        for job_id, entry, raw in batch.timeline:
+            value = _join_entry(avro.encode_timeline(entry), raw)
+            wb.put(timeline_key(job_id, entry.offset), value, self._h(TIMELINE))
         for entry, raw in batch.undecodable:
-            value = _join_undecodable(avro.encode_timeline(entry), raw)
+            value = _join_entry(avro.encode_timeline(entry), raw)
             wb.put(_U64.pack(entry.offset), value, self._h(UNDECODABLE))
         wb.put(APPLIED_OFFSET, _I64.pack(applied_offset), self._h(META))
         wb.put(FOLD_VERSION, _U64.pack(fold_version), self._h(META))
@@ -248,10 +255,11 @@ def _prefix_end(prefix: bytes) -> bytes:
     return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else b"\xff" * (len(prefix) + 1)
 
 
-def _join_undecodable(entry: bytes, raw: bytes) -> bytes:
+def _join_entry(entry: bytes, raw: bytes) -> bytes:
+    """A timeline entry and the record's bytes as written: 8-byte BE entry length, entry, raw."""
     return _U64.pack(len(entry)) + entry + raw
 
 
-def _split_undecodable(value: bytes) -> tuple[bytes, bytes]:
+def _split_entry(value: bytes) -> tuple[bytes, bytes]:
     size = int(_U64.unpack(value[:8])[0])
     return value[8 : 8 + size], value[8 + size :]

@@ -110,25 +110,26 @@ class Projector:
 
     def _fold_one(self, record: Record, out: Folded) -> None:
         position = Position(partition=record.partition, offset=record.offset, log_at=record.log_at)
+        raw = record.value or b""
         try:
-            event = avro.decode_event(record.value or b"")
+            event = avro.decode_event(raw)
         except DecodeError as exc:
-            out.batch.undecodable.append((_undecodable(position, exc.reason), record.value or b""))
+            out.batch.undecodable.append((_undecodable(position, exc.reason), raw))
             out.verdicts.append(("undecodable", Verdict.UNDECODABLE))
             return
         out.seen_event_ids.add(event.event_id)
         match event:
             case ScheduleUpserted() | ScheduleDeleted() | ScheduleFired():
-                self._fold_schedule(event, position, out)
+                self._fold_schedule(event, position, out, raw)
             case _:
-                self._fold_job(event, position, out)
+                self._fold_job(event, position, out, raw)
 
-    def _fold_job(self, event: Event, position: Position, out: Folded) -> None:
+    def _fold_job(self, event: Event, position: Position, out: Folded, raw: bytes) -> None:
         assert not isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired)
         before = self.job(event.job_id, out)
         after, entry = fold(before, event, position)
         out.verdicts.append((entry.kind, entry.verdict))
-        out.batch.timeline.append((event.job_id, entry))
+        out.batch.timeline.append((event.job_id, entry, raw))
         if entry.verdict is not Verdict.APPLIED or after is None:
             return
         if event.job_id not in out.batch.before_jobs:
@@ -146,11 +147,12 @@ class Projector:
         event: ScheduleUpserted | ScheduleDeleted | ScheduleFired,
         position: Position,
         out: Folded,
+        raw: bytes,
     ) -> None:
         before = self.schedule(event.schedule_id, out)
         after, entry = fold_schedule(before, event, position)
         out.verdicts.append((entry.kind, entry.verdict))
-        out.batch.timeline.append((event.schedule_id, entry))
+        out.batch.timeline.append((event.schedule_id, entry, raw))
         if entry.verdict is Verdict.APPLIED and after is not None:
             out.batch.before_schedules.setdefault(event.schedule_id, before)
             out.batch.schedules[event.schedule_id] = after
