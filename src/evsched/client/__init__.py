@@ -3,7 +3,7 @@
 from evsched.client.app import App
 from evsched.client.task import Task, TaskOptions
 from evsched.client.transport import Appended, EventLog, KafkaEventLog
-from evsched.core.events import RetryPolicy
+from evsched.core.events import RetryPolicy, TraceContext
 from evsched.runtime.context import Context, JobReader
 
 __all__ = [
@@ -16,4 +16,5 @@ __all__ = [
     "RetryPolicy",
     "Task",
     "TaskOptions",
+    "TraceContext",
 ]

@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from evsched.client.tracing import InvalidTrace, current_trace, make_trace
 from evsched.client.validation import (
     Delay,
     EnqueueOptions,
@@ -17,7 +18,7 @@ from evsched.client.validation import (
     check_labels,
     new_id,
 )
-from evsched.core.events import JobTemplate
+from evsched.core.events import JobTemplate, TraceContext
 from evsched.errors import InvalidEnqueue
 
 if TYPE_CHECKING:
@@ -66,11 +67,17 @@ class Task:
         idempotency_key: str | None = None,
         priority: int | None = None,
         labels: Mapping[str, str] | None = None,
+        trace: TraceContext | str | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> TaskOptions:
         """This task with per-call options: ``await task.options(delay=60).enqueue(x)``.
 
         ``delay`` is a timedelta or seconds from now, ``run_at`` an aware datetime (not both).
         With ``idempotency_key`` the job id derives from (queue, key): repeats make one job.
+        ``traceparent`` (and ``tracestate``), or ``trace`` (a TraceContext or a traceparent), is
+        the W3C trace context the job carries to its worker; by default the active OpenTelemetry
+        span's, when OpenTelemetry is installed and a span is active.
         """
         return TaskOptions(
             self,
@@ -80,6 +87,7 @@ class Task:
                 idempotency_key=idempotency_key,
                 priority=priority,
                 labels=labels,
+                trace=_trace_option(trace, traceparent, tracestate),
             ),
         )
 
@@ -128,6 +136,15 @@ class Task:
         )
 
 
+def _trace_option(
+    trace: TraceContext | str | None, traceparent: str | None, tracestate: str | None
+) -> TraceContext | None:
+    try:
+        return make_trace(trace, traceparent, tracestate)
+    except InvalidTrace as exc:
+        raise InvalidEnqueue("trace", str(exc)) from exc
+
+
 class TaskOptions:
     """A task with per-call options set; ``options()`` again to change some of them."""
 
@@ -136,6 +153,10 @@ class TaskOptions:
         self.values = options
 
     def options(self, **changes: Any) -> TaskOptions:
+        traceparent = changes.pop("traceparent", None)
+        tracestate = changes.pop("tracestate", None)
+        if "trace" in changes or traceparent is not None or tracestate is not None:
+            changes["trace"] = _trace_option(changes.get("trace"), traceparent, tracestate)
         return TaskOptions(self.task, replace(self.values, **changes))
 
     async def enqueue(self, *args: Any, **kwargs: Any) -> str:
@@ -145,7 +166,7 @@ class TaskOptions:
         event = build_enqueue(
             self.task.spec,
             args_bytes(args, kwargs),
-            self.values,
+            self._traced().values,
             now_ms=app.clock.now_ms(),
             new_id=new_id,
         )
@@ -153,5 +174,16 @@ class TaskOptions:
         return event.job_id
 
     def enqueue_sync(self, *args: Any, **kwargs: Any) -> str:
-        result: str = self.task.app.run_sync(lambda: self.enqueue(*args, **kwargs))
+        # The app's loop thread does not see this thread's OpenTelemetry context: take it here.
+        traced = self._traced()
+        result: str = self.task.app.run_sync(lambda: traced.enqueue(*args, **kwargs))
         return result
+
+    def _traced(self) -> TaskOptions:
+        """These options, with the active OpenTelemetry span's context when no trace was given."""
+        if self.values.trace is not None:
+            return self
+        current = current_trace()
+        if current is None:
+            return self
+        return TaskOptions(self.task, replace(self.values, trace=current))

@@ -12,6 +12,7 @@ from typing import Any
 from evsched.adapters.avro import encode_event
 from evsched.adapters.topics import Topics
 from evsched.client.payload import NotJson, encode_args
+from evsched.client.tracing import InvalidTrace, check_trace
 from evsched.core import cron, ids
 from evsched.core.events import (
     Event,
@@ -19,6 +20,7 @@ from evsched.core.events import (
     JobTemplate,
     RetryPolicy,
     ScheduleUpserted,
+    TraceContext,
 )
 from evsched.errors import EncodeError, InvalidEnqueue, InvalidTask
 
@@ -55,6 +57,7 @@ class EnqueueOptions:
     idempotency_key: str | None = None
     priority: int | None = None
     labels: Mapping[str, str] | None = None
+    trace: TraceContext | None = None
 
 
 def new_id() -> str:
@@ -172,6 +175,15 @@ def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     return dict(labels)
 
 
+def checked_trace(trace: TraceContext | None) -> TraceContext | None:
+    if trace is None:
+        return None
+    try:
+        return check_trace(trace)
+    except InvalidTrace as exc:
+        raise InvalidEnqueue("trace", str(exc)) from exc
+
+
 def check_id(what: str, value: object) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS:
         raise InvalidEnqueue(what, f"must be a non-empty string of at most {MAX_KEY_CHARS} chars")
@@ -211,6 +223,7 @@ def build_enqueue(
         idempotency_key=key,
         body_digest=ids.body_digest(spec.name, spec.queue, args),
         labels=check_labels(options.labels),
+        trace=checked_trace(options.trace),
     )
 
 

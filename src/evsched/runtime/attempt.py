@@ -17,6 +17,7 @@ from evsched.adapters.avro import encode_event
 from evsched.adapters.clock import Clock
 from evsched.client.payload import NotJson, canonical_json, decode_args
 from evsched.client.task import Task, qualified_name
+from evsched.client.tracing import attempt_trace
 from evsched.client.transport import EventLog
 from evsched.client.validation import MAX_EVENT_BYTES, new_id
 from evsched.core.dispatch import Dispatch
@@ -86,8 +87,18 @@ class AttemptRunner:
         return f"worker-{self.worker_id}"
 
     async def run(self, dispatch: Dispatch, task: Task | None) -> None:
-        """Start, run and complete the attempt; PublishError if even AttemptStarted fails."""
+        """Start, run and complete the attempt; PublishError if even AttemptStarted fails.
+
+        The job's trace context is the attempt's: logs carry its ``traceparent``, and with
+        OpenTelemetry the handler runs in its remote span context.
+        """
+        with attempt_trace(dispatch.trace):
+            await self._run(dispatch, task)
+
+    async def _run(self, dispatch: Dispatch, task: Task | None) -> None:
         logger = log.bind(job_id=dispatch.job_id, token=dispatch.token, task=dispatch.task)
+        if dispatch.trace is not None:
+            logger = logger.bind(traceparent=dispatch.trace.traceparent)
         sent_at = self.clock.monotonic_s()
         await self.emit(self._started(dispatch))
         lease = LeaseWatch(self.lease_ms, self.clock, renewed_at=sent_at)

@@ -12,7 +12,7 @@ import structlog
 from evsched.adapters.clock import Clock
 from evsched.client.payload import canonical_json, decode_json
 from evsched.core.dispatch import Dispatch, external_idempotency_key
-from evsched.core.events import Effect
+from evsched.core.events import Effect, TraceContext
 from evsched.core.state import ACTIVE_STATUSES, JobState
 
 
@@ -76,6 +76,8 @@ class Context:
 
     ``idempotency_key`` is the same for every attempt of a job: hand it to external systems.
     ``last_checkpoint`` is the decoded value of the newest accepted (or own) checkpoint, or None.
+    ``trace`` is the W3C trace context the job was enqueued with (None when not traced); ``log``
+    carries its ``traceparent``.
     """
 
     def __init__(self, dispatch: Dispatch, *, worker_id: str, io: AttemptIo) -> None:
@@ -88,9 +90,12 @@ class Context:
         self.worker_id = worker_id
         self.idempotency_key = external_idempotency_key(dispatch.job_id)
         self.last_checkpoint: Any = decode_json(dispatch.checkpoint)
+        self.trace: TraceContext | None = dispatch.trace
         self.log = structlog.get_logger("evsched.handler").bind(
             job_id=self.job_id, token=self.token, attempt=self.attempt
         )
+        if self.trace is not None:
+            self.log = self.log.bind(traceparent=self.trace.traceparent)
         self._io = io
         self._collected = _Collected()
 

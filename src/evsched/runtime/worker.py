@@ -252,6 +252,8 @@ class Worker:
             )
             return
         logger = log.bind(job_id=dispatch.job_id, token=dispatch.token)
+        if dispatch.trace is not None:
+            logger = logger.bind(traceparent=dispatch.trace.traceparent)
         if not await self._wait_until(dispatch.run_at, dispatch.lease_ms, logger):
             return
         try:
