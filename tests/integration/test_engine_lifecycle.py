@@ -40,6 +40,13 @@ async def stack(
         await engine.close()
 
 
+@pytest_asyncio.fixture(loop_scope="module", autouse=True)
+async def checked(stack: Stack) -> AsyncIterator[None]:
+    """After every test: I1/I6/I7 and effects == effects of applied successes, on the real log."""
+    yield
+    await stack.check(all_terminal=False)
+
+
 def verdicts(stack: Stack, job_id: str) -> list[tuple[str, Verdict]]:
     replica = stack._replica
     assert replica is not None
