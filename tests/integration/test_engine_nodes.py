@@ -3,6 +3,7 @@ the index equal to a rebuild from the log, cron slots fired exactly once."""
 
 from __future__ import annotations
 
+import signal
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -152,4 +153,23 @@ async def test_cron_with_two_nodes_fires_each_slot_exactly_once(stack: Stack) ->
     assert len(applied_fires) == len(slots) >= 5
     fired_jobs = sorted({e.job_id for e in cron_jobs})
     await wait_for(lambda: all_terminal(stack, fired_jobs), what="every fired job to finish")
+    await stack.check()
+
+
+async def test_a_frozen_node_comes_back_as_a_zombie_and_commits_nothing_twice(
+    stack: Stack,
+) -> None:
+    zombie = stack.start_node("node-1", "--dispatch-timeout-s", "5")
+    await wait_for(lambda: _logged(zombie, "partition_assigned"), what="node-1 to own partitions")
+    stack.start_worker("worker-1", "--lease-s", "3", "--concurrency", "16")
+    jobs = await enqueue_many(stack, 100, "before")
+    zombie.signal(signal.SIGSTOP)  # frozen mid-load, past the group's session timeout
+    heir = stack.start_node("node-2", "--dispatch-timeout-s", "5")
+    await wait_for(lambda: _logged(heir, "partition_assigned"), what="node-2 to take over")
+    jobs += await enqueue_many(stack, 100, "during")
+    zombie.signal(signal.SIGCONT)  # its open transactions are fenced; then it rejoins
+    jobs += await enqueue_many(stack, 100, "after")
+    await wait_for(lambda: all_terminal(stack, jobs), what="every job to finish")
+    assert await succeeded_count(stack, jobs) == len(jobs)
+    assert zombie.popen.poll() is None and heir.popen.poll() is None  # both lived through it
     await stack.check()

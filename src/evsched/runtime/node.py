@@ -17,11 +17,11 @@ from pathlib import Path
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import IllegalStateError
+from aiokafka.errors import IllegalStateError, ProducerFenced
 from aiokafka.structs import TopicPartition
 
 from evsched.adapters import kafka
-from evsched.adapters.clock import now_ms
+from evsched.adapters.clock import monotonic_s, now_ms
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka import Record
 from evsched.adapters.topics import Topics, ensure_topics
@@ -30,6 +30,9 @@ from evsched.runtime.partition import OwnedPartition, open_index
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.node")
+
+# How long a partition that failed to open waits before the poll loop tries it again.
+ORPHAN_RETRY_S = 2.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +64,8 @@ class Node:
         self._queues_lock = asyncio.Lock()
         self._consumer: AIOKafkaConsumer | None = None
         self._generation = 0  # bumped on every assignment change
+        self._fenced: set[int] = set()  # fenced since the last assignment: not ours to reopen
+        self._retry_at: dict[int, float] = {}
         self.log = log.bind(node_id=config.node_id)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -109,6 +114,22 @@ class Node:
                 if owner.has_work(records, now):
                     steps.append(self._step(consumer, owner, records, now))
             await asyncio.gather(*steps)
+            await self._adopt_orphans(consumer)
+
+    async def _adopt_orphans(self, consumer: AIOKafkaConsumer) -> None:
+        """Open assigned partitions that failed to open or were dropped after an error."""
+        now = monotonic_s()
+        for tp in consumer.assignment():
+            partition = tp.partition
+            if partition in self.owned or partition in self._fenced:
+                continue
+            if self._retry_at.get(partition, 0.0) > now:
+                continue
+            self._retry_at[partition] = now + ORPHAN_RETRY_S
+            try:
+                await self._open(consumer, self._seek_to_index(consumer, partition))
+            except Exception as exc:
+                self.log.warning("partition_open_failed", partition=partition, error=repr(exc))
 
     async def _step(
         self, consumer: AIOKafkaConsumer, owner: OwnedPartition, records: list[Record], now: int
@@ -118,11 +139,19 @@ class Node:
             await owner.step(records, now, position)
         except IllegalStateError:
             return  # revoked while we polled; the listener closes it
+        except ProducerFenced:
+            # A newer producer holds this partition's transactional id: the group gave the
+            # partition to someone else and we have not heard yet. Reopening would fence the new
+            # owner back, so wait for our next assignment instead.
+            self.log.warning("partition_fenced", partition=owner.partition)
+            self._fenced.add(owner.partition)
+            await self._drop(owner.partition)
         except Exception as exc:
-            # Anything else (fenced producer, broker trouble): drop the partition's in-memory
-            # work and reopen it from its index; the log and the index stay consistent.
+            # Anything else (broker trouble, a producer that must be recreated): drop the
+            # partition's in-memory work; _adopt_orphans reopens it from its index, which
+            # stays consistent with the log.
             self.log.warning("partition_step_failed", partition=owner.partition, error=repr(exc))
-            await self._reopen(owner.partition)
+            await self._drop(owner.partition)
 
     async def ensure_queues(self, queues: set[str]) -> None:
         """Create dispatch topics for queues this node has not sent to yet."""
@@ -156,6 +185,8 @@ class Node:
         consumer = self._consumer
         assert consumer is not None
         self._generation += 1
+        self._fenced.clear()
+        self._retry_at.clear()
         # Seek every partition to its index before anything awaits, and hold its fetches until
         # it is open: a fetch from the group's committed offset must never reach the fold first.
         indexes = [self._seek_to_index(consumer, p) for p in partitions]
@@ -223,15 +254,10 @@ class Node:
             end_offset=end,
         )
 
-    async def _reopen(self, partition: int) -> None:
+    async def _drop(self, partition: int) -> None:
         owner = self.owned.pop(partition, None)
         if owner is not None:
             await self._close(owner)
-        consumer = self._consumer
-        if consumer is not None and TopicPartition(self.topics.events, partition) in (
-            consumer.assignment()
-        ):
-            await self._open(consumer, self._seek_to_index(consumer, partition))
 
     async def _close(self, owner: OwnedPartition) -> None:
         with contextlib.suppress(Exception):
