@@ -135,12 +135,13 @@ class PartitionIndex:
     def undecodable(self) -> list[TimelineEntry]:
         return [avro.decode_timeline(_split_entry(v)[0]) for _, v in self._scan(UNDECODABLE)]
 
-    def jobs(self) -> Iterator[JobState]:
-        for _, value in self._scan(JOBS):
+    def jobs(self, after: str | None = None) -> Iterator[JobState]:
+        """Every job, lazily, in id byte order; only ids above ``after`` when given (paging)."""
+        for _, value in self._scan(JOBS, _start_after(after)):
             yield avro.decode_state(value, JobState)
 
-    def schedules(self) -> Iterator[ScheduleState]:
-        for _, value in self._scan(SCHEDULES):
+    def schedules(self, after: str | None = None) -> Iterator[ScheduleState]:
+        for _, value in self._scan(SCHEDULES, _start_after(after)):
             yield avro.decode_state(value, ScheduleState)
 
     def in_flight_by_queue(self) -> dict[str, int]:
@@ -247,6 +248,11 @@ def _options() -> Options:
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     return options
+
+
+def _start_after(entity: str | None) -> bytes:
+    """The smallest key above ``entity`` in an id-keyed column family (all keys when None)."""
+    return b"" if entity is None else entity.encode() + b"\x00"
 
 
 def _prefix_end(prefix: bytes) -> bytes:

@@ -6,7 +6,7 @@ bytes are recorded with their position and skipped; nothing here can crash on a 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from evsched.adapters import avro
@@ -37,6 +37,23 @@ class AcceptedEffect:
     effect: Effect
 
 
+@dataclass(frozen=True, slots=True)
+class FoldedEvent:
+    """One record as the fold judged it, for observers such as metrics.
+
+    ``before``/``after`` are the job's states around the event (equal unless it applied); both are
+    None for schedule events and undecodable bytes.
+    """
+
+    entry: TimelineEntry
+    before: JobState | None = None
+    after: JobState | None = None
+
+
+# Called with the records of each committed batch, once they are in the index; must not raise.
+CommitHook = Callable[[Sequence[FoldedEvent]], None]
+
+
 @dataclass(slots=True)
 class Folded:
     """What folding a run of records produced, before it is committed to the index."""
@@ -46,6 +63,8 @@ class Folded:
     effects: list[AcceptedEffect] = field(default_factory=list)
     seen_event_ids: set[str] = field(default_factory=set)
     verdicts: list[tuple[str, Verdict]] = field(default_factory=list)
+    # Filled only when the projector has an ``on_commit`` hook.
+    observed: list[FoldedEvent] = field(default_factory=list)
 
 
 # Committed job states kept decoded per partition: most events touch a job that a recent batch
@@ -57,8 +76,16 @@ STATE_CACHE_SIZE = 2_048
 class Projector:
     """Folds records of one partition on top of its index, tracking in-flight jobs per queue."""
 
-    def __init__(self, index: PartitionIndex, *, cache_size: int = STATE_CACHE_SIZE) -> None:
+    def __init__(
+        self,
+        index: PartitionIndex,
+        *,
+        cache_size: int = STATE_CACHE_SIZE,
+        on_commit: CommitHook | None = None,
+    ) -> None:
         self.index = index
+        # Told what each committed batch folded (metrics count verdicts without a second fold).
+        self.on_commit = on_commit
         self.in_flight: dict[str, int] = index.in_flight_by_queue()
         # Only ever what the index holds (filled on read and on commit), so reads stay exact.
         self._cache: dict[str, JobState] = {}
@@ -83,6 +110,8 @@ class Projector:
             self.index.write(folded.batch, folded.last_offset, FOLD_VERSION)
             for state in folded.batch.jobs.values():
                 self._remember(state)
+        if self.on_commit is not None and folded.observed:
+            self.on_commit(folded.observed)
 
     def job(self, job_id: str, folded: Folded | None = None) -> JobState | None:
         if folded is not None and job_id in folded.batch.jobs:
@@ -114,8 +143,11 @@ class Projector:
         try:
             event = avro.decode_event(raw)
         except DecodeError as exc:
-            out.batch.undecodable.append((_undecodable(position, exc.reason), raw))
+            entry = _undecodable(position, exc.reason)
+            out.batch.undecodable.append((entry, raw))
             out.verdicts.append(("undecodable", Verdict.UNDECODABLE))
+            if self.on_commit is not None:
+                out.observed.append(FoldedEvent(entry))
             return
         out.seen_event_ids.add(event.event_id)
         match event:
@@ -130,6 +162,8 @@ class Projector:
         after, entry = fold(before, event, position)
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.job_id, entry, raw))
+        if self.on_commit is not None:
+            out.observed.append(FoldedEvent(entry, before, after))
         if entry.verdict is not Verdict.APPLIED or after is None:
             return
         if event.job_id not in out.batch.before_jobs:
@@ -153,6 +187,8 @@ class Projector:
         after, entry = fold_schedule(before, event, position)
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.schedule_id, entry, raw))
+        if self.on_commit is not None:
+            out.observed.append(FoldedEvent(entry))
         if entry.verdict is Verdict.APPLIED and after is not None:
             out.batch.before_schedules.setdefault(event.schedule_id, before)
             out.batch.schedules[event.schedule_id] = after

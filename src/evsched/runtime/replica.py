@@ -21,7 +21,8 @@ from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.topics import Topics, partition_count
 from evsched.core.state import JobState, TimelineEntry
-from evsched.runtime.projector import Projector
+from evsched.errors import EvschedError
+from evsched.runtime.projector import CommitHook, Projector
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.replica")
@@ -36,11 +37,20 @@ def partition_for(key: str, partitions: int) -> int:
 class Replica:
     """Folds all partitions of ``<ns>.events`` into local indexes under ``data_dir``."""
 
-    def __init__(self, settings: Settings, data_dir: Path, *, client_id: str = "evsched-replica"):
+    def __init__(
+        self,
+        settings: Settings,
+        data_dir: Path,
+        *,
+        client_id: str = "evsched-replica",
+        on_commit: CommitHook | None = None,
+    ):
         self.settings = settings
         self.topic = Topics(settings.namespace).events
         self.data_dir = data_dir
         self.client_id = client_id
+        # Told what every committed batch folded (e.g. metrics), after it is in the index.
+        self.on_commit = on_commit
         self.projectors: dict[int, Projector] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._changed = asyncio.Condition()
@@ -57,7 +67,7 @@ class Replica:
         consumer.assign(tps)
         for tp in tps:
             index = PartitionIndex(self.data_dir / f"p{tp.partition:04d}", tp.partition)
-            self.projectors[tp.partition] = Projector(index)
+            self.projectors[tp.partition] = Projector(index, on_commit=self.on_commit)
             consumer.seek(tp, index.applied_offset() + 1)
         self._task = asyncio.create_task(self._run(consumer), name="evsched-replica")
 
@@ -90,6 +100,27 @@ class Replica:
                     self._changed.notify_all()
 
     # --- reads ---------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Started, and its fold loop has not stopped (a crashed loop serves stale reads)."""
+        return self._task is not None and not self._task.done()
+
+    async def lag(self) -> dict[int, int]:
+        """Records per partition between what this replica has read and the log's end.
+
+        Asks the broker for the end offsets (so it raises when the broker is unreachable); the
+        read position is past transaction markers, which the applied offset never reaches.
+        """
+        consumer = self._consumer
+        if consumer is None:
+            raise EvschedError("the replica is not started")
+        tps = [TopicPartition(self.topic, p) for p in sorted(self.projectors)]
+        try:
+            ends = await consumer.end_offsets(tps)
+            return {tp.partition: max(0, ends[tp] - await consumer.position(tp)) for tp in tps}
+        except kafka.KafkaError as exc:
+            raise EvschedError(f"cannot read the end offsets of {self.topic}: {exc!r}") from exc
 
     def partition_of(self, key: str) -> int:
         return partition_for(key, len(self.projectors))
