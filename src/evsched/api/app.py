@@ -1,0 +1,147 @@
+"""The FastAPI application: routes over a read replica, writes through the client library."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from evsched import __version__
+from evsched.api import jobs, reader, schedules, status
+from evsched.api.context import ApiContext
+from evsched.api.errors import BodyLimit, install_error_handlers
+from evsched.api.models import Accepted
+from evsched.api.reader import ReplicaView
+from evsched.api.writes import NotYetApplied, Writer
+from evsched.client.app import App
+from evsched.metrics import Metrics
+from evsched.runtime.projector import CommitHook, FoldedEvent
+from evsched.settings import Settings
+
+log = structlog.get_logger("evsched.api")
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+DESCRIPTION = """\
+HTTP access to evsched. Writes answer once the broker acknowledged them (acks=all) **and** this
+API's read replica has folded them, so the response carries the fold's verdict. Writes need
+`Authorization: Bearer <token>` when the API runs with a token; reads are open. Every error has
+the body `{"error": {"code", "message", "field"}}`.
+"""
+
+
+def create_app(
+    settings: Settings,
+    *,
+    replica: ReplicaView,
+    app: App | None = None,
+    token: str | None = None,
+    metrics: Metrics | None = None,
+    start_replica: bool = False,
+    wait_timeout_s: float = 10.0,
+    ready_max_lag: int = 1_000,
+    max_body_bytes: int = 1 << 20,
+    max_scan: int = 5_000,
+    lag_timeout_s: float = 2.0,
+    close_app: bool | None = None,
+) -> FastAPI:
+    """The API over ``replica``, writing through ``app`` (an evsched App; one is made if None).
+
+    ``app``'s task definitions, if any, lend their defaults and signature checks to enqueues of
+    those names. With ``start_replica`` the app's lifespan starts and stops the replica (what
+    ``evsched api`` does); otherwise the caller does. The client is closed at shutdown when
+    ``close_app`` (default: when it was made here). ``metrics`` is hooked to the replica's
+    commits unless the replica already calls it.
+    """
+    metrics = metrics if metrics is not None else Metrics()
+    _hook(replica, metrics.observe_commit)
+    client = app if app is not None else App(settings, name="api")
+    close_client = app is None if close_app is None else close_app
+    ctx = ApiContext(
+        settings=settings,
+        replica=replica,
+        client=client,
+        metrics=metrics,
+        writer=Writer(client, replica, metrics, wait_timeout_s),
+        token=token or None,
+        max_scan=max_scan,
+        ready_max_lag=ready_max_lag,
+        lag_timeout_s=lag_timeout_s,
+    )
+
+    api = FastAPI(
+        title="evsched",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=_lifespan(ctx, start_replica=start_replica, close_client=close_client),
+    )
+    api.state.evsched = ctx
+    api.add_middleware(BodyLimit, limit=max_body_bytes)
+    install_error_handlers(api)
+    api.add_exception_handler(NotYetApplied, _accepted)
+    for module in (jobs, schedules, status):
+        api.include_router(module.router)
+    if replica.running:
+        _seed(ctx)
+    return api
+
+
+def _lifespan(ctx: ApiContext, *, start_replica: bool, close_client: bool) -> Lifespan:
+    """Startup: the replica (if ours to start) and the job counts; shutdown: what we opened."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if start_replica:
+            await ctx.replica.start()
+        _seed(ctx)
+        log.info("api_started", namespace=ctx.settings.namespace, writes_need_token=bool(ctx.token))
+        try:
+            yield
+        finally:
+            if close_client:
+                await ctx.client.close()
+            if start_replica:
+                await ctx.replica.stop()
+            log.info("api_stopped")
+
+    return lifespan
+
+
+async def _accepted(_: Request, exc: Exception) -> JSONResponse:
+    """The write is durable but its verdict unknown yet: 202 and where to look for it."""
+    assert isinstance(exc, NotYetApplied)
+    body = Accepted(
+        id=exc.entity,
+        partition=exc.appended.partition,
+        offset=exc.appended.offset,
+        message="acknowledged by the broker; this replica has not applied it yet",
+    )
+    return JSONResponse(body.model_dump(), status_code=202, headers={"Location": exc.location})
+
+
+def _hook(replica: ReplicaView, observe: CommitHook) -> None:
+    """Make ``observe`` see every batch the replica commits, alongside any hook it already has."""
+    current = replica.on_commit
+    if current == observe:
+        return
+    hook = observe if current is None else _both(current, observe)
+    replica.on_commit = hook
+    for projector in replica.projectors.values():
+        projector.on_commit = hook
+
+
+def _both(first: CommitHook, second: CommitHook) -> CommitHook:
+    def both(events: Sequence[FoldedEvent]) -> None:
+        first(events)
+        second(events)
+
+    return both
+
+
+def _seed(ctx: ApiContext) -> None:
+    """Count the jobs already in the indexes once; the commit hook keeps the counts after that."""
+    indexes = [ctx.replica.index(p) for p in reader.partitions(ctx.replica)]
+    counted = ctx.metrics.jobs.seed(indexes)
+    log.info("job_counts_seeded", jobs=counted, partitions=len(indexes))

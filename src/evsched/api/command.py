@@ -1,0 +1,79 @@
+"""``evsched api``: serve the HTTP API with uvicorn, over a read replica in ``--data-dir``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import structlog
+import typer
+import uvicorn
+
+from evsched.api.app import create_app
+from evsched.logging import configure_logging
+from evsched.metrics import Metrics
+from evsched.runtime.replica import Replica
+from evsched.runtime.worker import load_app
+from evsched.settings import Settings
+
+log = structlog.get_logger("evsched.api")
+
+
+def api_command(
+    *,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65_535, help="Port to listen on.")] = 8080,
+    data_dir: Annotated[
+        Path,
+        typer.Option("--data-dir", envvar="EVSCHED_API_DATA_DIR", help="The replica's indexes."),
+    ] = Path("./evsched-data/api"),
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="EVSCHED_API_TOKEN",
+            help="Writes need 'Authorization: Bearer <token>'; reads stay open. Unset: no auth.",
+        ),
+    ] = None,
+    app: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            help="An App (module:attribute) whose tasks lend enqueues their defaults and checks.",
+        ),
+    ] = None,
+    wait_timeout_s: Annotated[
+        float,
+        typer.Option(min=0.1, help="How long a write waits for the replica before a 202."),
+    ] = 10.0,
+    ready_max_lag: Annotated[
+        int, typer.Option(min=0, help="/readyz fails when the replica is further behind.")
+    ] = 1_000,
+    max_body_bytes: Annotated[
+        int, typer.Option(min=1_024, help="Larger request bodies get a 413.")
+    ] = 1 << 20,
+    max_scan: Annotated[
+        int, typer.Option(min=1, help="Jobs a filtered listing may read per page (~14 us each).")
+    ] = 5_000,
+    log_json: Annotated[bool, typer.Option("--log-json/--log-console")] = True,
+) -> None:
+    """Serve the HTTP API: enqueue, inspect, cancel, requeue, schedules, stats and metrics."""
+    configure_logging(json=log_json)
+    client = load_app(app) if app is not None else None
+    settings = client.settings if client is not None else Settings.from_env()
+    metrics = Metrics()
+    replica = Replica(settings, data_dir, client_id="evsched-api", on_commit=metrics.observe_commit)
+    api = create_app(
+        settings,
+        replica=replica,
+        app=client,
+        token=token,
+        metrics=metrics,
+        start_replica=True,
+        close_app=True,
+        wait_timeout_s=wait_timeout_s,
+        ready_max_lag=ready_max_lag,
+        max_body_bytes=max_body_bytes,
+        max_scan=max_scan,
+    )
+    log.info("api_listening", host=host, port=port, data_dir=str(data_dir))
+    uvicorn.run(api, host=host, port=port, log_config=None, access_log=False, lifespan="on")

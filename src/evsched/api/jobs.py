@@ -1,0 +1,165 @@
+"""``/v1/jobs``: enqueue, read, list, audit, cancel and requeue jobs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query, Response
+
+from evsched.api import reader
+from evsched.api.context import Ctx, Writes
+from evsched.api.errors import ApiError
+from evsched.api.listing import Cursor, page
+from evsched.api.models import (
+    CancelRequest,
+    EnqueueRequest,
+    Job,
+    JobPage,
+    RequeueRequest,
+    Timeline,
+    TimelineEvent,
+)
+from evsched.api.responses import READ, WRITE, Responses, error
+from evsched.api.writes import cancel_event, enqueue_event, requeue_event
+from evsched.client.validation import MAX_KEY_CHARS
+from evsched.core.state import JobState, Status, TimelineEntry, Verdict
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JobId = Annotated[str, Path(min_length=1, max_length=MAX_KEY_CHARS)]
+
+
+FOUND: Responses = {404: error("No such job.")}
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=Job,
+    dependencies=[Writes],
+    responses={
+        **WRITE,
+        200: {"model": Job, "description": "Same Idempotency-Key and body: the existing job."},
+        409: error("Same Idempotency-Key, different body."),
+    },
+)
+async def enqueue(
+    ctx: Ctx,
+    body: EnqueueRequest,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None, Header(min_length=1, max_length=MAX_KEY_CHARS, alias="Idempotency-Key")
+    ] = None,
+) -> Job:
+    """Enqueue a job; answers once the broker acknowledged it and this replica applied it."""
+    event = enqueue_event(ctx.client, body, idempotency_key, ctx.writer.now_ms())
+    entry = await ctx.writer.write(event, f"/v1/jobs/{event.job_id}")
+    if entry.verdict is Verdict.CONFLICT:
+        raise ApiError(
+            409,
+            "idempotency_conflict",
+            f"Idempotency-Key {idempotency_key!r} already made job {event.job_id} "
+            "with a different body",
+            field="Idempotency-Key",
+        )
+    state = _judged(ctx, event.job_id, entry)
+    if entry.verdict is Verdict.APPLIED:
+        response.headers["Location"] = f"/v1/jobs/{event.job_id}"
+    else:
+        response.status_code = 200
+    return Job.of(state)
+
+
+@router.get("/{job_id}", response_model=Job, responses={**READ, **FOUND})
+async def get_job(ctx: Ctx, job_id: JobId) -> Job:
+    return Job.of(_found(ctx, job_id))
+
+
+@router.get("", response_model=JobPage, responses=READ)
+async def list_jobs(
+    ctx: Ctx,
+    *,
+    status: Status | None = None,
+    queue: Annotated[str | None, Query(max_length=200)] = None,
+    task: Annotated[str | None, Query(max_length=MAX_KEY_CHARS)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=2_000)] = None,
+) -> JobPage:
+    """Jobs in a stable order (partition, then id), filtered; reads at most the scan budget."""
+
+    def keep(state: JobState) -> bool:
+        return (
+            (status is None or state.status is status)
+            and (queue is None or state.queue == queue)
+            and (task is None or state.task == task)
+        )
+
+    def rows(partition: int, after: str | None) -> Any:
+        return ((s.job_id, s) for s in ctx.replica.index(partition).jobs(after))
+
+    found = page(
+        reader.partitions(ctx.replica),
+        rows,
+        keep,
+        cursor=None if cursor is None else Cursor.decode(cursor),
+        limit=limit,
+        max_scan=ctx.max_scan,
+    )
+    return JobPage(
+        jobs=[Job.of(s) for s in found.items], next_cursor=found.next_cursor, scanned=found.scanned
+    )
+
+
+@router.get(
+    "/{job_id}/timeline",
+    response_model=Timeline,
+    responses={**READ, 404: error("Nothing was ever written for this id.")},
+)
+async def job_timeline(ctx: Ctx, job_id: JobId) -> Timeline:
+    """Every event of the job with its verdict, rejected and stale ones included."""
+    entries = reader.timeline(ctx.replica, job_id)
+    if not entries:
+        raise ApiError(404, "not_found", f"no events for job {job_id!r}")
+    return Timeline(id=job_id, events=[TimelineEvent.of(e) for e in entries])
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=Job,
+    dependencies=[Writes],
+    responses={**WRITE, **FOUND, 409: error("The job is already finished.")},
+)
+async def cancel(ctx: Ctx, job_id: JobId, body: CancelRequest | None = None) -> Job:
+    """Stop a job; a running attempt's later completion is then rejected."""
+    _found(ctx, job_id)
+    event = cancel_event(job_id, (body or CancelRequest()).reason, ctx.writer.now_ms())
+    entry = await ctx.writer.write(event, f"/v1/jobs/{job_id}")
+    return Job.of(_judged(ctx, job_id, entry))
+
+
+@router.post(
+    "/{job_id}/requeue",
+    response_model=Job,
+    dependencies=[Writes],
+    responses={**WRITE, **FOUND, 409: error("The job is neither dead nor cancelled.")},
+)
+async def requeue(ctx: Ctx, job_id: JobId, body: RequeueRequest | None = None) -> Job:
+    """Send a dead or cancelled job back to scheduled with a fresh attempt budget."""
+    _found(ctx, job_id)
+    event = requeue_event(job_id, body or RequeueRequest(), ctx.writer.now_ms())
+    entry = await ctx.writer.write(event, f"/v1/jobs/{job_id}")
+    return Job.of(_judged(ctx, job_id, entry))
+
+
+def _found(ctx: Ctx, job_id: str) -> JobState:
+    state = reader.job(ctx.replica, job_id)
+    if state is None:
+        raise ApiError(404, "not_found", f"no job {job_id!r}")
+    return state
+
+
+def _judged(ctx: Ctx, job_id: str, entry: TimelineEntry) -> JobState:
+    """The job after a write the fold applied (or found a duplicate); 409 with its reason else."""
+    if entry.verdict not in (Verdict.APPLIED, Verdict.DUPLICATE):
+        raise ApiError(409, "transition_rejected", entry.reason)
+    return _found(ctx, job_id)

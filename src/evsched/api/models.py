@@ -1,0 +1,347 @@
+"""The HTTP shapes: request bodies checked at the edge, and views of jobs, timelines, schedules.
+
+Times are RFC 3339 in UTC on the wire; the index keeps epoch milliseconds.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictFloat,
+    StrictInt,
+)
+
+from evsched.client.payload import NotJson, decode_args, decode_json
+from evsched.client.validation import MAX_AHEAD, MAX_KEY_CHARS
+from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
+
+INT64_MAX = 2**63 - 1
+MAX_ATTEMPTS = 2**31 - 1
+MAX_AHEAD_S = MAX_AHEAD.total_seconds()
+_MIN_MS = int(datetime(1, 1, 2, tzinfo=UTC).timestamp() * 1000)
+_MAX_MS = int(datetime(9999, 12, 30, tzinfo=UTC).timestamp() * 1000)
+
+
+def _utf8(value: Any) -> Any:
+    """Refuse strings that UTF-8 cannot carry (JSON's lone surrogates), anywhere in ``value``."""
+    if isinstance(value, str):
+        value.encode()
+    elif isinstance(value, list):
+        for item in value:
+            _utf8(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _utf8(key)
+            _utf8(item)
+    return value
+
+
+def _rfc3339_text(value: Any) -> Any:
+    """Times come as RFC 3339 strings only (not the epoch numbers pydantic would also take)."""
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 date-time string, e.g. 2030-01-01T09:00:00Z")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+Name = Annotated[Text, Field(min_length=1, max_length=MAX_KEY_CHARS)]
+Queue = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
+Reason = Annotated[Text, Field(max_length=2_000)]
+Args = Annotated[list[JsonValue], AfterValidator(_utf8)]
+Kwargs = Annotated[dict[str, JsonValue], AfterValidator(_utf8)]
+Labels = Annotated[dict[str, str], AfterValidator(_utf8)]
+# Strict: a JSON boolean or string is not a number here, whatever Python would make of it.
+Priority = Annotated[StrictInt, Field(ge=-INT64_MAX, le=INT64_MAX)]
+Attempts = Annotated[StrictInt, Field(ge=1, le=MAX_ATTEMPTS)]
+Seconds = Annotated[StrictFloat, Field(gt=0, le=MAX_AHEAD_S)]
+Delay = Annotated[StrictFloat, Field(ge=0, le=MAX_AHEAD_S)]
+RunAt = Annotated[AwareDatetime, BeforeValidator(_rfc3339_text)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnqueueRequest(_Request):
+    """A job of the task named ``task``; options left out take the task's or evsched's defaults."""
+
+    task: Annotated[Name, Field(examples=["emails.send"])]
+    args: Args = Field(default_factory=list, examples=[["buyer@example.com"]])
+    kwargs: Kwargs = Field(default_factory=dict)
+    queue: Queue | None = Field(None, description='Default: the task\'s queue, else "default".')
+    delay_s: Delay | None = Field(None, description="Start no earlier than this many seconds.")
+    run_at: RunAt | None = Field(None, description="RFC 3339 with an offset; not both.")
+    priority: Priority | None = None
+    max_attempts: Attempts | None = None
+    timeout_s: Seconds | None = Field(None, description="Run-time limit of one attempt.")
+    labels: Labels = Field(default_factory=dict)
+
+
+class CancelRequest(_Request):
+    reason: Reason = ""
+
+
+class RequeueRequest(_Request):
+    reason: Reason = ""
+    delay_s: Delay | None = None
+    run_at: RunAt | None = None
+
+
+class ScheduleRequest(_Request):
+    """A cron schedule that enqueues a job of ``task`` at each slot."""
+
+    cron: Annotated[Text, Field(min_length=1, max_length=200, examples=["*/5 * * * *"])]
+    timezone: Annotated[
+        Text, Field(min_length=1, max_length=64, examples=["UTC", "Europe/Paris"])
+    ] = "UTC"
+    task: Annotated[Name, Field(examples=["reports.build"])]
+    args: Args = Field(default_factory=list)
+    kwargs: Kwargs = Field(default_factory=dict)
+    queue: Queue | None = None
+    priority: Priority | None = None
+    max_attempts: Attempts | None = None
+    timeout_s: Seconds | None = None
+    labels: Labels = Field(default_factory=dict)
+
+
+# --- views --------------------------------------------------------------------------------------
+
+
+def at(ms: int) -> datetime:
+    """Epoch milliseconds as an aware UTC datetime (clamped to what datetime can hold)."""
+    return datetime.fromtimestamp(min(max(ms, _MIN_MS), _MAX_MS) / 1000, UTC)
+
+
+def _maybe_at(ms: int | None) -> datetime | None:
+    return None if ms is None else at(ms)
+
+
+class Retry(BaseModel):
+    initial_backoff_ms: int
+    max_backoff_ms: int
+    multiplier: float
+    jitter: float
+
+
+class LastError(BaseModel):
+    type: str
+    message: str
+    retryable: bool
+
+
+class Job(BaseModel):
+    id: str
+    status: Status
+    task: str
+    queue: str
+    args: list[JsonValue] | None = Field(description="None when not an evsched JSON document.")
+    kwargs: dict[str, JsonValue] | None
+    priority: int
+    run_at: datetime
+    attempt: int
+    max_attempts: int
+    token: int
+    timeout_s: float
+    retry: Retry
+    enqueued_at: datetime
+    updated_at: datetime
+    partition: int
+    lease_until: datetime | None
+    worker_id: str | None
+    idempotency_key: str | None
+    labels: dict[str, str]
+    schedule_id: str | None
+    fire_at: datetime | None
+    result: JsonValue | None
+    last_error: LastError | None
+
+    @classmethod
+    def of(cls, state: JobState) -> Job:
+        args, kwargs = _arguments(state.args)
+        error = state.last_error
+        return cls(
+            id=state.job_id,
+            status=state.status,
+            task=state.task,
+            queue=state.queue,
+            args=args,
+            kwargs=kwargs,
+            priority=state.priority,
+            run_at=at(state.run_at),
+            attempt=state.attempt,
+            max_attempts=state.max_attempts,
+            token=state.token,
+            timeout_s=state.timeout_ms / 1000,
+            retry=Retry(**_retry(state.retry)),
+            enqueued_at=at(state.enqueued_at),
+            updated_at=at(state.updated_at),
+            partition=state.partition,
+            lease_until=_maybe_at(state.lease_until),
+            worker_id=state.worker_id,
+            idempotency_key=state.idempotency_key,
+            labels=state.labels,
+            schedule_id=state.schedule_id,
+            fire_at=_maybe_at(state.fire_at),
+            result=_json(state.result),
+            last_error=None
+            if error is None
+            else LastError(type=error.error_type, message=error.message, retryable=error.retryable),
+        )
+
+
+def _arguments(data: bytes) -> tuple[list[JsonValue] | None, dict[str, JsonValue] | None]:
+    try:
+        decoded = decode_args(data)
+    except NotJson:
+        return None, None
+    return list(decoded.args), decoded.kwargs
+
+
+def _json(data: bytes | None) -> JsonValue | None:
+    try:
+        value: JsonValue = decode_json(data)
+    except NotJson:
+        return None
+    return value
+
+
+def _retry(policy: Any) -> dict[str, Any]:
+    return {
+        "initial_backoff_ms": policy.initial_backoff_ms,
+        "max_backoff_ms": policy.max_backoff_ms,
+        "multiplier": policy.multiplier,
+        "jitter": policy.jitter,
+    }
+
+
+class TimelineEvent(BaseModel):
+    """One event of a job's (or schedule's) history, as the fold judged it."""
+
+    partition: int
+    offset: int
+    log_at: datetime
+    kind: str
+    event_id: str
+    source: str
+    verdict: Verdict
+    reason: str
+    token: int | None
+    status_after: Status | None
+
+    @classmethod
+    def of(cls, entry: TimelineEntry) -> TimelineEvent:
+        return cls(
+            partition=entry.partition,
+            offset=entry.offset,
+            log_at=at(entry.log_at),
+            kind=entry.kind,
+            event_id=entry.event_id,
+            source=entry.source,
+            verdict=entry.verdict,
+            reason=entry.reason,
+            token=entry.token,
+            status_after=entry.status_after,
+        )
+
+
+class Timeline(BaseModel):
+    id: str
+    events: list[TimelineEvent]
+
+
+class JobPage(BaseModel):
+    jobs: list[Job]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; None: done.")
+    scanned: int = Field(description="Jobs read from the index for this page (filters cost).")
+
+
+class Schedule(BaseModel):
+    id: str
+    cron: str
+    timezone: str
+    task: str
+    queue: str
+    args: list[JsonValue] | None
+    kwargs: dict[str, JsonValue] | None
+    priority: int
+    max_attempts: int
+    timeout_s: float
+    labels: dict[str, str]
+    created_at: datetime
+    updated_at: datetime
+    next_fire_at: datetime | None
+    last_fire_at: datetime | None
+    last_job_id: str | None
+
+    @classmethod
+    def of(cls, state: ScheduleState) -> Schedule:
+        template = state.template
+        args, kwargs = _arguments(template.args)
+        return cls(
+            id=state.schedule_id,
+            cron=state.cron,
+            timezone=state.timezone,
+            task=template.task,
+            queue=template.queue,
+            args=args,
+            kwargs=kwargs,
+            priority=template.priority,
+            max_attempts=template.max_attempts,
+            timeout_s=template.timeout_ms / 1000,
+            labels=template.labels,
+            created_at=at(state.created_at),
+            updated_at=at(state.updated_at),
+            next_fire_at=_maybe_at(state.next_fire_at),
+            last_fire_at=_maybe_at(state.last_fire_at),
+            last_job_id=state.last_job_id,
+        )
+
+
+class SchedulePage(BaseModel):
+    schedules: list[Schedule]
+    next_cursor: str | None
+    scanned: int
+
+
+class Accepted(BaseModel):
+    """Acknowledged by the broker, but not yet applied by this API's replica: poll for it."""
+
+    id: str
+    partition: int
+    offset: int
+    message: str
+
+
+class QueueStats(BaseModel):
+    total: int
+    by_status: dict[Status, int]
+
+
+class PartitionStats(BaseModel):
+    partition: int
+    applied_offset: int
+
+
+class Stats(BaseModel):
+    total: int
+    by_status: dict[Status, int]
+    by_queue: dict[str, QueueStats]
+    partitions: list[PartitionStats]
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Ready(BaseModel):
+    status: str
+    lag: dict[str, int]

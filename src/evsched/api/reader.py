@@ -1,0 +1,56 @@
+"""What the API needs of a read replica: its indexes, read-your-writes and how far behind it is."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from evsched.adapters.index import PartitionIndex
+from evsched.core.state import JobState, ScheduleState, TimelineEntry
+from evsched.runtime.projector import CommitHook, Projector
+
+
+class ReplicaView(Protocol):
+    """``runtime.replica.Replica`` (tests use an in-memory twin folding a MemoryLog)."""
+
+    on_commit: CommitHook | None
+
+    @property
+    def projectors(self) -> Mapping[int, Projector]: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def partition_of(self, key: str) -> int: ...
+
+    def index(self, partition: int) -> PartitionIndex: ...
+
+    async def wait_for(self, partition: int, offset: int, timeout_s: float = 10.0) -> None:
+        """Return once ``offset`` of ``partition`` is folded; TimeoutError after ``timeout_s``."""
+        ...
+
+    async def lag(self) -> dict[int, int]:
+        """Records per partition not yet read; raises when the broker cannot be asked."""
+        ...
+
+
+def job(replica: ReplicaView, job_id: str) -> JobState | None:
+    return replica.index(replica.partition_of(job_id)).job(job_id)
+
+
+def schedule(replica: ReplicaView, schedule_id: str) -> ScheduleState | None:
+    """A live schedule; a deleted one reads as absent."""
+    state = replica.index(replica.partition_of(schedule_id)).schedule(schedule_id)
+    return None if state is None or state.deleted else state
+
+
+def timeline(replica: ReplicaView, entity_id: str) -> list[TimelineEntry]:
+    return replica.index(replica.partition_of(entity_id)).timeline(entity_id)
+
+
+def partitions(replica: ReplicaView) -> list[int]:
+    return sorted(replica.projectors)

@@ -1,0 +1,93 @@
+"""Liveness, readiness, job statistics and Prometheus metrics; all open to read."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Response
+
+from evsched.api import reader
+from evsched.api.context import ApiContext, Ctx
+from evsched.api.errors import ApiError
+from evsched.api.models import Health, PartitionStats, QueueStats, Ready, Stats
+from evsched.api.responses import error
+from evsched.core.state import Status
+from evsched.errors import EvschedError
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz() -> Health:
+    """The process is up and serving HTTP."""
+    return Health(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=Ready,
+    responses={503: error("The replica is not folding, is behind, or the broker is unreachable.")},
+)
+async def readyz(ctx: Ctx) -> Ready:
+    """Ready when the replica runs and is within ``ready_max_lag`` records of every log end."""
+    if not ctx.replica.running:
+        raise ApiError(503, "not_ready", "the replica is not folding the log")
+    lag = await _lag(ctx)
+    if lag is None:
+        raise ApiError(503, "not_ready", "the broker did not report the log's end in time")
+    behind = {p: n for p, n in lag.items() if n > ctx.ready_max_lag}
+    if behind:
+        raise ApiError(
+            503,
+            "not_ready",
+            f"the replica is more than {ctx.ready_max_lag} records behind on partitions "
+            f"{sorted(behind)}",
+        )
+    return Ready(status="ready", lag={str(p): n for p, n in sorted(lag.items())})
+
+
+@router.get("/v1/stats", response_model=Stats)
+async def stats(ctx: Ctx) -> Stats:
+    """Jobs by status and by queue, kept up to date from the fold (no scan per request)."""
+    _seeded(ctx)
+    by_queue = ctx.metrics.jobs.by_queue()
+    totals = {s: sum(statuses[s] for statuses in by_queue.values()) for s in Status}
+    return Stats(
+        total=sum(totals.values()),
+        by_status=totals,
+        by_queue={
+            q: QueueStats(total=sum(statuses.values()), by_status=statuses)
+            for q, statuses in by_queue.items()
+        },
+        partitions=[
+            PartitionStats(partition=p, applied_offset=ctx.replica.index(p).applied_offset())
+            for p in reader.partitions(ctx.replica)
+        ],
+    )
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format."}},
+)
+async def metrics(ctx: Ctx) -> Response:
+    """Prometheus metrics of this API process and what its replica folds."""
+    _seeded(ctx)
+    applied = {p: ctx.replica.index(p).applied_offset() for p in reader.partitions(ctx.replica)}
+    ctx.metrics.set_positions(applied, await _lag(ctx))
+    body, content_type = ctx.metrics.render()
+    return Response(body, media_type=content_type)
+
+
+async def _lag(ctx: ApiContext) -> dict[int, int] | None:
+    """The replica's lag per partition, or None when the broker does not answer in time."""
+    try:
+        return await asyncio.wait_for(ctx.replica.lag(), ctx.lag_timeout_s)
+    except (TimeoutError, EvschedError):
+        return None
+
+
+def _seeded(ctx: ApiContext) -> None:
+    if not ctx.metrics.jobs.seeded and ctx.replica.running:
+        ctx.metrics.jobs.seed(ctx.replica.index(p) for p in reader.partitions(ctx.replica))

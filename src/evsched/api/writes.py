@@ -1,0 +1,202 @@
+"""The write path: events built with the client library's own checks, produced with acks=all, then
+judged by this API's replica, so a response tells what the fold made of the write.
+
+Tasks are named, not imported: the API process runs no user code. A task the optional ``--app``
+defines lends its defaults (queue, attempts, retry, timeout, priority) and its signature check;
+any other name is enqueued as given, on the body's queue (default ``default``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from evsched.adapters.clock import monotonic_s
+from evsched.api.errors import ApiError
+from evsched.api.models import EnqueueRequest, RequeueRequest, ScheduleRequest
+from evsched.api.reader import ReplicaView, timeline
+from evsched.client.app import App
+from evsched.client.transport import Appended
+from evsched.client.validation import (
+    EnqueueOptions,
+    TaskSpec,
+    args_bytes,
+    build_enqueue,
+    build_schedule,
+    check_id,
+    check_labels,
+    new_id,
+    resolve_run_at,
+    task_spec,
+)
+from evsched.core.events import (
+    Event,
+    JobCancelled,
+    JobEnqueued,
+    JobRequeued,
+    JobTemplate,
+    ScheduleDeleted,
+    ScheduleUpserted,
+    entity_id,
+)
+from evsched.core.state import TimelineEntry
+from evsched.errors import InvalidEnqueue, PublishError
+from evsched.metrics import Metrics
+
+SOURCE = "api"
+
+
+class NotYetApplied(Exception):
+    """The broker acknowledged the write, but the replica did not apply it within the timeout."""
+
+    def __init__(self, entity: str, appended: Appended, location: str) -> None:
+        super().__init__(f"{entity} written at p{appended.partition}@{appended.offset}")
+        self.entity = entity
+        self.appended = appended
+        self.location = location
+
+
+@dataclass(slots=True)
+class Writer:
+    """Publishes one event and returns the verdict the replica gave it (read-your-writes)."""
+
+    client: App
+    replica: ReplicaView
+    metrics: Metrics
+    wait_timeout_s: float
+
+    async def write(self, event: Event, location: str) -> TimelineEntry:
+        """The event's timeline entry once applied here; NotYetApplied past the timeout."""
+        started = monotonic_s()
+        try:
+            appended = await self.client.publish(event)
+        except PublishError as exc:
+            raise ApiError(503, "broker_unavailable", str(exc)) from exc
+        if isinstance(event, JobEnqueued):
+            self.metrics.enqueue_latency.observe(monotonic_s() - started)
+        entity = entity_id(event)
+        try:
+            await self.replica.wait_for(appended.partition, appended.offset, self.wait_timeout_s)
+        except TimeoutError:
+            raise NotYetApplied(entity, appended, location) from None
+        for entry in reversed(timeline(self.replica, entity)):
+            if entry.offset == appended.offset and entry.partition == appended.partition:
+                return entry
+        raise RuntimeError(f"p{appended.partition}@{appended.offset} folded without an entry")
+
+    def now_ms(self) -> int:
+        return self.client.clock.now_ms()
+
+
+# --- events from requests ----------------------------------------------------------------------
+
+
+def _spec(
+    client: App,
+    task: str,
+    *,
+    queue: str | None,
+    max_attempts: int | None,
+    timeout_s: float | None,
+) -> TaskSpec:
+    """The task's options: the app's definition if any, the body's overrides, checked."""
+    defined = client.tasks.get(task)
+    base = defined.spec if defined is not None else TaskSpec(name=task)
+    if defined is not None and queue is not None and queue != base.queue:
+        raise InvalidEnqueue("queue", f"task {task!r} runs on queue {base.queue!r}")
+    return task_spec(
+        task,
+        queue=base.queue if queue is None else queue,
+        max_attempts=base.max_attempts if max_attempts is None else max_attempts,
+        retry=base.retry,
+        timeout_s=base.timeout_ms / 1000 if timeout_s is None else timeout_s,
+        priority=base.priority,
+        retry_on=base.retry_on,
+        permanent_on=base.permanent_on,
+    )
+
+
+def _check_call(client: App, body: EnqueueRequest | ScheduleRequest) -> None:
+    defined = client.tasks.get(body.task)
+    if defined is not None:
+        defined.check_call(body.args, body.kwargs)
+
+
+def enqueue_event(
+    client: App, body: EnqueueRequest, idempotency_key: str | None, now_ms: int
+) -> JobEnqueued:
+    spec = _spec(
+        client,
+        body.task,
+        queue=body.queue,
+        max_attempts=body.max_attempts,
+        timeout_s=body.timeout_s,
+    )
+    _check_call(client, body)
+    options = EnqueueOptions(
+        delay=body.delay_s,
+        run_at=body.run_at,
+        idempotency_key=idempotency_key,
+        priority=body.priority,
+        labels=body.labels,
+    )
+    event = build_enqueue(
+        spec, args_bytes(body.args, body.kwargs), options, now_ms=now_ms, new_id=new_id
+    )
+    return replace(event, source=SOURCE)
+
+
+def cancel_event(job_id: str, reason: str, now_ms: int) -> JobCancelled:
+    return JobCancelled(
+        event_id=new_id(),
+        job_id=check_id("job_id", job_id),
+        emitted_at=now_ms,
+        source=SOURCE,
+        reason=reason,
+    )
+
+
+def requeue_event(job_id: str, body: RequeueRequest, now_ms: int) -> JobRequeued:
+    return JobRequeued(
+        event_id=new_id(),
+        job_id=check_id("job_id", job_id),
+        emitted_at=now_ms,
+        source=SOURCE,
+        reason=body.reason,
+        run_at=resolve_run_at(now_ms, body.delay_s, body.run_at),
+    )
+
+
+def schedule_event(
+    client: App, schedule_id: str, body: ScheduleRequest, now_ms: int
+) -> ScheduleUpserted:
+    spec = _spec(
+        client,
+        body.task,
+        queue=body.queue,
+        max_attempts=body.max_attempts,
+        timeout_s=body.timeout_s,
+    )
+    _check_call(client, body)
+    template = JobTemplate(
+        task=spec.name,
+        queue=spec.queue,
+        args=args_bytes(body.args, body.kwargs),
+        priority=spec.priority if body.priority is None else body.priority,
+        max_attempts=spec.max_attempts,
+        retry=spec.retry,
+        timeout_ms=spec.timeout_ms,
+        labels=check_labels(body.labels),
+    )
+    event = build_schedule(
+        schedule_id, body.cron, body.timezone, template, now_ms=now_ms, event_id=new_id()
+    )
+    return replace(event, source=SOURCE)
+
+
+def delete_schedule_event(schedule_id: str, now_ms: int) -> ScheduleDeleted:
+    return ScheduleDeleted(
+        event_id=new_id(),
+        schedule_id=check_id("schedule_id", schedule_id),
+        emitted_at=now_ms,
+        source=SOURCE,
+    )

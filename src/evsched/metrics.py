@@ -1,0 +1,185 @@
+"""Prometheus metrics of what a process folds and serves, counted from the fold's own verdicts.
+
+A ``Metrics`` holds its own registry (several in one process never collide). Its
+``observe_commit`` is the commit hook of a Replica or Projector, so verdicts, lease expirations,
+stale completions, start lateness and the jobs-by-status gauge cost no second fold.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from evsched.adapters.index import PartitionIndex
+from evsched.core.state import JobState, Status, Verdict
+from evsched.runtime.projector import FoldedEvent
+
+ENQUEUE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LATENESS_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+COMPLETIONS = frozenset({"AttemptSucceeded", "AttemptFailed"})
+
+
+class JobCounts:
+    """Jobs per (queue, status): seeded by one scan of the indexes, then moved by applied events.
+
+    The scan and every commit run on the event loop without an await between an index write and
+    its hook, so after ``seed`` the counts always equal a fresh scan of the indexes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[tuple[str, Status]] = Counter()
+        self.seeded = False
+
+    def seed(self, indexes: Iterable[PartitionIndex]) -> int:
+        """Replace the counts by a scan of every job (decodes each one); returns how many."""
+        fresh: Counter[tuple[str, Status]] = Counter(
+            (state.queue, state.status) for index in indexes for state in index.jobs()
+        )
+        with self._lock:
+            self._counts = fresh
+            self.seeded = True
+        return fresh.total()
+
+    def move(self, before: JobState | None, after: JobState) -> None:
+        if not self.seeded:
+            return  # the seed will count this job as the index holds it
+        with self._lock:
+            if before is not None:
+                self._counts[(before.queue, before.status)] -= 1
+            self._counts[(after.queue, after.status)] += 1
+
+    def snapshot(self) -> dict[tuple[str, Status], int]:
+        with self._lock:
+            return {key: n for key, n in self._counts.items() if n}
+
+    def by_queue(self) -> dict[str, dict[Status, int]]:
+        """Every status of every queue that has or had jobs, zeros included."""
+        counts = self.snapshot()
+        with self._lock:
+            queues = sorted({queue for queue, _ in self._counts})
+        return {q: {s: counts.get((q, s), 0) for s in Status} for q in queues}
+
+
+class _JobsCollector:
+    """``evsched_jobs{queue,status}``, read from the counts at scrape time."""
+
+    def __init__(self, counts: JobCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "evsched_jobs", "Jobs by queue and status, as folded here.", labels=["queue", "status"]
+        )
+        for queue, statuses in self._counts.by_queue().items():
+            for status, n in statuses.items():
+                family.add_metric([queue, status.value], n)
+        yield family
+
+
+class Metrics:
+    """The instruments of one process, on a registry of their own."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.jobs = JobCounts()
+        r = self.registry
+        self.events_folded = PromCounter(
+            "evsched_events_folded",
+            "Events folded, by kind and verdict.",
+            ["kind", "verdict"],
+            registry=r,
+        )
+        self.lease_expirations = PromCounter(
+            "evsched_lease_expirations", "Applied LeaseExpired events.", ["queue"], registry=r
+        )
+        self.stale_completions = PromCounter(
+            "evsched_stale_completions",
+            "Completions (success or failure) judged stale: a zombie worker's late report.",
+            ["queue", "kind"],
+            registry=r,
+        )
+        self.start_lateness = Histogram(
+            "evsched_start_lateness_seconds",
+            "Log time of an applied AttemptStarted minus the job's run_at.",
+            ["queue"],
+            buckets=LATENESS_BUCKETS_S,
+            registry=r,
+        )
+        self.enqueue_latency = Histogram(
+            "evsched_enqueue_latency_seconds",
+            "API-side time to produce an enqueue and get the broker's acknowledgement.",
+            buckets=ENQUEUE_BUCKETS_S,
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "evsched_consumer_lag_records",
+            "Records between the replica's read position and the end of its events partition.",
+            ["partition"],
+            registry=r,
+        )
+        self.applied_offset = Gauge(
+            "evsched_applied_offset",
+            "Offset of the last record folded into the index of an events partition.",
+            ["partition"],
+            registry=r,
+        )
+        r.register(_JobsCollector(self.jobs))
+
+    # --- the commit hook ------------------------------------------------------------------------
+
+    def observe_commit(self, events: Sequence[FoldedEvent]) -> None:
+        """Count one committed batch (``Replica(on_commit=metrics.observe_commit)``)."""
+        for folded in events:
+            entry, after = folded.entry, folded.after
+            self.events_folded.labels(entry.kind, entry.verdict.value).inc()
+            if after is None:
+                continue
+            if entry.verdict is Verdict.APPLIED:
+                self.jobs.move(folded.before, after)
+                self._applied(entry.kind, entry.log_at, after)
+            elif entry.verdict is Verdict.STALE and entry.kind in COMPLETIONS:
+                self.stale_completions.labels(after.queue, entry.kind).inc()
+
+    def _applied(self, kind: str, log_at: int, after: JobState) -> None:
+        if kind == "LeaseExpired":
+            self.lease_expirations.labels(after.queue).inc()
+        elif kind == "AttemptStarted":
+            # A start never applies before run_at (the lease is refused earlier), so this is >= 0.
+            lateness_s = max(0, log_at - after.run_at) / 1000
+            self.start_lateness.labels(after.queue).observe(lateness_s)
+
+    # --- values read at scrape time -------------------------------------------------------------
+
+    def set_positions(self, applied: Mapping[int, int], lag: Mapping[int, int] | None) -> None:
+        """Applied offsets per partition, and the lag when it could be read (else it is cleared)."""
+        for partition, offset in applied.items():
+            self.applied_offset.labels(str(partition)).set(offset)
+        if lag is None:
+            self.consumer_lag.clear()
+            return
+        for partition, records in lag.items():
+            self.consumer_lag.labels(str(partition)).set(records)
+
+    def render(self) -> tuple[bytes, str]:
+        """The registry in Prometheus' text format, and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def serve_metrics(metrics: Metrics, port: int, addr: str = "127.0.0.1") -> Any:
+    """Expose ``metrics`` over HTTP on a daemon thread (for processes without the API)."""
+    server, _thread = start_http_server(port, addr=addr, registry=metrics.registry)
+    return server
