@@ -90,7 +90,7 @@ def services() -> dict[str, Any]:
     return found
 
 
-@pytest.mark.parametrize("name", ["topics", "node", "worker"])
+@pytest.mark.parametrize("name", ["topics", "node", "worker", "api"])
 def test_evsched_services_are_valid_cli_calls(services: dict[str, Any], name: str) -> None:
     from typer.testing import CliRunner
 
@@ -104,7 +104,7 @@ def test_evsched_services_are_valid_cli_calls(services: dict[str, Any], name: st
 def test_evsched_services_reach_kafka_on_its_internal_listener(services: dict[str, Any]) -> None:
     internal = services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"].split(",")[0]
     address = internal.split("://", 1)[1]
-    for name in ("node", "worker"):
+    for name in ("node", "worker", "api"):
         env = services[name]["environment"]
         assert env["EVSCHED_KAFKA_BOOTSTRAP"] == address
         assert services[name]["depends_on"]["topics"]["condition"] == (
