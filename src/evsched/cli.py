@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from evsched.api.command import api_command
 from evsched.core.planner import PlannerLimits
 from evsched.devstack.cli import kafka_app
 from evsched.devstack.dev import DevStack
@@ -20,6 +21,7 @@ from evsched.settings import Settings
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="evsched: event-sourced jobs.")
 app.add_typer(kafka_app, name="kafka")
 app.command("worker")(worker_command)
+app.command("api")(api_command)
 
 
 @app.command()
@@ -63,9 +65,10 @@ def dev(
     demo: Annotated[
         bool, typer.Option("--demo/--no-demo", help="Run the app module's main() once.")
     ] = True,
+    api_port: Annotated[int, typer.Option("--api-port", min=1, max=65_535)] = 8080,
 ) -> None:
-    """Run the local stack: broker, node and worker with an app; Ctrl-C stops it all."""
-    DevStack(app=app_ref, data_dir=data_dir, demo=demo).run()
+    """Run the local stack: broker, node, worker and API with an app; Ctrl-C stops it all."""
+    DevStack(app=app_ref, data_dir=data_dir, demo=demo, api_port=api_port).run()
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""``evsched dev``: the whole local stack in one command — broker, node and worker with an app.
+"""``evsched dev``: the whole local stack in one command — broker, node, worker and API.
 
 It starts (or reuses) the local broker, provisions the namespace's topics, runs a node and a worker
 as child processes with their logs interleaved on the terminal, optionally enqueues the example
@@ -29,6 +29,7 @@ class DevStack:
     namespace: str = DEFAULT_NAMESPACE
     partitions: int = DEFAULT_EVENT_PARTITIONS
     demo: bool = True
+    api_port: int = 8080
     children: list[subprocess.Popen[bytes]] = field(default_factory=list)
     started_broker: LocalBroker | None = None
     demo_process: subprocess.Popen[bytes] | None = None
@@ -60,6 +61,10 @@ class DevStack:
         env = self.env(bootstrap)
         self._spawn(env, "node", "--data-dir", str(self.data_dir / "node"), "--node-id", "dev")
         self._spawn(env, "worker", "--app", self.app)
+        api_dir = str(self.data_dir / "api")
+        self._spawn(
+            env, "api", "--app", self.app, "--data-dir", api_dir, "--port", str(self.api_port)
+        )
         self._explain(bootstrap)
         if self.demo:
             # The app module's own main() is the demo workload (examples.app enqueues a few jobs).
@@ -79,10 +84,14 @@ class DevStack:
         self.children.append(subprocess.Popen(argv, env=env))
 
     def _explain(self, bootstrap: str) -> None:
+        api = f"http://127.0.0.1:{self.api_port}"
         typer.echo(
-            f"node and worker are running in namespace {self.namespace!r}; "
-            f"indexes under {self.data_dir / 'node'}\n"
+            f"node, worker and API are running in namespace {self.namespace!r}; "
+            f"indexes under {self.data_dir}\n"
+            f"API and its docs:     {api}/docs   (jobs: {api}/v1/jobs, metrics: {api}/metrics)\n"
             f"enqueue from Python:  EVSCHED_KAFKA_BOOTSTRAP={bootstrap} python -m examples.app\n"
+            f"enqueue over HTTP:    curl -X POST {api}/v1/jobs -H 'content-type: application/json'"
+            """ -d '{"task": "example.noop"}'\n"""
             "stop everything:      Ctrl-C"
         )
 
