@@ -1,0 +1,52 @@
+"""The operator's command line: reads from a caught-up local replica, writes, audits, exports,
+rebuilds and replays; ``register`` adds its commands to the ``evsched`` app."""
+
+from __future__ import annotations
+
+import typer
+
+from evsched.operator import cmd_read, cmd_write
+from evsched.operator.cmd_export import export
+from evsched.operator.cmd_rebuild import rebuild
+from evsched.operator.cmd_replay import replay
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 ok; 1 a check failed (replay diverged, rebuild digests differ); 2 bad "
+    "arguments; 3 not found; 4 Kafka or the index unavailable; 5 a write the fold refused."
+)
+
+
+def dlq_app() -> typer.Typer:
+    dlq = typer.Typer(no_args_is_help=True, help="The dead-letter queue: dead jobs.")
+    dlq.command("list")(cmd_read.dlq_list)
+    dlq.command("requeue")(cmd_write.dlq_requeue)
+    return dlq
+
+
+def schedules_app() -> typer.Typer:
+    schedules = typer.Typer(no_args_is_help=True, help="Cron schedules.")
+    schedules.command("list")(cmd_read.schedules_list)
+    schedules.command("upsert")(cmd_write.schedules_upsert)
+    schedules.command("delete")(cmd_write.schedules_delete)
+    return schedules
+
+
+def register(app: typer.Typer) -> None:
+    """Add the operator commands to ``app`` (the ``evsched`` command line)."""
+    for name, command in (
+        ("enqueue", cmd_write.enqueue),
+        ("job", cmd_read.job_command),
+        ("jobs", cmd_read.jobs),
+        ("audit", cmd_read.audit_command),
+        ("cancel", cmd_write.cancel),
+        ("requeue", cmd_write.requeue),
+        ("export", export),
+        ("rebuild", rebuild),
+        ("replay", replay),
+    ):
+        app.command(name, epilog=EXIT_CODES_HELP)(command)
+    app.add_typer(dlq_app(), name="dlq", epilog=EXIT_CODES_HELP)
+    app.add_typer(schedules_app(), name="schedules", epilog=EXIT_CODES_HELP)
+
+
+__all__ = ["EXIT_CODES_HELP", "register"]

@@ -1,0 +1,221 @@
+"""``evsched rebuild``: fold the whole log into fresh indexes; with --verify, compare digests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from aiokafka.structs import TopicPartition
+from rich.table import Table
+
+from evsched.adapters import kafka
+from evsched.adapters.topics import Topics, partition_count
+from evsched.operator.exits import ExitCode
+from evsched.operator.live_index import live_state
+from evsched.operator.rebuild import (
+    BATCH_RECORDS,
+    PartitionPlan,
+    PartitionResult,
+    fold_rate,
+    rebuild_all,
+)
+from evsched.operator.render import emit_json, out
+from evsched.operator.session import Json, guarded, progress_bar
+from evsched.settings import Settings
+
+DEFAULT_REBUILD_DIR = Path("./evsched-data/rebuild")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Target:
+    """A partition to rebuild: up to ``until``, and the live index's state there, if compared."""
+
+    partition: int
+    until: int
+    live: tuple[int, str] | None = None
+
+
+def _check_dirs(data_dir: Path, live_dir: Path | None, verify: bool, replace: bool) -> None:
+    if verify and live_dir is None:
+        raise typer.BadParameter(
+            "--verify compares with a node's index: add --live-dir", param_hint="--verify"
+        )
+    if live_dir is not None and not live_dir.is_dir():
+        raise typer.BadParameter(f"{live_dir} is not a directory", param_hint="--live-dir")
+    if live_dir is not None and live_dir.resolve() == data_dir.resolve():
+        raise typer.BadParameter(
+            "the rebuild must not go into the live index", param_hint="--data-dir"
+        )
+    if data_dir.exists() and any(data_dir.iterdir()) and not replace:
+        raise typer.BadParameter(
+            f"{data_dir} is not empty (add --replace to delete it first)", param_hint="--data-dir"
+        )
+
+
+async def _log_ends(settings: Settings) -> dict[int, int]:
+    """The end offset of every events partition, read_committed."""
+    topic = Topics(settings.namespace).events
+    count = await partition_count(settings.bootstrap, topic, **dict(settings.kafka_options))
+    consumer = kafka.consumer(settings, group_id=None, client_id="evsched-rebuild-plan")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(count)]
+        ends = await consumer.end_offsets(tps)
+    finally:
+        await consumer.stop()
+    return {tp.partition: offset for tp, offset in ends.items()}
+
+
+def _targets(ends: dict[int, int], live_dir: Path | None) -> list[Target]:
+    """Rebuild to the live applied offset where a live index is compared, else to the log end."""
+    targets = []
+    for partition, end in sorted(ends.items()):
+        live = live_state(live_dir, partition) if live_dir is not None else None
+        until = live[0] if live is not None else end - 1
+        targets.append(Target(partition=partition, until=until, live=live))
+    return targets
+
+
+def rebuild(
+    *,
+    data_dir: Annotated[
+        Path, typer.Option("--data-dir", help="Where the fresh indexes go (p0000, p0001, ...).")
+    ] = DEFAULT_REBUILD_DIR,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Compare each digest with the live index's.")
+    ] = False,
+    live_dir: Annotated[
+        Path | None, typer.Option("--live-dir", help="A node's --data-dir (opened read-only).")
+    ] = None,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Delete what --data-dir holds first.")
+    ] = False,
+    processes: Annotated[
+        int, typer.Option("--processes", min=1, help="Partitions rebuilt at once.")
+    ] = os.cpu_count() or 1,
+    batch_records: Annotated[
+        int, typer.Option("--batch-records", min=1, help="Records per index write.")
+    ] = BATCH_RECORDS,
+    as_json: Json = False,
+) -> None:
+    """Fold the whole log into fresh indexes, one per partition; --verify compares digests.
+
+    Ends with ``digest_match=<true|false> events_per_s=<N>`` (exit 1 on a mismatch).
+    """
+    _check_dirs(data_dir, live_dir, verify, replace)
+    settings = Settings.from_env()
+
+    def main() -> ExitCode:
+        # Outside any event loop: a rebuild in this process runs one of its own per partition.
+        ends = asyncio.run(_log_ends(settings))
+        targets = _targets(ends, live_dir if verify else None)
+        if replace:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        plans = [_plan(settings, t, data_dir, batch_records) for t in targets]
+        started = time.perf_counter()
+        results = _run_plans(plans, processes, quiet=as_json)
+        return _report(targets, results, time.perf_counter() - started, verify, as_json)
+
+    guarded(main)
+
+
+def _plan(settings: Settings, target: Target, data_dir: Path, batch_records: int) -> PartitionPlan:
+    return PartitionPlan(
+        bootstrap=settings.bootstrap,
+        namespace=settings.namespace,
+        partition=target.partition,
+        until=target.until,
+        directory=data_dir / f"p{target.partition:04d}",
+        batch_records=batch_records,
+    )
+
+
+def _run_plans(
+    plans: Sequence[PartitionPlan], processes: int, *, quiet: bool
+) -> list[PartitionResult]:
+    bar = progress_bar("rebuilding")
+    tasks = {p.partition: bar.add_task(f"p{p.partition}", total=p.until + 1) for p in plans}
+
+    def progress(counts: dict[int, int]) -> None:
+        for partition, done in counts.items():
+            if partition in tasks:
+                bar.update(tasks[partition], completed=done)
+
+    if not quiet:
+        bar.start()
+    try:
+        return rebuild_all(plans, processes=processes, on_progress=progress)
+    finally:
+        bar.stop()
+
+
+def _report(
+    targets: list[Target],
+    results: list[PartitionResult],
+    seconds: float,
+    verify: bool,
+    as_json: bool,
+) -> ExitCode:
+    by_partition = {t.partition: t for t in targets}
+    events = sum(r.events for r in results)
+    rate = fold_rate(results)
+    compared = [r for r in results if by_partition[r.partition].live is not None]
+    matched = verify and bool(compared) and all(_matches(r, by_partition) for r in compared)
+    if as_json:
+        document = {
+            "events": events,
+            "events_per_s": rate,
+            "wall_s": round(seconds, 3),
+            "digest_match": matched if verify else None,
+            "partitions": [_partition_json(r, by_partition[r.partition].live) for r in results],
+        }
+        emit_json(document)
+    else:
+        out.print(_table(by_partition, results, verify))
+        if verify:
+            out.print(f"digest_match={'true' if matched else 'false'} events_per_s={rate}")
+        else:
+            out.print(f"events={events} events_per_s={rate}")
+    return ExitCode.FAILED if verify and not matched else ExitCode.OK
+
+
+def _matches(result: PartitionResult, targets: dict[int, Target]) -> bool:
+    return (result.applied_offset, result.digest) == targets[result.partition].live
+
+
+def _partition_json(result: PartitionResult, live: tuple[int, str] | None) -> dict[str, Any]:
+    return {
+        "partition": result.partition,
+        "events": result.events,
+        "applied_offset": result.applied_offset,
+        "digest": result.digest,
+        "fold_s": round(result.fold_s, 3),
+        "digest_s": round(result.digest_s, 3),
+        "live_applied_offset": None if live is None else live[0],
+        "live_digest": None if live is None else live[1],
+    }
+
+
+def _table(targets: dict[int, Target], results: list[PartitionResult], verify: bool) -> Table:
+    table = Table("p", "events", "applied offset", "digest", "live", "match")
+    for r in results:
+        live = targets[r.partition].live
+        if not verify:
+            match = ""
+        elif live is None:
+            match = "[dim]no live index[/dim]"
+        else:
+            same = (r.applied_offset, r.digest) == live
+            match = "[green]yes[/green]" if same else f"[red]no[/red] (live at {live[0]})"
+        live_text = "" if live is None else live[1][:16]
+        table.add_row(
+            str(r.partition), str(r.events), str(r.applied_offset), r.digest[:16], live_text, match
+        )
+    return table

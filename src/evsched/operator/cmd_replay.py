@@ -1,0 +1,180 @@
+"""``evsched replay``: fold recorded histories with the current code, compare with the outcome."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from evsched.core.fold import FOLD_VERSION
+from evsched.operator.exits import ExitCode, OperatorError
+from evsched.operator.history_file import HistoryFileError, read_history
+from evsched.operator.render import emit_json, err, out
+from evsched.operator.replay import (
+    Outcome,
+    dump_expected,
+    expected_document,
+    expected_path,
+    fold_history,
+)
+from evsched.operator.replay_check import Comparison, compare
+from evsched.operator.session import Json
+
+HISTORY_SUFFIX = ".history.avro"
+SHOWN = 5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checked:
+    """One history replayed: what it folded to and how that compares with the recording."""
+
+    history: Path
+    outcome: Outcome
+    comparison: Comparison
+    recorded_fold_version: int | None
+
+    def as_json(self) -> dict[str, Any]:
+        first = self.comparison.first
+        return {
+            "history": str(self.history),
+            "events": self.outcome.events,
+            "jobs": len(self.outcome.jobs),
+            "schedules": len(self.outcome.schedules),
+            "undecodable": len(self.outcome.undecodable),
+            "identical": self.comparison.identical,
+            "first_divergence": None if first is None else first.as_json(),
+            "diverged_entities": len(self.comparison.divergences),
+            "recorded_fold_version": self.recorded_fold_version,
+            "fold_version": FOLD_VERSION,
+        }
+
+
+def histories(paths: list[Path]) -> list[Path]:
+    """The history files named, directories expanded to their ``*.history.avro`` files."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += sorted(path.glob(f"*{HISTORY_SUFFIX}"))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise OperatorError(ExitCode.NOT_FOUND, f"no such file or directory: {path}")
+    if not found:
+        raise OperatorError(
+            ExitCode.NOT_FOUND, "no *.history.avro files in " + ", ".join(map(str, paths))
+        )
+    return found
+
+
+def load_expected(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise OperatorError(ExitCode.NOT_FOUND, f"no recorded outcome {path}") from None
+    except ValueError as exc:
+        raise OperatorError(ExitCode.UNAVAILABLE, f"{path} is not JSON: {exc}") from None
+    if not isinstance(document, dict) or not str(document.get("format", "")).startswith(
+        "evsched.replay/"
+    ):
+        raise OperatorError(ExitCode.UNAVAILABLE, f"{path} is not an evsched replay outcome")
+    return document
+
+
+def check(history: Path, expected: Path | None = None) -> Checked:
+    """Replay ``history`` and compare it with its recorded outcome."""
+    recorded = load_expected(expected or expected_path(history))
+    outcome = fold_history(read_history(history).events)
+    return Checked(
+        history=history,
+        outcome=outcome,
+        comparison=compare(recorded, outcome),
+        recorded_fold_version=recorded.get("fold_version"),
+    )
+
+
+def update(history: Path, expected: Path | None = None) -> Path:
+    """Rewrite the recorded outcome of ``history`` with the current fold's; its path."""
+    target = expected or expected_path(history)
+    file = read_history(history)
+    description = file.metadata.get("description", "")
+    if target.exists():
+        description = load_expected(target).get("description", description)
+    document = expected_document(
+        fold_history(file.events), history=history.name, description=description
+    )
+    target.write_text(dump_expected(document), encoding="utf-8")
+    return target
+
+
+def replay(
+    *,
+    files: Annotated[list[Path], typer.Argument(help="History files, or folders of them.")],
+    expected: Annotated[
+        Path | None,
+        typer.Option("--expected", help="The recorded outcome (default: <name>.expected.json)."),
+    ] = None,
+    update_expected: Annotated[
+        bool,
+        typer.Option(
+            "--update-expected",
+            help="Rewrite the outcome with the current fold (after an intended change).",
+        ),
+    ] = False,
+    as_json: Json = False,
+) -> None:
+    """Fold recorded histories with the current code; report the first divergence.
+
+    Exit 0 when every history folds to its recorded outcome, 1 when one diverges.
+    """
+    try:
+        found = histories(files)
+        if expected is not None and len(found) != 1:
+            raise typer.BadParameter(
+                "--expected goes with exactly one history file", param_hint="--expected"
+            )
+        if update_expected:
+            for file in found:
+                out.print(f"wrote {update(file, expected)}")
+            return
+        checked = [check(file, expected) for file in found]
+    except OperatorError as exc:
+        err.print(f"[red]error:[/red] {escape(exc.message)}")
+        raise typer.Exit(int(exc.code)) from None
+    except HistoryFileError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(int(ExitCode.UNAVAILABLE)) from None
+    _print(checked, as_json)
+    if not all(c.comparison.identical for c in checked):
+        raise typer.Exit(int(ExitCode.FAILED))
+
+
+def _print(checked: list[Checked], as_json: bool) -> None:
+    if as_json:
+        emit_json([c.as_json() for c in checked])
+        return
+    for c in checked:
+        o = c.outcome
+        head = (
+            f"{c.history.name}: {o.events} events, {len(o.jobs)} jobs, "
+            f"{len(o.schedules)} schedules, {len(o.undecodable)} undecodable"
+        )
+        first = c.comparison.first
+        if first is None:
+            out.print(f"{head}: [green]identical[/green]")
+            continue
+        out.print(f"{head}: [red]DIVERGED[/red]")
+        out.print(f"  first divergence: {escape(first.describe())}")
+        rest = c.comparison.divergences[1:SHOWN]
+        for more in rest:
+            out.print(f"  then: {escape(more.describe())}")
+        hidden = len(c.comparison.divergences) - 1 - len(rest)
+        if hidden > 0:
+            out.print(f"  and {hidden} more entities differ")
+        if c.recorded_fold_version != FOLD_VERSION:
+            out.print(
+                f"  (recorded with fold version {c.recorded_fold_version}, this is {FOLD_VERSION})"
+            )

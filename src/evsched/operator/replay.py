@@ -1,0 +1,196 @@
+"""Replay checks: a recorded history folded with the current code and compared with its outcome.
+
+A corpus entry is ``<name>.history.avro`` (an export) and ``<name>.expected.json``: for every
+event, its verdict and the fields of the state it left (status, attempt, token, run_at,
+lease_until for jobs; slots for schedules); for every job and schedule, its final fields and the
+SHA-256 of its encoded final state; and a digest over all final states. The first divergence is
+reported by entity, position and field. See ``replay/README.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evsched.adapters import avro
+from evsched.core.events import SCHEDULE_EVENT_TYPES, Position, entity_id
+from evsched.core.fold import FOLD_VERSION, fold
+from evsched.core.invariants import JobFold, Replay, Violation
+from evsched.core.state import JobState, ScheduleState
+from evsched.errors import DecodeError
+from evsched.operator.history_file import LoggedEvent
+
+FORMAT = "evsched.replay/1"
+JOB_COLUMNS = (
+    "partition",
+    "offset",
+    "kind",
+    "verdict",
+    "status",
+    "attempt",
+    "token",
+    "run_at",
+    "lease_until",
+)
+SCHEDULE_COLUMNS = (
+    "partition",
+    "offset",
+    "kind",
+    "verdict",
+    "next_fire_at",
+    "last_fire_at",
+    "last_job_id",
+    "deleted",
+)
+JOB_FINAL = ("status", "attempt", "token", "run_at", "sha256")
+SCHEDULE_FINAL = ("next_fire_at", "last_fire_at", "deleted", "sha256")
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What folding a history gave: per-entity rows in log order, final states, undecodables."""
+
+    jobs: dict[str, list[list[Any]]] = field(default_factory=dict)
+    schedules: dict[str, list[list[Any]]] = field(default_factory=dict)
+    job_states: dict[str, JobState] = field(default_factory=dict)
+    schedule_states: dict[str, ScheduleState] = field(default_factory=dict)
+    undecodable: list[list[int]] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+    events: int = 0
+
+    def finals(self) -> dict[str, dict[str, Any]]:
+        """Final fields of every job and schedule, keyed by id."""
+        found = {k: _job_final(s) for k, s in self.job_states.items()}
+        found.update({k: _schedule_final(s) for k, s in self.schedule_states.items()})
+        return found
+
+    def states_digest(self) -> str:
+        """SHA-256 over every final state's encoding, in id order."""
+        digest = hashlib.sha256()
+        states: dict[str, JobState | ScheduleState] = {**self.job_states, **self.schedule_states}
+        for key in sorted(states):
+            digest.update(key.encode() + b"\x00" + avro.encode_state(states[key]) + b"\x00")
+        return digest.hexdigest()
+
+
+def _sha(state: JobState | ScheduleState) -> str:
+    return hashlib.sha256(avro.encode_state(state)).hexdigest()
+
+
+def _job_final(state: JobState) -> dict[str, Any]:
+    return {
+        "status": state.status.value,
+        "attempt": state.attempt,
+        "token": state.token,
+        "run_at": state.run_at,
+        "sha256": _sha(state),
+    }
+
+
+def _schedule_final(state: ScheduleState) -> dict[str, Any]:
+    return {
+        "next_fire_at": state.next_fire_at,
+        "last_fire_at": state.last_fire_at,
+        "deleted": state.deleted,
+        "sha256": _sha(state),
+    }
+
+
+def fold_history(events: Iterable[LoggedEvent], *, fold_job: JobFold = fold) -> Outcome:
+    """Fold a history (any order; folded by partition and offset) with ``fold_job``."""
+    replay = Replay(fold_job=fold_job)
+    outcome = Outcome()
+    for logged in sorted(events, key=lambda e: (e.partition, e.offset)):
+        outcome.events += 1
+        try:
+            event = avro.decode_event(logged.value)
+        except DecodeError:
+            outcome.undecodable.append([logged.partition, logged.offset])
+            continue
+        position = Position(partition=logged.partition, offset=logged.offset, log_at=logged.log_at)
+        entry = replay.feed(event, position)
+        key = entity_id(event)
+        head = [logged.partition, logged.offset, entry.kind, entry.verdict.value]
+        if isinstance(event, SCHEDULE_EVENT_TYPES):
+            outcome.schedules.setdefault(key, []).append(
+                head + _schedule_row(replay.schedules.get(key))
+            )
+        else:
+            outcome.jobs.setdefault(key, []).append(head + _job_row(replay.jobs.get(key)))
+    outcome.job_states = replay.jobs
+    outcome.schedule_states = replay.schedules
+    outcome.violations = replay.violations
+    return outcome
+
+
+def _job_row(state: JobState | None) -> list[Any]:
+    if state is None:
+        return [None, None, None, None, None]
+    return [state.status.value, state.attempt, state.token, state.run_at, state.lease_until]
+
+
+def _schedule_row(state: ScheduleState | None) -> list[Any]:
+    if state is None:
+        return [None, None, None, None]
+    return [state.next_fire_at, state.last_fire_at, state.last_job_id, state.deleted]
+
+
+# --- the expected outcome file ------------------------------------------------------------------
+
+
+def expected_document(outcome: Outcome, *, history: str, description: str) -> dict[str, Any]:
+    """The recorded outcome of a history, as stored in ``<name>.expected.json``."""
+    finals = outcome.finals()
+    return {
+        "format": FORMAT,
+        "history": history,
+        "description": description,
+        "fold_version": FOLD_VERSION,
+        "events": outcome.events,
+        "states_digest": outcome.states_digest(),
+        "job_columns": list(JOB_COLUMNS),
+        "schedule_columns": list(SCHEDULE_COLUMNS),
+        "jobs": {
+            k: {"final": finals.get(k), "events": rows} for k, rows in sorted(outcome.jobs.items())
+        },
+        "schedules": {
+            k: {"final": finals.get(k), "events": rows}
+            for k, rows in sorted(outcome.schedules.items())
+        },
+        "undecodable": outcome.undecodable,
+        "violations": [violation_row(v) for v in outcome.violations],
+    }
+
+
+def violation_row(v: Violation) -> list[Any]:
+    return [v.invariant, v.job_id, v.partition, v.offset, v.detail]
+
+
+def dump_expected(document: dict[str, Any]) -> str:
+    """Deterministic JSON with one line per job or schedule, so a diff shows which ones changed."""
+    lines = ["{"]
+    keys = sorted(document)
+    for i, key in enumerate(keys):
+        comma = "," if i < len(keys) - 1 else ""
+        value = document[key]
+        if key in ("jobs", "schedules") and value:
+            inner = [f"  {json.dumps(k)}: {_compact(v)}" for k, v in value.items()]
+            body = "{\n" + ",\n".join(f"  {line}" for line in inner) + "\n  }"
+            lines.append(f"  {json.dumps(key)}: {body}{comma}")
+        else:
+            lines.append(f"  {json.dumps(key)}: {_compact(value)}{comma}")
+    return "\n".join(lines) + "\n}\n"
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def expected_path(history: Path) -> Path:
+    """``<name>.expected.json`` next to ``<name>.history.avro``."""
+    name = history.name.removesuffix(".avro").removesuffix(".history")
+    return history.with_name(f"{name}.expected.json")

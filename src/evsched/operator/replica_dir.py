@@ -1,0 +1,184 @@
+"""The operator's local replica: per-partition indexes in a directory, caught up to the log's end.
+
+A read command first folds whatever the log holds beyond the indexes (the same projector as
+nodes and replicas), up to the end offsets captured when it started, then answers from RocksDB.
+It waits for consumer positions rather than applied offsets: the last offset of a partition is
+often a transaction marker, which no record's applied offset ever reaches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from evsched.adapters import kafka
+from evsched.adapters.index import PartitionIndex
+from evsched.adapters.topics import Topics, partition_count
+from evsched.operator.exits import ExitCode, OperatorError
+from evsched.runtime.partition import open_index
+from evsched.runtime.projector import Projector
+from evsched.runtime.replica import partition_for
+from evsched.settings import Settings
+
+DEFAULT_TIMEOUT_S = 60.0
+FETCH_RECORDS = 10_000
+# Larger fetches than a node's: catching up is throughput, not latency.
+FETCH_OPTIONS = {"max_partition_fetch_bytes": 8 << 20, "fetch_max_bytes": 64 << 20}
+_PARTITION_DIR = re.compile(r"p(\d{4})")
+
+# Called with (records folded so far, records to fold in all) while catching up.
+Progress = Callable[[int, int], None]
+
+
+@dataclass(slots=True)
+class LocalIndex:
+    """Open indexes of every events partition; ids route to partitions as Kafka's producer does."""
+
+    indexes: dict[int, PartitionIndex] = field(default_factory=dict)
+
+    @property
+    def partitions(self) -> int:
+        return len(self.indexes)
+
+    def partition_of(self, key: str) -> int:
+        return partition_for(key, self.partitions)
+
+    def index_of(self, key: str) -> PartitionIndex:
+        return self.indexes[self.partition_of(key)]
+
+    def applied_offsets(self) -> dict[int, int]:
+        return {p: index.applied_offset() for p, index in sorted(self.indexes.items())}
+
+    def close(self) -> None:
+        for index in self.indexes.values():
+            index.close()
+        self.indexes.clear()
+
+
+def open_offline(data_dir: Path) -> LocalIndex:
+    """The indexes already in ``data_dir``, as they are (no Kafka); NOT_FOUND without any."""
+    found = sorted(
+        int(m[1])
+        for p in (data_dir.iterdir() if data_dir.is_dir() else [])
+        if (m := _PARTITION_DIR.fullmatch(p.name))
+    )
+    if not found or found != list(range(len(found))):
+        raise OperatorError(
+            ExitCode.NOT_FOUND,
+            f"no replica indexes p0000..pNNNN under {data_dir} (run online once)",
+        )
+    return LocalIndex({p: _open(data_dir, p) for p in found})
+
+
+def _open(data_dir: Path, partition: int) -> PartitionIndex:
+    try:
+        return open_index(data_dir, partition)
+    except RuntimeError as exc:  # built by another fold version
+        raise OperatorError(
+            ExitCode.UNAVAILABLE, f"{exc}; or delete {data_dir} and let it refill"
+        ) from exc
+
+
+async def catch_up(
+    settings: Settings,
+    data_dir: Path,
+    *,
+    at_least: Mapping[int, int] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    progress: Progress | None = None,
+) -> LocalIndex:
+    """The replica in ``data_dir`` with every partition folded up to the log end seen at start."""
+    topic = Topics(settings.namespace).events
+    count = await partition_count(settings.bootstrap, topic, **dict(settings.kafka_options))
+    local = LocalIndex({p: _open(data_dir, p) for p in range(count)})
+    try:
+        await refresh(settings, local, at_least=at_least, timeout_s=timeout_s, progress=progress)
+    except BaseException:
+        local.close()
+        raise
+    return local
+
+
+async def refresh(
+    settings: Settings,
+    local: LocalIndex,
+    *,
+    at_least: Mapping[int, int] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    progress: Progress | None = None,
+) -> None:
+    """Fold ``local`` up to the log end seen now, and past every ``at_least`` offset.
+
+    ``at_least`` maps partitions to offsets that must be folded too: a write just acknowledged,
+    which read_committed end offsets may not show yet behind another producer's transaction.
+    """
+    topic = Topics(settings.namespace).events
+    await _fold_to_end(
+        settings,
+        local,
+        topic,
+        at_least=dict(at_least or {}),
+        timeout_s=timeout_s,
+        progress=progress,
+    )
+
+
+async def _fold_to_end(
+    settings: Settings,
+    local: LocalIndex,
+    topic: str,
+    *,
+    at_least: dict[int, int],
+    timeout_s: float,
+    progress: Progress | None,
+) -> None:
+    projectors = {p: Projector(index) for p, index in local.indexes.items()}
+    consumer = kafka.consumer(
+        settings, group_id=None, client_id="evsched-operator", **FETCH_OPTIONS
+    )
+    await consumer.start()
+    try:
+        tps = {TopicPartition(topic, p): projectors[p] for p in projectors}
+        consumer.assign(list(tps))
+        for tp, projector in tps.items():
+            consumer.seek(tp, projector.next_offset)
+        ends = await consumer.end_offsets(list(tps))
+        targets = {tp: max(ends[tp], at_least.get(tp.partition, -1) + 1) for tp in tps}
+        total = sum(max(0, targets[tp] - p.next_offset) for tp, p in tps.items())
+        try:
+            async with asyncio.timeout(timeout_s):
+                await _consume(consumer, tps, targets, total, progress)
+        except TimeoutError as exc:
+            behind = {tp.partition: targets[tp] for tp in tps}
+            raise OperatorError(
+                ExitCode.UNAVAILABLE,
+                f"the replica did not reach the log end {behind} within {timeout_s:g} s",
+            ) from exc
+    finally:
+        await consumer.stop()
+
+
+async def _consume(
+    consumer: AIOKafkaConsumer,
+    tps: dict[TopicPartition, Projector],
+    targets: dict[TopicPartition, int],
+    total: int,
+    progress: Progress | None,
+) -> None:
+    done = 0
+    pending = {tp for tp in tps if await consumer.position(tp) < targets[tp]}
+    while pending:
+        batches = await consumer.getmany(*pending, timeout_ms=200, max_records=FETCH_RECORDS)
+        for tp, raws in batches.items():
+            projector = tps[tp]
+            projector.commit(projector.fold(kafka.to_record(r) for r in raws))
+            done += len(raws)
+        if progress is not None:
+            progress(min(done, total), total)
+        pending = {tp for tp in pending if await consumer.position(tp) < targets[tp]}

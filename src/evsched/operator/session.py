@@ -1,0 +1,161 @@
+"""Running an operator command: its coroutine, the replica it reads, errors as exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from aiokafka.errors import KafkaError
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
+
+from evsched.errors import EvschedError
+from evsched.operator.exits import ExitCode, OperatorError
+from evsched.operator.render import err
+from evsched.operator.replica_dir import (
+    DEFAULT_TIMEOUT_S,
+    LocalIndex,
+    catch_up,
+    open_offline,
+    refresh,
+)
+from evsched.settings import Settings
+
+DEFAULT_DATA_DIR = Path("./evsched-data/replica")
+# Catch-ups shorter than this many records show no progress bar.
+PROGRESS_FROM = 20_000
+
+DataDir = Annotated[
+    Path,
+    typer.Option(
+        "--data-dir",
+        envvar="EVSCHED_REPLICA_DATA_DIR",
+        help="The local replica's indexes, caught up to the log end before answering.",
+    ),
+]
+Offline = Annotated[
+    bool,
+    typer.Option("--offline", help="Answer from the local replica as it is, without Kafka."),
+]
+TimeoutS = Annotated[
+    float,
+    typer.Option("--timeout-s", min=0.1, help="Give up catching up the replica after this long."),
+]
+Json = Annotated[bool, typer.Option("--json", help="One JSON document on stdout, for scripts.")]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaOptions:
+    """Where the local replica lives and how it is brought up to date."""
+
+    data_dir: Path = DEFAULT_DATA_DIR
+    offline: bool = False
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    quiet: bool = False
+
+
+def progress_bar(what: str) -> Progress:
+    """A transient progress bar on stderr."""
+    return Progress(
+        TextColumn(f"{what} [progress.description]{{task.description}}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    )
+
+
+class _CatchUpBar:
+    """Shows a bar only for long catch-ups, so quick reads print nothing extra."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.bar: Progress | None = None
+        self.task = TaskID(0)
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.quiet or total < PROGRESS_FROM:
+            return
+        if self.bar is None:
+            self.bar = progress_bar("catching up the replica")
+            self.bar.start()
+            self.task = self.bar.add_task("", total=total)
+        self.bar.update(self.task, completed=done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+async def open_replica(
+    options: ReplicaOptions, *, at_least: Mapping[int, int] | None = None
+) -> LocalIndex:
+    """The local replica, caught up (or as it is, offline); the caller closes it."""
+    if options.offline:
+        return open_offline(options.data_dir)
+    bar = _CatchUpBar(options.quiet)
+    try:
+        return await catch_up(
+            Settings.from_env(),
+            options.data_dir,
+            at_least=at_least,
+            timeout_s=options.timeout_s,
+            progress=bar,
+        )
+    finally:
+        bar.close()
+
+
+@asynccontextmanager
+async def replica(
+    options: ReplicaOptions, *, at_least: Mapping[int, int] | None = None
+) -> AsyncIterator[LocalIndex]:
+    """``open_replica`` as a context that closes it."""
+    local = await open_replica(options, at_least=at_least)
+    try:
+        yield local
+    finally:
+        local.close()
+
+
+async def refresh_to(
+    options: ReplicaOptions, local: LocalIndex, at_least: Mapping[int, int]
+) -> None:
+    """Fold what was written since ``local`` caught up, at least up to ``at_least``."""
+    await refresh(Settings.from_env(), local, at_least=at_least, timeout_s=options.timeout_s)
+
+
+def run(main: Callable[[], Awaitable[ExitCode | None]]) -> None:
+    """Run a command's coroutine; evsched and Kafka errors end it with their exit code."""
+    guarded(lambda: asyncio.run(_call(main)))
+
+
+def guarded(main: Callable[[], ExitCode | None]) -> None:
+    """Run a command's body; its exit code, or the exit code of the evsched error it raised."""
+    try:
+        code = main()
+    except OperatorError as exc:
+        err.print(f"[red]error:[/red] {escape(exc.message)}")
+        raise typer.Exit(int(exc.code)) from None
+    except (EvschedError, KafkaError, OSError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc) or type(exc).__name__)}")
+        raise typer.Exit(int(ExitCode.UNAVAILABLE)) from None
+    if code not in (None, ExitCode.OK):
+        raise typer.Exit(int(code))
+
+
+async def _call(main: Callable[[], Awaitable[ExitCode | None]]) -> ExitCode | None:
+    return await main()
