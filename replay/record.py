@@ -1,0 +1,168 @@
+"""Re-records the replay corpus from real runs of the engine (node and worker processes, a broker).
+
+Each scenario runs in a namespace of its own on the broker at ``EVSCHED_KAFKA_BOOTSTRAP`` (or a
+local one from ``evsched kafka up``), with the harness of the engine tests
+(``tests/integration/engine.py``) and the tasks of ``tests/integration/scenario_app.py``. After
+the run it checks the invariants on what is in the log, exports the whole log to
+``replay/<name>.history.avro`` and writes ``replay/<name>.expected.json`` with the verdicts and
+states the engine's own replica index recorded, after checking that the current fold gives the
+very same ones. Run from the repository root:
+
+    EVSCHED_KAFKA_BOOTSTRAP=127.0.0.1:19092 .venv/bin/python replay/record.py [name ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.integration.engine import Stack  # noqa: E402
+
+from evsched.adapters import avro  # noqa: E402
+from evsched.adapters.topics import ensure_topics  # noqa: E402
+from evsched.operator.export import LogRange, export_range  # noqa: E402
+from evsched.operator.history_file import HistoryWriter, read_history  # noqa: E402
+from evsched.operator.live_index import ReadOnlyIndex  # noqa: E402
+from evsched.operator.replay import dump_expected, expected_document, fold_history  # noqa: E402
+from evsched.operator.replica_dir import LocalIndex, catch_up  # noqa: E402
+from replay import scenarios  # noqa: E402
+
+CORPUS = REPO / "replay"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    run: Callable[[Stack], Awaitable[None]]
+    all_terminal: bool = True
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario(
+            "lifecycle",
+            "One node, two workers: successes with effects, retries with backoff, permanent and "
+            "exhausted dead letters, requeues (of dead and cancelled jobs), cancels while "
+            "scheduled and while running, idempotency duplicates and conflicts, producer retries "
+            "of the same bytes, undecodable records.",
+            scenarios.lifecycle,
+            all_terminal=False,  # some delayed jobs are left scheduled on purpose
+        ),
+        Scenario(
+            "workers",
+            "Workers that die or freeze: a SIGKILLed worker's job expires and reruns from its "
+            "last checkpoint; a SIGSTOPped worker's completions come in stale, while the rerun "
+            "runs and after it committed.",
+            scenarios.workers,
+        ),
+        Scenario(
+            "cron",
+            "Two nodes fire a cron schedule every 2 s (one node is killed midway): duplicate "
+            "and refused fires, the fired jobs, then the schedule's deletion.",
+            scenarios.cron_two_nodes,
+        ),
+    )
+}
+
+
+async def record(scenario: Scenario, bootstrap: str, home: Path) -> None:
+    namespace = f"corpus{scenario.name}{os.urandom(3).hex()}"
+    await ensure_topics(bootstrap, namespace, event_partitions=3, queues=["default"])
+    stack = Stack(bootstrap, namespace, home)
+    try:
+        await scenario.run(stack)
+        await stack.check(all_terminal=scenario.all_terminal)
+    finally:
+        await stack.close()
+    history = CORPUS / f"{scenario.name}.history.avro"
+    await export(stack, scenario, history)
+    local = await catch_up(stack.settings, home / "replica")
+    try:
+        document = verified_outcome(history, local, scenario)
+    finally:
+        local.close()
+    checked = check_nodes(history, home)
+    expected = CORPUS / f"{scenario.name}.expected.json"
+    expected.write_text(dump_expected(document), encoding="utf-8")
+    size = history.stat().st_size + expected.stat().st_size
+    print(
+        f"{scenario.name}: {document['events']} events, {len(document['jobs'])} jobs, "
+        f"{size} bytes; {checked} node index entries agree"
+    )
+
+
+async def export(stack: Stack, scenario: Scenario, history: Path) -> None:
+    partial = history.with_suffix(".partial")
+    metadata = {"corpus": scenario.name, "description": scenario.description}
+    with partial.open("wb") as stream:
+        writer = HistoryWriter(stream, metadata=metadata)
+        await export_range(stack.settings, LogRange(), writer, None)
+        writer.close()
+    partial.replace(history)
+
+
+def verified_outcome(history: Path, local: LocalIndex, scenario: Scenario) -> dict[str, object]:
+    """The expected outcome, after checking it is what the engine's replica recorded."""
+    outcome = fold_history(read_history(history).events)
+    assert not outcome.violations, outcome.violations
+    for key, rows in {**outcome.jobs, **outcome.schedules}.items():
+        recorded = local.index_of(key).timeline(key)
+        got = [(e.offset, e.verdict.value) for e in recorded]
+        want = [(row[1], row[3]) for row in rows]
+        assert got == want, f"{key}: the replica recorded {got}, the fold gives {want}"
+    for key, state in {**outcome.job_states, **outcome.schedule_states}.items():
+        index = local.index_of(key)
+        stored = index.job(key) if key in outcome.job_states else index.schedule(key)
+        assert stored is not None and avro.encode_state(stored) == avro.encode_state(state), key
+    undecodable = sorted(
+        [e.partition, e.offset] for index in local.indexes.values() for e in index.undecodable()
+    )
+    assert undecodable == sorted(outcome.undecodable), (undecodable, outcome.undecodable)
+    return expected_document(outcome, history=history.name, description=scenario.description)
+
+
+def check_nodes(history: Path, home: Path) -> int:
+    """Every node's index (a prefix of the log per partition it held) agrees with the fold."""
+    outcome = fold_history(read_history(history).events)
+    rows = {**outcome.jobs, **outcome.schedules}
+    checked = 0
+    for path in sorted(home.glob("node-*/p*")):
+        index = ReadOnlyIndex(path, int(path.name[1:]))
+        try:
+            applied = index.applied_offset()
+            for key, judged in rows.items():
+                want = [(r[1], r[3]) for r in judged if r[0] == index.partition and r[1] <= applied]
+                got = [(e.offset, e.verdict.value) for e in index.timeline(key)]
+                assert got == want, f"{path}: {key}: node recorded {got}, the fold gives {want}"
+                checked += len(got)
+        finally:
+            index.close()
+    return checked
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Re-record the replay corpus.")
+    parser.add_argument("names", nargs="*", choices=[*SCENARIOS, []], default=list(SCENARIOS))
+    args = parser.parse_args()
+    bootstrap = os.environ.get("EVSCHED_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
+    for name in args.names:
+        with tempfile.TemporaryDirectory(prefix=f"corpus-{name}-") as home:
+            asyncio.run(record(SCENARIOS[name], bootstrap, Path(home)))
+    for path in sorted(CORPUS.glob("*.history.avro")):
+        print(path.name, hashlib.sha256(path.read_bytes()).hexdigest()[:16])
+
+
+if __name__ == "__main__":
+    main()
