@@ -7,7 +7,9 @@ prints one final line::
 
     jobs_per_s=<N> enqueue_p50_ms=<x> enqueue_p99_ms=<x> lateness_p50_ms=<x> lateness_p99_ms=<x>
 
-Phases, after a warm-up that waits until jobs complete (so the groups have settled):
+Phases, after a warm-up that waits until jobs complete (so the groups have settled) and then
+runs ``--warmup-s`` seconds of the paced load unmeasured (a fresh broker's JIT compiler alone
+takes most of a core for its first minute):
 
 1. **paced**: ``--rate`` jobs/s for ``--paced-s`` seconds, open loop (a late enqueue never delays
    the next). Each ``await task.enqueue()`` (acks=all) is timed on the client: ``enqueue_*``.
@@ -554,6 +556,12 @@ async def warm_up(cluster: Cluster, task: Task) -> None:
     count = 50 * cluster.args.workers
     await flood(task, count, 0, 0)
     await wait_succeeded(cluster, count, 120)
+    a = cluster.args
+    if a.warmup_s > 0 and not a.rss:
+        before, cpu, wall = cluster.succeeded, cluster.cpu(), time.monotonic()
+        sent = await paced(task, a.rate, a.warmup_s, a.delay_s, a.delayed_share)
+        await wait_succeeded(cluster, before + len(sent.jobs), 120 + a.delay_s)
+        report_cpu("warm-up", cpu, cluster.cpu(), time.monotonic() - wall)
     await asyncio.sleep(2)
 
 
@@ -647,6 +655,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delay-s", type=float, default=2.0, help="delay of the delayed jobs")
     p.add_argument("--rate", type=float, default=500.0, help="paced phase: jobs per second")
     p.add_argument("--paced-s", type=float, default=20.0, help="paced phase: duration")
+    p.add_argument("--warmup-s", type=float, default=20.0, help="unmeasured paced load first")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--partitions", type=int, default=6)
