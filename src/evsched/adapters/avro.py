@@ -2,6 +2,11 @@
 
 Old writer schemas are resolved to the current ones here, so the core only ever sees current event
 types. Nothing but :class:`~evsched.errors.DecodeError` escapes a decode, whatever the bytes.
+
+fastavro is the reference. Current-schema records go first through functions compiled from their
+schemas (``avro_writer``, ``avro_reader``), several times faster; whenever one of those refuses a
+value or bytes, fastavro writes or reads them instead, so results never differ from fastavro's
+(``tests/unit/test_avro_compiled.py`` proves it byte for byte).
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ from typing import Any, Generic, TypeVar, cast
 
 from fastavro import schemaless_reader, schemaless_writer
 
+from evsched.adapters.avro_binary import Unusual
+from evsched.adapters.avro_codegen import Reader, Unsupported, Writer
 from evsched.adapters.avro_mapping import RecordMapper, mapper_for
+from evsched.adapters.avro_reader import compile_reader
 from evsched.adapters.avro_registry import (
     HEADER_SIZE,
     MAGIC,
@@ -21,6 +29,7 @@ from evsched.adapters.avro_registry import (
     parse_contract_schema,
     schema_fingerprint,
 )
+from evsched.adapters.avro_writer import compile_writer
 from evsched.adapters.contract import load_schema_files
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import EVENT_TYPES, Event
@@ -52,6 +61,30 @@ def _read(data: bytes, start: int, writer: ParsedSchema, reader: ParsedSchema | 
     return record
 
 
+def _refuse_write(value: Any) -> bytes:
+    raise Unusual("no compiled writer")
+
+
+def _refuse_read(data: bytes, start: int) -> Any:
+    raise Unusual("no compiled reader")
+
+
+def _fast_writer(schema: ParsedSchema, prefix: bytes) -> Writer:
+    """The compiled writer of ``schema``, or one that always leaves the value to fastavro."""
+    try:
+        return compile_writer(schema, prefix)
+    except Unsupported:
+        return _refuse_write
+
+
+def _fast_reader(schema: ParsedSchema, cls: type[Any]) -> Reader:
+    """The compiled reader of ``schema``, or one that always leaves the bytes to fastavro."""
+    try:
+        return compile_reader(schema, cls)
+    except Unsupported:
+        return _refuse_read
+
+
 def _decode_reason(exc: Exception) -> str:
     if isinstance(exc, EOFError):
         return f"truncated: {exc}"[:_MAX_REASON]
@@ -60,9 +93,29 @@ def _decode_reason(exc: Exception) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _WritePlan:
+    name: str
     header: bytes
     schema: ParsedSchema
     mapper: RecordMapper[Any]
+    # header + body, equal to what fastavro writes; it raises for what it leaves to fastavro.
+    fast: Writer
+
+    def encode(self, value: Any) -> bytes:
+        try:
+            return self.fast(value)
+        except Exception:  # noqa: S110 - fastavro writes the value, or says why it can't
+            pass
+        return self.encode_with_fastavro(value)
+
+    def encode_with_fastavro(self, value: Any) -> bytes:
+        try:
+            return _write(self.header, self.schema, self.mapper.to_avro(value))
+        except Exception as exc:  # fastavro reports bad values with assorted types
+            raise EncodeError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+
+
+def _write_plan(header: bytes, schema: ParsedSchema, cls: type[Any]) -> _WritePlan:
+    return _WritePlan(cls.__name__, header, schema, mapper_for(cls), _fast_writer(schema, header))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +135,16 @@ class EventCodec:
             unmatched = sorted(registry.kinds ^ classes.keys())
             raise ContractError(f"event kinds and schemas differ: {unmatched}")
         self._write_plans = {
-            cls: _WritePlan(
-                header=MAGIC + registry.current(kind).fingerprint,
-                schema=registry.current(kind).schema,
-                mapper=mapper_for(cls),
+            cls: _write_plan(
+                MAGIC + registry.current(kind).fingerprint, registry.current(kind).schema, cls
             )
             for kind, cls in classes.items()
+        }
+        # By the whole header (magic and fingerprint) of the current schemas.
+        self._fast_reads = {
+            MAGIC + writer.fingerprint: _fast_reader(writer.schema, classes[writer.kind])
+            for writer in registry.writers()
+            if writer.current
         }
         self._read_plans = {
             writer.fingerprint: _ReadPlan(
@@ -102,12 +159,21 @@ class EventCodec:
         plan = self._write_plans.get(type(event))
         if plan is None:
             raise EncodeError(f"not an event type: {type(event).__name__}")
-        try:
-            return _write(plan.header, plan.schema, plan.mapper.to_avro(event))
-        except Exception as exc:  # fastavro reports bad values with assorted types
-            raise EncodeError(f"{type(event).__name__}: {type(exc).__name__}: {exc}") from exc
+        return plan.encode(event)
 
     def decode(self, data: bytes) -> Event:
+        if data.__class__ is bytes:
+            read = self._fast_reads.get(data[:HEADER_SIZE])
+            if read is not None:
+                try:
+                    event: Event = read(data, HEADER_SIZE)
+                except Exception:  # noqa: S110 - fastavro reads the bytes, or says what is wrong
+                    pass
+                else:
+                    return event
+        return self._decode_with_fastavro(data)
+
+    def _decode_with_fastavro(self, data: bytes) -> Event:
         try:
             if data[:2] != MAGIC:
                 raise DecodeError(f"bad magic {bytes(data[:2]).hex()!r}: not single-object Avro")
@@ -130,17 +196,22 @@ class RecordCodec(Generic[T]):
     def __init__(self, cls: type[T], schema: Any) -> None:
         if not isinstance(schema, dict) or schema.get("name") != cls.__name__:
             raise ContractError(f"the schema of {cls.__name__} is not a record of that name")
-        self._name = cls.__name__
         self._schema = parse_contract_schema(schema, cls.__name__)
         self._mapper = mapper_for(cls)
+        self.write_plan = _write_plan(b"", self._schema, cls)
+        self._fast_read = _fast_reader(self._schema, cls)
 
     def encode(self, value: T) -> bytes:
-        try:
-            return _write(b"", self._schema, self._mapper.to_avro(value))
-        except Exception as exc:  # fastavro reports bad values with assorted types
-            raise EncodeError(f"{self._name}: {type(exc).__name__}: {exc}") from exc
+        return self.write_plan.encode(value)
 
     def decode(self, data: bytes) -> T:
+        if data.__class__ is bytes:
+            try:
+                value: T = self._fast_read(data, 0)
+            except Exception:  # noqa: S110 - fastavro reads the bytes, or says what is wrong
+                pass
+            else:
+                return value
         try:
             return self._mapper.from_avro(_read(data, 0, self._schema, None))
         except DecodeError:
@@ -165,6 +236,8 @@ _STATES: dict[type[Any], RecordCodec[Any]] = {
     JobState: _JOB_STATE,
     ScheduleState: _SCHEDULE_STATE,
 }
+# encode_state runs once per folded event: one lookup straight to the write plan.
+_STATE_PLANS = {cls: codec.write_plan for cls, codec in _STATES.items()}
 
 
 def encode_event(event: Event) -> bytes:
@@ -199,10 +272,14 @@ def decode_schedule_state(data: bytes) -> ScheduleState:
 
 def encode_state(state: JobState | ScheduleState) -> bytes:
     """``encode_job_state`` or ``encode_schedule_state``, by the type of ``state``."""
-    codec = _STATES.get(type(state))
-    if codec is None:
+    plan = _STATE_PLANS.get(type(state))
+    if plan is None:
         raise EncodeError(f"not a state type: {type(state).__name__}")
-    return codec.encode(state)
+    try:  # plan.encode, inlined: this runs once per folded event
+        return plan.fast(state)
+    except Exception:  # noqa: S110 - fastavro writes the value, or says why it can't
+        pass
+    return plan.encode_with_fastavro(state)
 
 
 def decode_state(data: bytes, kind: type[StateT]) -> StateT:
@@ -227,26 +304,28 @@ def _dispatch_plan() -> _WritePlan:
     schema = load_schema_files("schemas", "dispatch").get("dispatch/Dispatch.avsc")
     if not isinstance(schema, dict) or schema.get("namespace") != DISPATCH_NAMESPACE:
         raise ContractError(f"schemas/dispatch/Dispatch.avsc: no {DISPATCH_NAMESPACE} record")
-    return _WritePlan(
-        header=MAGIC + schema_fingerprint(schema),
-        schema=parse_contract_schema(schema, "Dispatch.avsc"),
-        mapper=mapper_for(Dispatch),
-    )
+    parsed = parse_contract_schema(schema, "Dispatch.avsc")
+    return _write_plan(MAGIC + schema_fingerprint(schema), parsed, Dispatch)
 
 
 _DISPATCH = _dispatch_plan()
+_DISPATCH_READ = _fast_reader(_DISPATCH.schema, Dispatch)
 
 
 def encode_dispatch(dispatch: Dispatch) -> bytes:
     """``C3 01`` + the Dispatch schema's fingerprint + the Avro body; raises EncodeError."""
-    try:
-        return _write(_DISPATCH.header, _DISPATCH.schema, _DISPATCH.mapper.to_avro(dispatch))
-    except Exception as exc:  # fastavro reports bad values with assorted types
-        raise EncodeError(f"Dispatch: {type(exc).__name__}: {exc}") from exc
+    return _DISPATCH.encode(dispatch)
 
 
 def decode_dispatch(data: bytes) -> Dispatch:
     """The dispatch record in ``data``; raises only DecodeError."""
+    if data.__class__ is bytes and data[:HEADER_SIZE] == _DISPATCH.header:
+        try:
+            fast: Dispatch = _DISPATCH_READ(data, HEADER_SIZE)
+        except Exception:  # noqa: S110 - fastavro reads the bytes, or says what is wrong
+            pass
+        else:
+            return fast
     try:
         if data[:HEADER_SIZE] != _DISPATCH.header:
             raise DecodeError(f"not a Dispatch record: header {bytes(data[:HEADER_SIZE]).hex()}")
