@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import typer
 
-from evsched.operator import cmd_read, cmd_write
-from evsched.operator.cmd_export import export
-from evsched.operator.cmd_rebuild import rebuild
-from evsched.operator.cmd_replay import replay
+# Modules only: the commands' names (export, rebuild, replay) are also names of submodules.
+from evsched.operator import cmd_export, cmd_read, cmd_rebuild, cmd_replay, cmd_write
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 a check failed (replay diverged, rebuild digests differ); 2 bad "
@@ -40,9 +38,9 @@ def register(app: typer.Typer) -> None:
         ("audit", cmd_read.audit_command),
         ("cancel", cmd_write.cancel),
         ("requeue", cmd_write.requeue),
-        ("export", export),
-        ("rebuild", rebuild),
-        ("replay", replay),
+        ("export", cmd_export.export),
+        ("rebuild", cmd_rebuild.rebuild),
+        ("replay", cmd_replay.replay),
     ):
         app.command(name, epilog=EXIT_CODES_HELP)(command)
     app.add_typer(dlq_app(), name="dlq", epilog=EXIT_CODES_HELP)

@@ -23,6 +23,7 @@ from evsched.operator.rebuild import (
     BATCH_RECORDS,
     PartitionPlan,
     PartitionResult,
+    cpu_rate,
     fold_rate,
     rebuild_all,
 )
@@ -172,6 +173,7 @@ def _report(
         document = {
             "events": events,
             "events_per_s": rate,
+            "events_per_cpu_s": cpu_rate(results),
             "wall_s": round(seconds, 3),
             "digest_match": matched if verify else None,
             "partitions": [_partition_json(r, by_partition[r.partition].live) for r in results],

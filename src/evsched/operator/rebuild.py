@@ -1,14 +1,16 @@
 """Rebuilds: the log folded into fresh indexes, partitions in parallel processes, then digested.
 
-Each partition is fetched in large batches and folded with the node's projector, and its index
-is written once per ``batch_records`` records instead of once per fetch: a job's events mostly
-fall in one batch, so its state is encoded and written once rather than once per event.
+Each partition is fetched in large batches (a rebuild is throughput, not latency) and folded
+with the node's projector, in a process of its own: the fold is CPU-bound Python, so processes,
+not threads or tasks, are what use more cores. Measured, the size of the index writes hardly
+matters (``docs/benchmarks.md``); ``batch_records`` bounds the memory a batch holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from evsched.adapters.topics import Topics
 from evsched.runtime.projector import Folded, Projector
 from evsched.settings import Settings
 
-BATCH_RECORDS = 50_000
+BATCH_RECORDS = 10_000
 FETCH_RECORDS = 20_000
 # Fetch far more per round trip than a node does; a rebuild is pure throughput.
 FETCH_OPTIONS = {
@@ -61,6 +63,8 @@ class PartitionResult:
     # On the system-wide monotonic clock, comparable across the worker processes.
     fold_started_at: float
     fold_ended_at: float
+    # CPU seconds the process spent folding (fetch, decode, fold, write; RocksDB's threads too).
+    fold_cpu_s: float
     digest_s: float
 
     @property
@@ -82,9 +86,9 @@ def rebuild_one(
     """Fold one partition into a fresh index at ``plan.directory`` and digest it."""
     index = PartitionIndex(plan.directory, plan.partition)
     try:
-        started = monotonic_s()
+        started, cpu_started = monotonic_s(), time.process_time()
         events = asyncio.run(_fold_partition(plan, index, report)) if plan.until >= 0 else 0
-        folded_at = monotonic_s()
+        folded_at, cpu_s = monotonic_s(), time.process_time() - cpu_started
         digest = index.digest()
         return PartitionResult(
             partition=plan.partition,
@@ -93,6 +97,7 @@ def rebuild_one(
             digest=digest,
             fold_started_at=started,
             fold_ended_at=folded_at,
+            fold_cpu_s=cpu_s,
             digest_s=monotonic_s() - folded_at,
         )
     finally:
@@ -167,6 +172,12 @@ def fold_rate(results: Sequence[PartitionResult]) -> int:
         return 0
     span = max(r.fold_ended_at for r in folding) - min(r.fold_started_at for r in folding)
     return round(events / max(span, 1e-9))
+
+
+def cpu_rate(results: Sequence[PartitionResult]) -> int:
+    """Events folded per CPU second, summed over the processes: what one idle core would do."""
+    cpu = sum(r.fold_cpu_s for r in results)
+    return round(sum(r.events for r in results) / cpu) if cpu > 0 else 0
 
 
 def rebuild_all(
