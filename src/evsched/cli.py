@@ -14,6 +14,7 @@ from evsched.core.planner import PlannerLimits
 from evsched.devstack.cli import kafka_app
 from evsched.devstack.dev import DevStack
 from evsched.logging import configure_logging
+from evsched.operator import register as register_operator_commands
 from evsched.runtime.node import NodeConfig, serve_node
 from evsched.runtime.worker import worker_command
 from evsched.settings import Settings
@@ -22,6 +23,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="evsched: eve
 app.add_typer(kafka_app, name="kafka")
 app.command("worker")(worker_command)
 app.command("api")(api_command)
+# enqueue, job, jobs, audit, cancel, requeue, dlq, schedules, export, rebuild, replay
+register_operator_commands(app)
 
 
 @app.command()

@@ -161,3 +161,14 @@ def test_replay_exits_0_when_identical_and_1_when_diverged(
     assert invoke(cli, "replay", str(history), "--update-expected")[0] == 0
     assert invoke(cli, "replay", str(history))[0] == 0
     assert invoke(cli, "replay", str(tmp_path / "missing.history.avro"))[0] == 3
+
+
+def test_the_evsched_command_line_has_the_operator_commands() -> None:
+    from evsched.cli import app
+
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": "200"})
+    names = {"enqueue", "job", "jobs", "audit", "cancel", "requeue", "export", "rebuild", "replay"}
+    assert result.exit_code == 0
+    assert all(f" {name} " in result.output for name in names | {"dlq", "schedules"})
+    code, output = invoke(app, "replay", "--help")
+    assert code == 0 and "Exit codes: 0 ok; 1 a check failed" in " ".join(output.split())
