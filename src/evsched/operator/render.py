@@ -169,7 +169,7 @@ def print_audit(console: Console, found: Audit) -> None:
         head = Text(f"{e.partition}@{e.offset}  {iso(e.log_at)}  {e.kind}  {e.source}{token}  ")
         head.append_text(verdict_text(e.verdict))
         console.print(head, overflow="fold")
-        console.print(Padding(Text(row.reading), (0, 0, 0, 4)))
+        console.print(Padding(Text(row.reading), (0, 0, 0, 4), expand=False))
 
 
 def _audit_title(found: Audit) -> str:
