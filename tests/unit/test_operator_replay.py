@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from evsched.adapters.history_file import LoggedEvent
 from evsched.core import retry
 from evsched.core.events import AttemptSucceeded, JobEvent, Position, RetryPolicy
 from evsched.core.fold import fold
 from evsched.core.state import JobState, Status, TimelineEntry, Verdict
-from evsched.operator.history_file import LoggedEvent
 from evsched.operator.replay import dump_expected, expected_document, fold_history
 from evsched.operator.replay_check import compare
 from tests.unit.test_operator_audit import Story, enq, expire, fail, lease, ok, start

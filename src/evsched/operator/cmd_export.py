@@ -10,9 +10,9 @@ from typing import Annotated, BinaryIO
 
 import typer
 
+from evsched.adapters.history_file import HistoryWriter
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.operator.export import LogRange, export_range, job_events
-from evsched.operator.history_file import HistoryWriter
 from evsched.operator.render import emit_json, out
 from evsched.operator.replica_dir import DEFAULT_TIMEOUT_S
 from evsched.operator.session import (

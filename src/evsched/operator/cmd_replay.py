@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from evsched.adapters.history_file import HistoryFileError, read_history
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.exits import ExitCode, OperatorError
-from evsched.operator.history_file import HistoryFileError, read_history
 from evsched.operator.render import emit_json, err, out
 from evsched.operator.replay import (
     Outcome,

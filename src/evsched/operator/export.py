@@ -13,8 +13,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from evsched.adapters import kafka
+from evsched.adapters.history_file import HistoryWriter, LoggedEvent
 from evsched.adapters.topics import Topics, partition_count
-from evsched.operator.history_file import HistoryWriter, LoggedEvent
 from evsched.operator.replica_dir import FETCH_OPTIONS, FETCH_RECORDS, LocalIndex
 from evsched.settings import Settings
 

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from evsched.adapters import avro
+from evsched.adapters.history_file import LoggedEvent
 from evsched.core.events import SCHEDULE_EVENT_TYPES, Position, entity_id
 from evsched.core.fold import FOLD_VERSION, fold
 from evsched.core.invariants import JobFold, Replay, Violation
 from evsched.core.state import JobState, ScheduleState
 from evsched.errors import DecodeError
-from evsched.operator.history_file import LoggedEvent
 
 FORMAT = "evsched.replay/1"
 JOB_COLUMNS = (
