@@ -29,9 +29,9 @@ sys.path.insert(0, str(REPO))
 from tests.integration.engine import Stack  # noqa: E402
 
 from evsched.adapters import avro  # noqa: E402
+from evsched.adapters.history_file import HistoryWriter, read_history  # noqa: E402
 from evsched.adapters.topics import ensure_topics  # noqa: E402
 from evsched.operator.export import LogRange, export_range  # noqa: E402
-from evsched.operator.history_file import HistoryWriter, read_history  # noqa: E402
 from evsched.operator.live_index import ReadOnlyIndex  # noqa: E402
 from evsched.operator.replay import dump_expected, expected_document, fold_history  # noqa: E402
 from evsched.operator.replica_dir import LocalIndex, catch_up  # noqa: E402
