@@ -73,8 +73,10 @@ class Function:
     def source(self) -> str:
         return "\n".join(self.lines) + "\n"
 
-    def build(self, name: str) -> Callable[..., Any]:
+    def build(self, name: str, record: str) -> Callable[..., Any]:
+        """The function ``name``; tracebacks and profiles show it as ``<avro {name} {record}>``."""
         namespace = dict(self.env)
-        exec(compile(self.source(), f"<evsched.avro {name}>", "exec"), namespace)  # noqa: S102
+        code = compile(self.source(), f"<avro {name} {record}>", "exec")
+        exec(code, namespace)  # noqa: S102
         function: Callable[..., Any] = namespace[name]
         return function

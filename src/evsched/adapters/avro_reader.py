@@ -191,7 +191,7 @@ def _reader_function(schema: dict[str, Any], cls: type[Any]) -> Function:
 
 def compile_reader(schema: dict[str, Any], cls: type[Any]) -> Reader:
     """Reads ``data[pos:]``, which must hold exactly one canonical encoding, as a ``cls``."""
-    read: Reader = _reader_function(schema, cls).build("read")
+    read: Reader = _reader_function(schema, cls).build("read", str(schema["name"]))
     return read
 
 

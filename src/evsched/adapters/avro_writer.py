@@ -152,7 +152,7 @@ def _writer_function(schema: dict[str, Any], prefix: bytes) -> Function:
 
 def compile_writer(schema: dict[str, Any], prefix: bytes = b"") -> Writer:
     """``prefix`` + the Avro body of a dataclass value of the parsed record ``schema``."""
-    write: Writer = _writer_function(schema, prefix).build("write")
+    write: Writer = _writer_function(schema, prefix).build("write", str(schema["name"]))
     return write
 
 

@@ -70,7 +70,8 @@ def _slot_filler(cls: type[Any], params: str, value_of: Callable[[str], str]) ->
         env[f"_set_{f.name}"] = getattr(cls, f.name).__set__
         env[f"_default_{f.name}"] = f.default
     body = "".join(f"    _set_{f.name}(new, {value_of(f.name)})\n" for f in fields(cls))
-    exec(f"def fill({params}):\n    new = _new(_cls)\n{body}    return new\n", env)  # noqa: S102
+    source = f"def fill({params}):\n    new = _new(_cls)\n{body}    return new\n"
+    exec(compile(source, f"<fill {cls.__name__}({params})>", "exec"), env)  # noqa: S102
     fill: Callable[..., Any] = env["fill"]
     return fill
 
