@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import os
 import pstats
 import random
@@ -44,6 +43,7 @@ from evsched.core.events import (
 )
 from evsched.core.fold import fold
 from evsched.core.state import TERMINAL_STATUSES, JobState, Status
+from evsched.runtime.gc_policy import tune_for_folding
 
 T0 = 1_767_225_600_000
 IN_FLIGHT = 2_000  # jobs between enqueue and a terminal status at any moment
@@ -226,9 +226,9 @@ def main() -> None:
     encoded = [(encode_event(event), position) for event, position in history]
     kinds = Counter(type(event).__name__ for event, _ in history)
     print(f"{len(history)} events: " + ", ".join(f"{k}={v}" for k, v in sorted(kinds.items())))
-    # The history is setup, not workload: keep the collector from rescanning it during the runs.
-    gc.collect()
-    gc.freeze()
+    # The history is setup, not workload: frozen with the imports, and the collector runs as it
+    # does in a node (evsched.runtime.gc_policy).
+    tune_for_folding()
     _stages(history, encoded)
     if args.profile:
         profiler = cProfile.Profile()

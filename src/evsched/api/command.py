@@ -12,6 +12,7 @@ import uvicorn
 from evsched.api.app import create_app
 from evsched.logging import configure_logging
 from evsched.metrics import Metrics
+from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.replica import Replica
 from evsched.runtime.worker import load_app
 from evsched.settings import Settings
@@ -75,5 +76,6 @@ def api_command(
         max_body_bytes=max_body_bytes,
         max_scan=max_scan,
     )
+    tune_for_folding()
     log.info("api_listening", host=host, port=port, data_dir=str(data_dir))
     uvicorn.run(api, host=host, port=port, log_config=None, access_log=False, lifespan="on")

@@ -23,6 +23,7 @@ from evsched.adapters import kafka
 from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.topics import Topics
+from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.projector import Folded, Projector
 from evsched.settings import Settings
 
@@ -151,6 +152,7 @@ async def _fold_until(
 def _init_worker(counts: Any) -> None:
     global _counts  # noqa: PLW0603 - the one way to hand a shared array to pool workers
     _counts = counts
+    tune_for_folding()
 
 
 def _rebuild_in_worker(plan: PartitionPlan) -> PartitionResult:

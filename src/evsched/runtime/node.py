@@ -26,6 +26,7 @@ from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka import Record
 from evsched.adapters.topics import Topics, ensure_topics
 from evsched.core.planner import PlannerLimits
+from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.partition import OwnedPartition, open_index
 from evsched.settings import Settings
 
@@ -297,6 +298,7 @@ async def serve_node(config: NodeConfig) -> None:
         queues=[],
         **dict(settings.kafka_options),
     )
+    tune_for_folding()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
