@@ -23,7 +23,7 @@ from evsched.client.validation import (
     build_enqueue,
     build_schedule,
     check_id,
-    check_labels,
+    job_template,
     new_id,
     resolve_run_at,
     task_spec,
@@ -33,7 +33,6 @@ from evsched.core.events import (
     JobCancelled,
     JobEnqueued,
     JobRequeued,
-    JobTemplate,
     ScheduleDeleted,
     ScheduleUpserted,
     entity_id,
@@ -177,15 +176,8 @@ def schedule_event(
         timeout_s=body.timeout_s,
     )
     _check_call(client, body)
-    template = JobTemplate(
-        task=spec.name,
-        queue=spec.queue,
-        args=args_bytes(body.args, body.kwargs),
-        priority=spec.priority if body.priority is None else body.priority,
-        max_attempts=spec.max_attempts,
-        retry=spec.retry,
-        timeout_ms=spec.timeout_ms,
-        labels=check_labels(body.labels),
+    template = job_template(
+        spec, body.args, body.kwargs, priority=body.priority, labels=body.labels
     )
     event = build_schedule(
         schedule_id, body.cron, body.timezone, template, now_ms=now_ms, event_id=new_id()

@@ -15,7 +15,7 @@ from evsched.client.validation import (
     TaskSpec,
     args_bytes,
     build_enqueue,
-    check_labels,
+    job_template,
     new_id,
 )
 from evsched.core.events import JobTemplate, TraceContext
@@ -122,18 +122,7 @@ class Task:
     ) -> JobTemplate:
         """What a cron schedule of this task enqueues at each slot."""
         self.check_call(args, kwargs)
-        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
-            raise InvalidEnqueue("priority", f"must be an integer, not {priority!r}")
-        return JobTemplate(
-            task=self.name,
-            queue=self.spec.queue,
-            args=args_bytes(args, kwargs),
-            priority=self.spec.priority if priority is None else priority,
-            max_attempts=self.spec.max_attempts,
-            retry=self.spec.retry,
-            timeout_ms=self.spec.timeout_ms,
-            labels=check_labels(labels),
-        )
+        return job_template(self.spec, args, kwargs, priority=priority, labels=labels)
 
 
 def _trace_option(

@@ -165,6 +165,29 @@ def _ms(span: timedelta) -> int:
     return int(span.total_seconds() * 1000)
 
 
+def job_template(
+    spec: TaskSpec,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    priority: int | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> JobTemplate:
+    """What a cron schedule of the task ``spec`` enqueues at each slot; InvalidEnqueue if bad."""
+    if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+        raise InvalidEnqueue("priority", f"must be an integer, not {priority!r}")
+    return JobTemplate(
+        task=spec.name,
+        queue=spec.queue,
+        args=args_bytes(args, kwargs),
+        priority=spec.priority if priority is None else priority,
+        max_attempts=spec.max_attempts,
+        retry=spec.retry,
+        timeout_ms=spec.timeout_ms,
+        labels=check_labels(labels),
+    )
+
+
 def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     if labels is None:
         return {}

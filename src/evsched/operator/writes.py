@@ -23,6 +23,7 @@ from evsched.client.validation import (
     args_bytes,
     build_enqueue,
     build_schedule,
+    job_template,
     new_id,
     task_spec,
 )
@@ -167,18 +168,9 @@ def template_for(
     spec: TaskSpec, args: Sequence[Any], kwargs: Mapping[str, Any], priority: int | None
 ) -> JobTemplate:
     try:
-        body = args_bytes(args, kwargs)
+        return job_template(spec, args, kwargs, priority=priority)
     except InvalidEnqueue as exc:
         raise bad(exc.field, exc.reason) from None
-    return JobTemplate(
-        task=spec.name,
-        queue=spec.queue,
-        args=body,
-        priority=spec.priority if priority is None else priority,
-        max_attempts=spec.max_attempts,
-        retry=spec.retry,
-        timeout_ms=spec.timeout_ms,
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
