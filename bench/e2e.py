@@ -27,7 +27,8 @@ can, waits after each stage until every job succeeded and the node committed eve
 the node's VmRSS, and ends with ``rss_mb=<a>,<b>... rss_change_pct=<x>``.
 
 ``--profile DIR`` attaches ``py-spy record`` (``pip install py-spy``) to every node and worker
-for the sustained phase and writes collapsed stacks there.
+for the sustained phase (or the paced one, ``--profile-phase paced``) and writes collapsed stacks
+there.
 
 Run: ``.venv/bin/python bench/e2e.py --jobs 20000 --partitions 6``. The workers import this file
 as ``e2e:app``, so importing it must stay free of side effects beyond defining the app.
@@ -514,9 +515,12 @@ def report_lateness(name: str, late: list[float]) -> None:
 async def phase_paced(cluster: Cluster, task: Task) -> tuple[Sent, list[float]]:
     a = cluster.args
     before, cpu, wall = cluster.succeeded, cluster.cpu(), time.monotonic()
+    if a.profile and a.profile_phase == "paced":
+        cluster.start_profiles(Path(a.profile))
     sent = await paced(task, a.rate, a.paced_s, a.delay_s, a.delayed_share)
     await wait_succeeded(cluster, before + len(sent.jobs), 120 + a.delay_s)
     report_cpu("paced", cpu, cluster.cpu(), time.monotonic() - wall)
+    cluster.stop_profiles()
     times = await read_back(cluster.settings, set(sent.jobs))
     late = lateness(sent, times)
     lat = sent.latencies_ms
@@ -532,7 +536,7 @@ async def phase_paced(cluster: Cluster, task: Task) -> tuple[Sent, list[float]]:
 async def phase_sustained(cluster: Cluster, task: Task) -> float:
     a = cluster.args
     before, cpu, wall = cluster.succeeded, cluster.cpu(), time.monotonic()
-    if a.profile:
+    if a.profile and a.profile_phase == "sustained":
         cluster.start_profiles(Path(a.profile))
     sent = await flood(task, a.jobs, a.delay_s, a.delayed_share)
     enqueued_s = time.time() - sent.first_at_ms / 1000
@@ -664,7 +668,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--broker-pid", type=int, help="with --bootstrap: count this pid's CPU")
     p.add_argument("--rss", action="store_true", help="measure the node's RSS instead")
     p.add_argument("--rss-stages", default="100000,1000000", help="jobs in the index per sample")
-    p.add_argument("--profile", help="py-spy the processes in the sustained phase into this dir")
+    p.add_argument("--profile", help="py-spy the node and worker processes into this dir")
+    p.add_argument(
+        "--profile-phase", choices=["paced", "sustained"], default="sustained", help="when to"
+    )
     p.add_argument("--keep", action="store_true", help="keep the run directory (logs, indexes)")
     return p.parse_args(argv)
 

@@ -25,6 +25,9 @@ SCHEDULES, CRON_DUE, UNDECODABLE, META = "schedules", "cron_due", "undecodable",
 COLUMN_FAMILIES = (JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, META)
 # What the digest covers: everything the fold derives, in a fixed order.
 DIGEST_FAMILIES = (JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE)
+# Keyed by an 8-byte big-endian time, then the entity id.
+TIME_FAMILIES = (DUE, LEASES, CRON_DUE)
+NEVER = (1 << 64) - 1
 
 APPLIED_OFFSET = b"applied_offset"
 FOLD_VERSION = b"fold_version"
@@ -80,6 +83,11 @@ class PartitionIndex:
             raise StoreError(f"cannot open index at {path}: {exc}") from exc
         self._cf = {name: self._db.get_column_family(name) for name in COLUMN_FAMILIES}
         self._handles = {name: self._db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
+        # Per time-ordered family, a time no live key is below. Due entries, leases and cron slots
+        # are deleted as jobs move on, and RocksDB keeps the tombstones until compaction: a scan
+        # from the start would step over every one of them, on every step. Scans start here
+        # instead; writes lower it, scans raise it to the first live key they meet.
+        self._low = dict.fromkeys(TIME_FAMILIES, 0)
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -193,8 +201,10 @@ class PartitionIndex:
             wb.delete(time_key(before.lease_until, key), self._h(LEASES))
         if state.status is Status.SCHEDULED:
             wb.put(time_key(state.run_at, key), b"", self._h(DUE))
+            self._lower(DUE, state.run_at)
         if state.lease_until is not None:
             wb.put(time_key(state.lease_until, key), _U64.pack(state.token), self._h(LEASES))
+            self._lower(LEASES, state.lease_until)
         if state.idempotency_key is not None and before is None:
             keys_key = state.queue.encode() + b"\x00" + state.idempotency_key.encode()
             wb.put(keys_key, key.encode(), self._h(KEYS))
@@ -208,6 +218,7 @@ class PartitionIndex:
             wb.delete(time_key(before.next_fire_at, sid), self._h(CRON_DUE))
         if schedule.next_fire_at is not None:
             wb.put(time_key(schedule.next_fire_at, sid), b"", self._h(CRON_DUE))
+            self._lower(CRON_DUE, schedule.next_fire_at)
         wb.put(sid.encode(), avro.encode_state(schedule), self._h(SCHEDULES))
 
     def close(self) -> None:
@@ -230,17 +241,36 @@ class PartitionIndex:
         yield from self._cf[name].items(from_key=start, read_opt=read)
 
     def _ids_until(self, name: str, now: int, limit: int) -> list[str]:
+        now = max(0, now)
+        low = self._low[name]
+        if low > now:
+            return []  # no RocksDB call at all while nothing is due
         found: list[str] = []
-        for key, _ in self._scan(name, b"", _U64.pack(max(0, now) + 1)):
+        first: int | None = None
+        for key, _ in self._scan(name, _U64.pack(low), _U64.pack(now + 1)):
+            if first is None:
+                first = int(_U64.unpack(key[:8])[0])
             found.append(key[8:].decode())
             if len(found) >= limit:
                 break
+        self._low[name] = now + 1 if first is None else first
         return found
 
     def _first_time(self, name: str, at_least: int) -> int | None:
-        for key, _ in self._scan(name, _U64.pack(max(0, at_least))):
-            return int(_U64.unpack(key[:8])[0])
+        at_least = max(0, at_least)
+        low = self._low[name]
+        for key, _ in self._scan(name, _U64.pack(max(at_least, low))):
+            first = int(_U64.unpack(key[:8])[0])
+            if at_least <= low:
+                self._low[name] = first
+            return first
+        if at_least <= low:
+            self._low[name] = NEVER
         return None
+
+    def _lower(self, name: str, at: int) -> None:
+        if at < self._low[name]:
+            self._low[name] = max(0, at)
 
 
 # Memory stays flat as jobs accumulate: memtables are capped per index, and every index of the

@@ -40,8 +40,11 @@ from evsched.devstack.toolchain import (
 )
 from evsched.settings import DEFAULT_BROKER_PORT, DEFAULT_CONTROLLER_PORT
 
+# A fixed 1 GB heap and ZGC: with G1 on this size of machine the broker paused for 10-30 ms at
+# every young collection (about once a second under load), and each pause stalled every producer
+# at once; that was the tail of enqueue latency (docs/benchmarks.md).
 _JVM_OPTIONS = [
-    "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+    "-Xms1g", "-Xmx1g", "-XX:+UseZGC",
     "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
 ]  # fmt: skip
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -59,7 +61,7 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.topics = Topics(config.settings.namespace)
-        self.owned: dict[int, OwnedPartition] = {}
+        self.owned: dict[int, PartitionRunner] = {}
         self._lock = asyncio.Lock()
         self._known_queues: set[str] = set()
         self._queues_lock = asyncio.Lock()
@@ -90,31 +92,26 @@ class Node:
             self.log.info("node_stopped")
 
     async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
+        """Fetch, and hand each partition's records to its runner; never waits for a step."""
         generation = self._generation
         batches = await consumer.getmany(
-            timeout_ms=self._idle_ms(), max_records=self.config.max_records
+            timeout_ms=self.config.max_idle_ms, max_records=self.config.max_records
         )
-        # getmany(timeout_ms=0) may return without yielding: let heartbeats and fetches run.
+        if generation != self._generation:
+            # The assignment changed while we fetched: these records may predate our seeks.
+            # Drop them and fetch again from exactly where each partition's runner stands.
+            async with self._lock:
+                for runner in self.owned.values():
+                    with contextlib.suppress(IllegalStateError):
+                        consumer.seek(runner.owner.tp, runner.fetched_to)
+            return
+        for tp, raws in batches.items():
+            if (target := self.owned.get(tp.partition)) is not None:
+                target.feed([kafka.to_record(r) for r in raws])
+        # getmany(timeout_ms=0) may return without yielding: let heartbeats, fetches and the
+        # partition runners go.
         await asyncio.sleep(0)
         async with self._lock:
-            if generation != self._generation:
-                # The assignment changed while we fetched: these records may predate our seeks.
-                # Drop them and fetch again from exactly where each partition's fold stands.
-                for owner in self.owned.values():
-                    consumer.seek(owner.tp, owner.projector.next_offset)
-                return
-            now = now_ms()
-            by_partition: dict[int, list[Record]] = {}
-            for tp, raws in batches.items():
-                by_partition[tp.partition] = [kafka.to_record(r) for r in raws]
-            # Partitions step concurrently: each waits on its own transaction, so one partition's
-            # round trips to the broker overlap another's fold and plan instead of adding up.
-            steps = []
-            for partition, owner in list(self.owned.items()):
-                records = by_partition.get(partition, [])
-                if owner.has_work(records, now):
-                    steps.append(self._step(consumer, owner, records, now))
-            await asyncio.gather(*steps)
             await self._adopt_orphans(consumer)
 
     async def _adopt_orphans(self, consumer: AIOKafkaConsumer) -> None:
@@ -132,27 +129,48 @@ class Node:
             except Exception as exc:
                 self.log.warning("partition_open_failed", partition=partition, error=repr(exc))
 
-    async def _step(
-        self, consumer: AIOKafkaConsumer, owner: OwnedPartition, records: list[Record], now: int
-    ) -> None:
+    async def _run_partition(self, consumer: AIOKafkaConsumer, runner: PartitionRunner) -> None:
+        """Step one partition whenever it has records or its next wake time comes.
+
+        Each owned partition runs on its own, so a due lease waits for its own partition's
+        transaction only, never for another partition's fold or round trips.
+        """
+        owner = runner.owner
         try:
-            position = await consumer.position(owner.tp)
-            await owner.step(records, now, position)
+            while not runner.closing:
+                await runner.wait(self._wait_s(owner))
+                if runner.closing:
+                    return
+                # Position before records: a fetch landing in between can only make the
+                # "caught up" test late, never early.
+                position = await consumer.position(owner.tp)
+                records = runner.take(self.config.max_records)
+                now = now_ms()
+                if owner.has_work(records, now):
+                    await owner.step(records, now, position)
         except IllegalStateError:
-            return  # revoked while we polled; the listener closes it
+            return  # revoked while we fetched; the listener closes it
         except ProducerFenced:
             # A newer producer holds this partition's transactional id: the group gave the
             # partition to someone else and we have not heard yet. Reopening would fence the new
             # owner back, so wait for our next assignment instead.
             self.log.warning("partition_fenced", partition=owner.partition)
             self._fenced.add(owner.partition)
-            await self._drop(owner.partition)
+            await self._drop(runner)
         except Exception as exc:
             # Anything else (broker trouble, a producer that must be recreated): drop the
             # partition's in-memory work; _adopt_orphans reopens it from its index, which
             # stays consistent with the log.
             self.log.warning("partition_step_failed", partition=owner.partition, error=repr(exc))
-            await self._drop(owner.partition)
+            await self._drop(runner)
+
+    def _wait_s(self, owner: OwnedPartition) -> float:
+        """Sleep no longer than until the partition's next due time, and at most max_idle_ms."""
+        wait_ms = self.config.max_idle_ms
+        wake = owner.next_wake_at()
+        if wake is not None:
+            wait_ms = min(wait_ms, wake - now_ms())
+        return max(0, wait_ms) / 1000
 
     async def ensure_queues(self, queues: set[str]) -> None:
         """Create dispatch topics for queues this node has not sent to yet."""
@@ -172,13 +190,6 @@ class Node:
                 **dict(settings.kafka_options),
             )
             self._known_queues |= queues
-
-    def _idle_ms(self) -> int:
-        """Sleep in the poll no longer than until the next due time of any owned partition."""
-        wake = [w for o in self.owned.values() if (w := o.next_wake_at()) is not None]
-        if not wake:
-            return self.config.max_idle_ms
-        return max(0, min(self.config.max_idle_ms, min(wake) - now_ms()))
 
     # --- ownership ---------------------------------------------------------------------------
 
@@ -209,11 +220,15 @@ class Node:
 
     async def revoke(self, partitions: Iterable[int]) -> None:
         self._generation += 1
-        for partition in partitions:
-            owner = self.owned.pop(partition, None)
-            if owner is not None:
-                await self._close(owner)
-                self.log.info("partition_revoked", partition=partition)
+        runners = [r for p in partitions if (r := self.owned.pop(p, None)) is not None]
+        for runner in runners:
+            runner.close()
+        for runner in runners:
+            await runner.stopped()
+            await self._close(runner.owner)
+            self.log.info(
+                "partition_revoked", partition=runner.owner.partition, **runner.owner.stats
+            )
 
     async def _open(self, consumer: AIOKafkaConsumer, index: PartitionIndex) -> None:
         partition = index.partition
@@ -244,9 +259,11 @@ class Node:
             end_offset=end,
             ensure_queues=self.ensure_queues,
         )
-        consumer.seek(tp, owner.resume_offset)
+        runner = PartitionRunner(owner, consumer)
+        consumer.seek(tp, runner.fetched_to)
         consumer.resume(tp)
-        self.owned[partition] = owner
+        self.owned[partition] = runner
+        runner.start(self._run_partition(consumer, runner))
         self.log.info(
             "partition_assigned",
             partition=partition,
@@ -255,10 +272,12 @@ class Node:
             end_offset=end,
         )
 
-    async def _drop(self, partition: int) -> None:
-        owner = self.owned.pop(partition, None)
-        if owner is not None:
-            await self._close(owner)
+    async def _drop(self, runner: PartitionRunner) -> None:
+        """Called by a runner on its way out after an error: release what it held."""
+        runner.close()
+        if self.owned.get(runner.owner.partition) is runner:
+            del self.owned[runner.owner.partition]
+            await self._close(runner.owner)
 
     async def _close(self, owner: OwnedPartition) -> None:
         with contextlib.suppress(Exception):
@@ -267,6 +286,70 @@ class Node:
 
     async def _close_all(self) -> None:
         await self.revoke(list(self.owned))
+
+
+class PartitionRunner:
+    """An owned partition's inbox of fetched records and the task that steps it.
+
+    The poll loop feeds records in; the runner takes them out. A partition whose inbox grows past
+    ``backlog`` is paused at the consumer until its runner catches up, so a slow partition holds
+    back only its own fetches and memory stays bounded.
+    """
+
+    def __init__(self, owner: OwnedPartition, consumer: AIOKafkaConsumer, backlog: int = 8_000):
+        self.owner = owner
+        self.consumer = consumer
+        self.backlog = backlog
+        self.inbox: deque[Record] = deque()
+        # The offset after the last record fed: where fetching resumes after a rebalance.
+        self.fetched_to = owner.resume_offset
+        self.closing = False
+        self.paused = False
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, run: Coroutine[Any, Any, None]) -> None:
+        self._task = asyncio.create_task(run, name=f"evsched-partition-{self.owner.partition}")
+
+    async def stopped(self) -> None:
+        """Close, and wait until a step in flight has finished its transaction."""
+        self.close()
+        if self._task is not None and self._task is not asyncio.current_task():
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def feed(self, records: list[Record]) -> None:
+        fresh = [r for r in records if r.offset >= self.fetched_to]
+        if not fresh or self.closing:
+            return
+        self.inbox.extend(fresh)
+        self.fetched_to = fresh[-1].offset + 1
+        self._kick.set()
+        if len(self.inbox) >= self.backlog and not self.paused:
+            self.consumer.pause(self.owner.tp)
+            self.paused = True
+
+    def take(self, limit: int) -> list[Record]:
+        count = min(limit, len(self.inbox))
+        records = [self.inbox.popleft() for _ in range(count)]
+        if self.inbox:
+            self._kick.set()  # more to do right away
+        if self.paused and len(self.inbox) < self.backlog // 2 and not self.closing:
+            self.paused = False
+            with contextlib.suppress(IllegalStateError):  # revoked meanwhile: nothing to resume
+                self.consumer.resume(self.owner.tp)
+        return records
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until records arrive, the runner is closed, or ``timeout_s`` passes."""
+        if not self._kick.is_set() and timeout_s > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._kick.wait()
+        self._kick.clear()
+
+    def close(self) -> None:
+        self.closing = True
+        self._kick.set()
 
 
 async def _stop_producer(producer: AIOKafkaProducer) -> None:

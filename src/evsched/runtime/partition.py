@@ -1,14 +1,16 @@
 """One owned events partition: fold its records, decide, and commit outputs with offsets atomically.
 
 Each step folds new records into an index batch, plans leases, expiries and cron fires on top of
-it, then sends effects, decisions and dispatch records in one Kafka transaction together with the
-consumer offset. Only after that transaction commits is the index written, so the index can lag
-the committed offset after a crash but never run ahead of it.
+it, then sends effects, decisions and dispatch records in one Kafka transaction. Effects always
+travel with the consumer offset of the records they came from; other steps commit the offset
+every ``OFFSET_COMMIT_INTERVAL_MS``. Only after the transaction commits is the index written, so
+the index never holds a decision or an effect the log does not.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,11 @@ log = structlog.get_logger("evsched.node")
 
 # A decision not seen back in the log within this time (e.g. its transaction aborted) is retried.
 PENDING_TIMEOUT_S = 15.0
+
+# Records whose fold sends nothing (a lease, an attempt start, most successes) need no transaction
+# of their own: their consumer offset rides on the partition's next transaction, or goes out alone
+# once it has waited this long.
+OFFSET_COMMIT_INTERVAL_MS = 500
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +136,11 @@ class OwnedPartition:
         self.caught_up = False
         self.pending = Pending()
         self.wake_at: int | None = None
+        # The consumer offset the group holds for this partition, and when records past it were
+        # first folded without a transaction of their own (epoch ms).
+        self.committed_to = self.replay_until
+        self.uncommitted_since: int | None = None
+        self.stats: Counter[str] = Counter()
         self.log = log.bind(partition=partition)
 
     @property
@@ -170,24 +182,50 @@ class OwnedPartition:
         self.caught_up = self.caught_up or position >= self.end_offset
         decisions = self._plan(folded, now) if self.caught_up else []
         outgoing = [_effect_record(self.topics, e) for e in folded.effects] + decisions
-        if fresh or outgoing:
-            await self._transact(outgoing, folded.last_offset)
+        offset = self.projector.next_offset
+        if offset > self.committed_to and self.uncommitted_since is None:
+            self.uncommitted_since = now
+        # Effects go out with the offset of the records they came from, in one transaction: that
+        # is what makes them exactly once. Leases, expiries and fires are derived from state, not
+        # from records (after a crash the new owner folds them back before deciding anything),
+        # so their transactions need no offset; offsets alone go out every so often.
+        with_offset = bool(folded.effects) or self._offset_due(now)
+        self.stats.update(steps=1, records=len(records), decisions=len(decisions))
+        if outgoing or with_offset:
+            await self._transact(outgoing, offset if with_offset else None)
+            self.stats.update(transactions=1, effects=len(folded.effects))
+        if with_offset:
+            self.committed_to = offset
+            self.uncommitted_since = None
+        # Written after the transaction only: the index may run ahead of the group's offset by
+        # records that sent nothing (refolding them sends nothing either), never by an effect.
         self.projector.commit(folded)
         self.wake_at = self._next_wake(now, saturated=len(decisions) >= self.scan_limit)
         return len(decisions)
+
+    def _offset_due(self, now: int) -> bool:
+        since = self.uncommitted_since
+        return since is not None and now - since >= OFFSET_COMMIT_INTERVAL_MS
 
     def _next_wake(self, now: int, *, saturated: bool) -> int | None:
         """Blocked due work (pending, queue full) waits for records; the rest for its time."""
         if saturated:
             return now
+        flush = None
+        if self.uncommitted_since is not None:
+            flush = self.uncommitted_since + OFFSET_COMMIT_INTERVAL_MS
         times = [
             t
-            for t in (self.index.next_due_at(after=now), self.pending.first_deadline_ms(now))
+            for t in (
+                self.index.next_due_at(after=now),
+                self.pending.first_deadline_ms(now),
+                flush,
+            )
             if t is not None
         ]
         return min(times) if times else None
 
-    async def _transact(self, outgoing: list[Outgoing], last_offset: int | None) -> None:
+    async def _transact(self, outgoing: list[Outgoing], next_offset: int | None) -> None:
         queues = {o.queue for o in outgoing if o.queue is not None}
         if queues:
             await self.ensure_queues(queues)
@@ -198,13 +236,11 @@ class OwnedPartition:
                 )
                 for o in outgoing
             ]
-            if last_offset is not None:
+            if next_offset is not None:
                 # The offset commit goes out while the records are in flight (one round trip
                 # less per step); the transaction commits once both are acknowledged.
                 acks.append(
-                    self.producer.send_offsets_to_transaction(
-                        {self.tp: last_offset + 1}, self.group_id
-                    )
+                    self.producer.send_offsets_to_transaction({self.tp: next_offset}, self.group_id)
                 )
             await asyncio.gather(*acks)
 

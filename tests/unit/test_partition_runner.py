@@ -1,0 +1,109 @@
+"""The node's per-partition inbox: records in offset order, each once; a backlog pauses the
+partition's fetches and draining resumes them; a waiting runner wakes for records and for close."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from evsched.adapters.kafka import Record
+from evsched.runtime.node import PartitionRunner
+from evsched.runtime.partition import OwnedPartition
+
+TP = TopicPartition("ns.events", 3)
+
+
+class Owner:
+    partition = 3
+    tp = TP
+    resume_offset = 10
+
+
+class Consumer:
+    """Records pause and resume calls, as the real consumer's subscription state would."""
+
+    def __init__(self) -> None:
+        self.paused: set[TopicPartition] = set()
+        self.calls: list[str] = []
+
+    def pause(self, tp: TopicPartition) -> None:
+        self.paused.add(tp)
+        self.calls.append("pause")
+
+    def resume(self, tp: TopicPartition) -> None:
+        self.paused.discard(tp)
+        self.calls.append("resume")
+
+
+def records(first: int, count: int) -> list[Record]:
+    return [Record(TP.topic, TP.partition, o, 0, b"k", b"v") for o in range(first, first + count)]
+
+
+def runner(backlog: int = 8) -> tuple[PartitionRunner, Consumer]:
+    consumer = Consumer()
+    owner = cast(OwnedPartition, Owner())
+    return PartitionRunner(owner, cast(AIOKafkaConsumer, consumer), backlog=backlog), consumer
+
+
+def offsets(rs: list[Record]) -> list[int]:
+    return [r.offset for r in rs]
+
+
+def test_records_come_out_in_order_once_from_the_resume_offset() -> None:
+    r, _ = runner()
+    r.feed(records(8, 4))  # 8 and 9 are below the index's resume offset
+    r.feed(records(11, 3))  # 11 was fed already
+    assert offsets(r.take(3)) == [10, 11, 12]
+    assert offsets(r.take(10)) == [13]
+    assert r.take(10) == []
+    assert r.fetched_to == 14
+
+
+def test_a_backlog_pauses_fetching_and_draining_below_half_resumes_it() -> None:
+    r, consumer = runner(backlog=8)
+    r.feed(records(10, 7))
+    assert consumer.paused == set()
+    r.feed(records(17, 1))
+    assert consumer.paused == {TP}
+    r.take(3)  # 5 left: not below half yet
+    assert consumer.paused == {TP}
+    r.take(2)
+    assert consumer.paused == set()
+    assert consumer.calls == ["pause", "resume"]
+
+
+def test_a_closed_runner_takes_no_more_records_and_never_resumes() -> None:
+    r, consumer = runner(backlog=2)
+    r.feed(records(10, 2))
+    r.close()
+    r.feed(records(12, 2))
+    assert offsets(r.take(10)) == [10, 11]
+    assert consumer.calls == ["pause"]
+
+
+def test_wait_returns_on_records_on_close_and_on_timeout() -> None:
+    async def scenario() -> list[str]:
+        r, _ = runner()
+        seen: list[str] = []
+        loop = asyncio.get_running_loop()
+
+        async def waits(label: str, timeout_s: float) -> None:
+            await r.wait(timeout_s)
+            seen.append(label)
+
+        waiter = asyncio.create_task(waits("records", 30))
+        await asyncio.sleep(0)
+        loop.call_soon(r.feed, records(10, 1))
+        await asyncio.wait_for(waiter, 5)
+        r.take(10)
+        await asyncio.wait_for(waits("timeout", 0.01), 5)
+        waiter = asyncio.create_task(waits("close", 30))
+        await asyncio.sleep(0)
+        r.close()
+        await asyncio.wait_for(waiter, 5)
+        return seen
+
+    assert asyncio.run(scenario()) == ["records", "timeout", "close"]
