@@ -659,7 +659,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delay-s", type=float, default=2.0, help="delay of the delayed jobs")
     p.add_argument("--rate", type=float, default=500.0, help="paced phase: jobs per second")
     p.add_argument("--paced-s", type=float, default=20.0, help="paced phase: duration")
-    p.add_argument("--warmup-s", type=float, default=20.0, help="unmeasured paced load first")
+    p.add_argument("--warmup-s", type=float, default=40.0, help="unmeasured paced load first")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--partitions", type=int, default=6)
