@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from evsched.devstack.broker import JVM_HEAP_AND_GC
 from evsched.devstack.config import render_server_properties
 from evsched.devstack.toolchain import KAFKA_VERSION
 from evsched.settings import DEFAULT_BROKER_PORT
@@ -15,6 +16,8 @@ from evsched.settings import DEFAULT_BROKER_PORT
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read docker-compose.yml")
 
 COMPOSE_FILE = Path(__file__).resolve().parents[1] / "docker-compose.yml"
+# The image's start script reads these for the JVM's command line; they are not broker settings.
+JVM_ENV = ("KAFKA_HEAP_OPTS", "KAFKA_JVM_PERFORMANCE_OPTS")
 # Settings that say where and how the node listens differ on purpose between the two setups.
 PLACEMENT = {
     "listeners",
@@ -43,7 +46,7 @@ def env_config(kafka: dict[str, Any]) -> dict[str, str]:
     return {
         key.removeprefix("KAFKA_").lower().replace("_", "."): str(value)
         for key, value in env.items()
-        if key.startswith("KAFKA_") and key != "KAFKA_HEAP_OPTS"
+        if key.startswith("KAFKA_") and key not in JVM_ENV
     }
 
 
@@ -69,6 +72,12 @@ def test_settings_match_the_local_broker(env_config: dict[str, str]) -> None:
     local = {k: v for k, v in local_config().items() if k not in PLACEMENT}
     compose = {k: v for k, v in env_config.items() if k not in PLACEMENT}
     assert compose == local
+
+
+def test_heap_and_collector_match_the_local_broker(kafka: dict[str, Any]) -> None:
+    env = kafka["environment"]
+    flags = " ".join(str(env.get(name, "")) for name in JVM_ENV).split()
+    assert sorted(flags) == sorted(JVM_HEAP_AND_GC)
 
 
 def test_topics_are_never_auto_created(env_config: dict[str, str]) -> None:
