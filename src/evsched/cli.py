@@ -29,6 +29,7 @@ register_operator_commands(app)
 
 @app.command()
 def node(
+    *,
     data_dir: Annotated[
         Path, typer.Option("--data-dir", envvar="EVSCHED_NODE_DATA_DIR", help="RocksDB indexes.")
     ] = Path("./evsched-data/node"),
@@ -41,6 +42,16 @@ def node(
     dispatch_timeout_s: Annotated[
         float, typer.Option("--dispatch-timeout-s", min=0.1, help="Time for a worker to start.")
     ] = 30.0,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65_535,
+            envvar="EVSCHED_NODE_METRICS_PORT",
+            help="Serve Prometheus metrics on this port (off by default).",
+        ),
+    ] = None,
+    metrics_addr: Annotated[str, typer.Option(help="Address for --metrics-port.")] = "127.0.0.1",
     log_json: Annotated[bool, typer.Option("--log-json/--log-console")] = True,
 ) -> None:
     """Own events partitions: fold them into RocksDB and run the scheduler."""
@@ -53,6 +64,8 @@ def node(
             dispatch_timeout_ms=int(dispatch_timeout_s * 1000),
             max_in_flight_per_queue=max_in_flight,
         ),
+        metrics_port=metrics_port,
+        metrics_addr=metrics_addr,
     )
     asyncio.run(serve_node(config))
 

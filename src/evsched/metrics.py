@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import (
@@ -91,9 +92,15 @@ class _JobsCollector:
 
 
 class Metrics:
-    """The instruments of one process, on a registry of their own."""
+    """The instruments of one process, on a registry of their own.
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    ``job_counts`` adds the ``evsched_jobs`` gauge, for processes that fold every partition (the
+    API's replica); a node folds only the partitions it owns, so it leaves the gauge out.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, job_counts: bool = True
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.jobs = JobCounts()
         r = self.registry
@@ -137,7 +144,8 @@ class Metrics:
             ["partition"],
             registry=r,
         )
-        r.register(_JobsCollector(self.jobs))
+        if job_counts:
+            r.register(_JobsCollector(self.jobs))
 
     # --- the commit hook ------------------------------------------------------------------------
 
@@ -179,7 +187,116 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-def serve_metrics(metrics: Metrics, port: int, addr: str = "127.0.0.1") -> Any:
-    """Expose ``metrics`` over HTTP on a daemon thread (for processes without the API)."""
-    server, _thread = start_http_server(port, addr=addr, registry=metrics.registry)
+@dataclass(frozen=True, slots=True)
+class PartitionInstruments:
+    """One owned partition's counters, bound to its label once."""
+
+    steps: Any
+    records: Any
+    transactions: Any
+    decisions: Any
+    effects: Any
+    inbox: Any
+
+
+class NodeInstruments:
+    """What a node's partition runners do: steps, transactions, decisions, backlog."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def counter(name: str, doc: str) -> PromCounter:
+            return PromCounter(name, doc, ["partition"], registry=registry)
+
+        self.steps = counter(
+            "evsched_node_steps", "Partition steps: fold, plan, maybe a transaction."
+        )
+        self.records = counter("evsched_node_records_folded", "Records folded by partition steps.")
+        self.transactions = counter(
+            "evsched_node_transactions", "Kafka transactions committed by partition steps."
+        )
+        self.decisions = counter(
+            "evsched_node_decisions",
+            "Records the scheduler sent: leases with their dispatch, expiries, cron fires.",
+        )
+        self.effects = counter(
+            "evsched_node_effects_published", "Effects sent to the effects topic."
+        )
+        self.inbox = Gauge(
+            "evsched_node_inbox_records",
+            "Fetched records waiting for their partition's next step.",
+            ["partition"],
+            registry=registry,
+        )
+        self.owned = Gauge(
+            "evsched_node_partitions_owned", "Events partitions this node owns.", registry=registry
+        )
+        self.dropped = PromCounter(
+            "evsched_node_partitions_dropped",
+            "Partitions dropped after a failed step, by reason: fenced (another node owns it "
+            "now) or error (reopened from its index).",
+            ["reason"],
+            registry=registry,
+        )
+
+    def partition(self, partition: int) -> PartitionInstruments:
+        label = str(partition)
+        return PartitionInstruments(
+            steps=self.steps.labels(label),
+            records=self.records.labels(label),
+            transactions=self.transactions.labels(label),
+            decisions=self.decisions.labels(label),
+            effects=self.effects.labels(label),
+            inbox=self.inbox.labels(label),
+        )
+
+
+ATTEMPT_BUCKETS_S = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
+
+
+class WorkerInstruments:
+    """What a worker's attempts did: outcomes and durations by task, and how many run now."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.attempts = PromCounter(
+            "evsched_worker_attempts",
+            "Attempts this worker finished, by task and outcome: succeeded, failed (retryable) "
+            "or failed_permanent.",
+            ["task", "outcome"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "evsched_worker_attempt_seconds",
+            "From sending AttemptStarted to sending the attempt's completion.",
+            ["task"],
+            buckets=ATTEMPT_BUCKETS_S,
+            registry=registry,
+        )
+        self.running = Gauge(
+            "evsched_worker_running_attempts",
+            "Attempts running on this worker now.",
+            registry=registry,
+        )
+
+    def finished(self, task: str, outcome: str, seconds: float) -> None:
+        self.attempts.labels(task, outcome).inc()
+        self.duration.labels(task).observe(seconds)
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> Any:
+    """Expose ``registry`` over HTTP on a daemon thread (for processes without the API)."""
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
     return server

@@ -7,12 +7,15 @@ effects topic holds exactly the effects of applied successes.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import unique_name
 from tests.integration.engine import Stack, wait_for
 
@@ -23,6 +26,16 @@ from evsched.core.state import Status, Verdict
 pytestmark = [pytest.mark.broker, pytest.mark.asyncio(loop_scope="module")]
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+NODE_METRICS, WORKER_METRICS = _free_port(), _free_port()
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def stack(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
@@ -30,8 +43,10 @@ async def stack(
     namespace = unique_name("life")
     await ensure_topics(kafka_bootstrap, namespace, event_partitions=3, queues=["default"])
     engine = Stack(kafka_bootstrap, namespace, tmp_path_factory.mktemp("life"))
-    engine.start_node("node-1", "--dispatch-timeout-s", "5")
-    engine.start_worker("worker-1", "--lease-s", "3", "--concurrency", "8")
+    engine.start_node("node-1", "--dispatch-timeout-s", "5", "--metrics-port", str(NODE_METRICS))
+    engine.start_worker(
+        "worker-1", "--lease-s", "3", "--concurrency", "8", "--metrics-port", str(WORKER_METRICS)
+    )
     try:
         yield engine
         # What the whole module left in the log must hold together.
@@ -71,6 +86,54 @@ async def test_happy_path_runs_once_and_publishes_its_effect(stack: Stack) -> No
         return any(r.key == job_id.encode() for r in records)
 
     await wait_for(effect_published, what="the effect on the effects topic")
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def scrape(port: int) -> Samples:
+    """One process's /metrics, as {(sample name, labels): value}; empty while it is not up."""
+    try:
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    except httpx.TransportError:
+        return {}
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def total(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)
+
+
+async def test_node_and_worker_serve_prometheus_metrics(stack: Stack) -> None:
+    async with stack.app() as app:
+        job_id = await app.enqueue("s.effect", "metered")
+    await stack.wait_status(job_id, Status.SUCCEEDED)
+
+    async def counted() -> bool:
+        node, worker = await scrape(NODE_METRICS), await scrape(WORKER_METRICS)
+        folded = total(
+            node, "evsched_events_folded_total", kind="AttemptSucceeded", verdict="applied"
+        )
+        ran = total(worker, "evsched_worker_attempts_total", task="s.effect", outcome="succeeded")
+        return folded >= 1 and ran >= 1
+
+    await wait_for(counted, what="the success counted by the node and the worker")
+    node, worker = await scrape(NODE_METRICS), await scrape(WORKER_METRICS)
+    assert total(node, "evsched_node_partitions_owned") == stack.partitions
+    assert total(node, "evsched_node_transactions_total") >= 1
+    assert total(node, "evsched_node_decisions_total") >= 2  # at least this job's lease + dispatch
+    assert total(node, "evsched_node_effects_published_total") >= 1
+    assert total(node, "evsched_start_lateness_seconds_count") >= 1
+    assert total(worker, "evsched_worker_attempt_seconds_count", task="s.effect") >= 1
+    assert total(worker, "evsched_worker_running_attempts") >= 0
 
 
 async def test_delayed_job_never_starts_before_run_at(stack: Stack) -> None:

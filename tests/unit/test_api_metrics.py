@@ -187,7 +187,7 @@ async def test_serve_metrics_exposes_the_registry_over_http() -> None:
     metrics = Metrics()
     metrics.enqueue_latency.observe(0.01)
     port = free_port()
-    server = serve_metrics(metrics, port)
+    server = serve_metrics(metrics.registry, port)
     try:
         async with httpx.AsyncClient() as http:
             text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text

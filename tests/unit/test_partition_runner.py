@@ -20,6 +20,7 @@ class Owner:
     partition = 3
     tp = TP
     resume_offset = 10
+    instruments = None
 
 
 class Consumer:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import typer
+from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from evsched.adapters.clock import SYSTEM_CLOCK, Clock
@@ -32,6 +33,7 @@ from evsched.core.events import (
 )
 from evsched.core.state import JobState, Status
 from evsched.errors import EvschedError
+from evsched.metrics import WorkerInstruments
 from evsched.runtime.context import AttemptFinished
 from evsched.runtime.worker import Worker, WorkerConfig, load_app, serve
 from evsched.settings import Settings
@@ -91,7 +93,12 @@ class Rig:
 
     @asynccontextmanager
     async def worker(
-        self, *, clock: Clock = SYSTEM_CLOCK, reader: Any = None, **config: Any
+        self,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        reader: Any = None,
+        instruments: WorkerInstruments | None = None,
+        **config: Any,
     ) -> AsyncIterator[Worker]:
         settings = {"queues": ("default",), "worker_id": "w1", "poll_s": 0.05, **config}
         worker = Worker(
@@ -101,6 +108,7 @@ class Rig:
             events=self.log,
             clock=clock,
             reader=reader,
+            instruments=instruments,
         )
         running = asyncio.create_task(worker.run())
         try:
@@ -139,6 +147,42 @@ async def test_success_writes_started_then_succeeded_with_result_and_effects(rig
     )
     assert {(r.topic, r.key) for r in rig.log.records} == {(EVENTS, dispatch.job_id)}
     assert [r.offset for r in rig.feed.committed] == [0]
+
+
+async def test_metrics_count_outcomes_and_durations_by_task_and_running_attempts(rig: Rig) -> None:
+    gate = asyncio.Event()
+
+    @rig.app.task(name="ok")
+    async def ok() -> None:
+        await gate.wait()
+
+    @rig.app.task(name="bad", permanent_on=(ValueError,))
+    async def bad(fail_with: str) -> None:
+        raise ValueError(fail_with) if fail_with == "value" else ConnectionError(fail_with)
+
+    registry = CollectorRegistry()
+    instruments = WorkerInstruments(registry)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    held = rig.send("ok")
+    permanent, retryable = rig.send("bad", "value"), rig.send("bad", "conn")
+    async with rig.worker(instruments=instruments):
+        await rig.outcome(permanent.job_id)
+        await rig.outcome(retryable.job_id)
+        await rig.log.wait_for(
+            lambda _: bool(rig.events_of(held.job_id, AttemptStarted)), what="the held start"
+        )
+        assert sample("evsched_worker_running_attempts") == 1
+        gate.set()
+        await rig.outcome(held.job_id)
+
+    assert sample("evsched_worker_attempts_total", task="ok", outcome="succeeded") == 1
+    assert sample("evsched_worker_attempts_total", task="bad", outcome="failed_permanent") == 1
+    assert sample("evsched_worker_attempts_total", task="bad", outcome="failed") == 1
+    assert sample("evsched_worker_attempt_seconds_count", task="bad") == 2
+    assert sample("evsched_worker_running_attempts") == 0
 
 
 async def test_the_context_describes_the_attempt(rig: Rig) -> None:

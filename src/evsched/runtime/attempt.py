@@ -81,6 +81,9 @@ class AttemptRunner:
     executor: Executor
     reader: JobReader | None = None
     threads: ThreadCount = field(default_factory=ThreadCount)
+    # Told (task, outcome, seconds) once an attempt's completion is sent; outcome is
+    # "succeeded", "failed" (retryable) or "failed_permanent".
+    on_finished: Callable[[str, str, float], None] | None = None
 
     @property
     def source(self) -> str:
@@ -121,7 +124,10 @@ class AttemptRunner:
             heartbeat.cancel()
             await asyncio.wait({heartbeat})
         try:
-            await self._complete(dispatch, outcome, ctx.finish(), logger)
+            outcome = await self._complete(dispatch, outcome, ctx.finish(), logger)
+            if self.on_finished is not None:
+                elapsed = self.clock.monotonic_s() - sent_at
+                self.on_finished(dispatch.task, _outcome_label(outcome), elapsed)
         finally:
             if overrun is not None:
                 await _outlive(overrun, logger)
@@ -231,7 +237,8 @@ class AttemptRunner:
 
     async def _complete(
         self, dispatch: Dispatch, outcome: Outcome, effects: tuple[Any, ...], logger: Any
-    ) -> None:
+    ) -> Outcome:
+        """Send the completion; returns the outcome sent (a result too large becomes a failure)."""
         completion = self._completion(dispatch, outcome, effects)
         try:
             await self.emit(completion)
@@ -249,6 +256,7 @@ class AttemptRunner:
                 retryable=outcome.retryable,
                 exc_info=outcome.exc,
             )
+        return outcome
 
     def _completion(
         self, dispatch: Dispatch, outcome: Outcome, effects: tuple[Any, ...]
@@ -269,6 +277,12 @@ class AttemptRunner:
             message=outcome.message,
             retryable=outcome.retryable,
         )
+
+
+def _outcome_label(outcome: Outcome) -> str:
+    if isinstance(outcome, Succeeded):
+        return "succeeded"
+    return "failed" if outcome.retryable else "failed_permanent"
 
 
 def _failure(task: Task, exc: BaseException) -> Failed:

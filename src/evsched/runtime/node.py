@@ -28,6 +28,7 @@ from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka import Record
 from evsched.adapters.topics import Topics, ensure_topics
 from evsched.core.planner import PlannerLimits
+from evsched.metrics import Metrics, NodeInstruments, serve_metrics
 from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.partition import OwnedPartition, open_index
 from evsched.settings import Settings
@@ -46,6 +47,8 @@ class NodeConfig:
     limits: PlannerLimits = field(default_factory=PlannerLimits)
     max_idle_ms: int = 200
     max_records: int = 2_000
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
 
     @property
     def group_id(self) -> str:
@@ -58,8 +61,9 @@ class NodeConfig:
 class Node:
     """Run with ``await node.run(stop)``; returns once ``stop`` is set and partitions closed."""
 
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, metrics: NodeMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics
         self.topics = Topics(config.settings.namespace)
         self.owned: dict[int, PartitionRunner] = {}
         self._lock = asyncio.Lock()
@@ -156,13 +160,23 @@ class Node:
             # owner back, so wait for our next assignment instead.
             self.log.warning("partition_fenced", partition=owner.partition)
             self._fenced.add(owner.partition)
+            self._dropped("fenced")
             await self._drop(runner)
         except Exception as exc:
             # Anything else (broker trouble, a producer that must be recreated): drop the
             # partition's in-memory work; _adopt_orphans reopens it from its index, which
             # stays consistent with the log.
             self.log.warning("partition_step_failed", partition=owner.partition, error=repr(exc))
+            self._dropped("error")
             await self._drop(runner)
+
+    def _dropped(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.node.dropped.labels(reason).inc()
+
+    def _owned_changed(self) -> None:
+        if self.metrics is not None:
+            self.metrics.node.owned.set(len(self.owned))
 
     def _wait_s(self, owner: OwnedPartition) -> float:
         """Sleep no longer than until the partition's next due time, and at most max_idle_ms."""
@@ -221,6 +235,7 @@ class Node:
     async def revoke(self, partitions: Iterable[int]) -> None:
         self._generation += 1
         runners = [r for p in partitions if (r := self.owned.pop(p, None)) is not None]
+        self._owned_changed()
         for runner in runners:
             runner.close()
         for runner in runners:
@@ -258,11 +273,14 @@ class Node:
             committed=committed,
             end_offset=end,
             ensure_queues=self.ensure_queues,
+            on_commit=None if self.metrics is None else self.metrics.folded.observe_commit,
+            instruments=None if self.metrics is None else self.metrics.node.partition(partition),
         )
         runner = PartitionRunner(owner, consumer)
         consumer.seek(tp, runner.fetched_to)
         consumer.resume(tp)
         self.owned[partition] = runner
+        self._owned_changed()
         runner.start(self._run_partition(consumer, runner))
         self.log.info(
             "partition_assigned",
@@ -277,6 +295,7 @@ class Node:
         runner.close()
         if self.owned.get(runner.owner.partition) is runner:
             del self.owned[runner.owner.partition]
+            self._owned_changed()
             await self._close(runner.owner)
 
     async def _close(self, owner: OwnedPartition) -> None:
@@ -286,6 +305,20 @@ class Node:
 
     async def _close_all(self) -> None:
         await self.revoke(list(self.owned))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMetrics:
+    """A node's Prometheus instruments: what it folds (verdicts, lateness) and what it does."""
+
+    folded: Metrics
+    node: NodeInstruments
+
+    @classmethod
+    def create(cls) -> NodeMetrics:
+        # A node folds only the partitions it owns: no jobs-by-status gauge (the API has it).
+        folded = Metrics(job_counts=False)
+        return cls(folded=folded, node=NodeInstruments(folded.registry))
 
 
 class PartitionRunner:
@@ -322,6 +355,7 @@ class PartitionRunner:
         if not fresh or self.closing:
             return
         self.inbox.extend(fresh)
+        self._inbox_changed()
         self.fetched_to = fresh[-1].offset + 1
         self._kick.set()
         if len(self.inbox) >= self.backlog and not self.paused:
@@ -331,6 +365,7 @@ class PartitionRunner:
     def take(self, limit: int) -> list[Record]:
         count = min(limit, len(self.inbox))
         records = [self.inbox.popleft() for _ in range(count)]
+        self._inbox_changed()
         if self.inbox:
             self._kick.set()  # more to do right away
         if self.paused and len(self.inbox) < self.backlog // 2 and not self.closing:
@@ -338,6 +373,10 @@ class PartitionRunner:
             with contextlib.suppress(IllegalStateError):  # revoked meanwhile: nothing to resume
                 self.consumer.resume(self.owner.tp)
         return records
+
+    def _inbox_changed(self) -> None:
+        if self.owner.instruments is not None:
+            self.owner.instruments.inbox.set(len(self.inbox))
 
     async def wait(self, timeout_s: float) -> None:
         """Until records arrive, the runner is closed, or ``timeout_s`` passes."""
@@ -382,8 +421,13 @@ async def serve_node(config: NodeConfig) -> None:
         **dict(settings.kafka_options),
     )
     tune_for_folding()
+    metrics = None
+    if config.metrics_port is not None:
+        metrics = NodeMetrics.create()
+        serve_metrics(metrics.folded.registry, config.metrics_port, config.metrics_addr)
+        log.info("metrics_serving", addr=config.metrics_addr, port=config.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await Node(config).run(stop)
+    await Node(config, metrics).run(stop)

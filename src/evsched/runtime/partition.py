@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 from aiokafka import AIOKafkaProducer
@@ -28,7 +29,10 @@ from evsched.core import planner
 from evsched.core.events import Event, entity_id
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import JobState, ScheduleState, Status
-from evsched.runtime.projector import AcceptedEffect, Folded, Projector
+from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
+
+if TYPE_CHECKING:
+    from evsched.metrics import PartitionInstruments
 
 log = structlog.get_logger("evsched.node")
 
@@ -115,6 +119,8 @@ class OwnedPartition:
         end_offset: int,
         ensure_queues: Callable[[set[str]], Awaitable[None]],
         scan_limit: int = 1_000,
+        on_commit: CommitHook | None = None,
+        instruments: PartitionInstruments | None = None,
     ) -> None:
         partition = index.partition
         self.partition = partition
@@ -127,7 +133,8 @@ class OwnedPartition:
         self.ensure_queues = ensure_queues
         self.scan_limit = scan_limit
         self.index = index
-        self.projector = Projector(self.index)
+        self.projector = Projector(self.index, on_commit=on_commit)
+        self.instruments = instruments
         # Records below the committed offset were folded and their outputs sent before a crash.
         self.replay_until = committed if committed is not None else 0
         # Decide nothing until the log as it stood at assignment is folded: a previous owner's
@@ -190,10 +197,10 @@ class OwnedPartition:
         # from records (after a crash the new owner folds them back before deciding anything),
         # so their transactions need no offset; offsets alone go out every so often.
         with_offset = bool(folded.effects) or self._offset_due(now)
-        self.stats.update(steps=1, records=len(records), decisions=len(decisions))
+        self._count(steps=1, records=len(records), decisions=len(decisions))
         if outgoing or with_offset:
             await self._transact(outgoing, offset if with_offset else None)
-            self.stats.update(transactions=1, effects=len(folded.effects))
+            self._count(transactions=1, effects=len(folded.effects))
         if with_offset:
             self.committed_to = offset
             self.uncommitted_since = None
@@ -202,6 +209,12 @@ class OwnedPartition:
         self.projector.commit(folded)
         self.wake_at = self._next_wake(now, saturated=len(decisions) >= self.scan_limit)
         return len(decisions)
+
+    def _count(self, **counts: int) -> None:
+        self.stats.update(counts)
+        if self.instruments is not None:
+            for name, value in counts.items():
+                getattr(self.instruments, name).inc(value)
 
     def _offset_due(self, now: int) -> bool:
         since = self.uncommitted_since

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Protocol
 import structlog
 import typer
 from aiokafka.errors import CommitFailedError
+from prometheus_client import CollectorRegistry
 
 from evsched.adapters.avro import decode_dispatch
 from evsched.adapters.clock import SYSTEM_CLOCK, Clock
@@ -25,6 +26,7 @@ from evsched.client.app import App
 from evsched.client.transport import EventLog, KafkaEventLog
 from evsched.errors import DecodeError, EvschedError
 from evsched.logging import configure_logging
+from evsched.metrics import WorkerInstruments, serve_metrics
 from evsched.runtime.attempt import AttemptRunner, ThreadCount
 from evsched.runtime.context import JobReader
 
@@ -153,6 +155,7 @@ class Worker:
         events: EventLog,
         clock: Clock = SYSTEM_CLOCK,
         reader: JobReader | None = None,
+        instruments: WorkerInstruments | None = None,
     ) -> None:
         self.app = app
         self.config = config
@@ -166,6 +169,9 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self.peak_running = 0
         self.threads = ThreadCount()
+        self._instruments = instruments
+        if instruments is not None:
+            instruments.running.set_function(lambda: self.running)
 
     @property
     def running(self) -> int:
@@ -190,6 +196,7 @@ class Worker:
             executor=executor,
             reader=self._reader,
             threads=self.threads,
+            on_finished=None if self._instruments is None else self._instruments.finished,
         )
         await self._events.start()
         try:
@@ -327,7 +334,9 @@ def load_app(reference: str) -> App:
     return app
 
 
-def kafka_worker(app: App, config: WorkerConfig) -> Worker:
+def kafka_worker(
+    app: App, config: WorkerConfig, instruments: WorkerInstruments | None = None
+) -> Worker:
     """A worker on the real broker: its own producer and a consumer in ``<ns>.workers.<pool>``."""
     client_id = f"evsched-worker-{config.worker_id}"
     topics = [app.topics.dispatch(queue) for queue in config.queues]
@@ -336,7 +345,7 @@ def kafka_worker(app: App, config: WorkerConfig) -> Worker:
         lambda: consumer(app.settings, *topics, group_id=group, client_id=client_id)
     )
     events = KafkaEventLog(app.settings, client_id=client_id)
-    return Worker(app, config, feed=feed, events=events)
+    return Worker(app, config, feed=feed, events=events, instruments=instruments)
 
 
 async def ensure_worker_topics(app: App, config: WorkerConfig) -> None:
@@ -383,6 +392,16 @@ def worker_command(
     grace_s: Annotated[
         float, typer.Option(min=0, help="On SIGTERM, how long running attempts may finish.")
     ] = 30.0,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65_535,
+            envvar="EVSCHED_WORKER_METRICS_PORT",
+            help="Serve Prometheus metrics on this port (off by default).",
+        ),
+    ] = None,
+    metrics_addr: Annotated[str, typer.Option(help="Address for --metrics-port.")] = "127.0.0.1",
     log_json: Annotated[bool, typer.Option("--log-json/--log-console")] = True,
 ) -> None:
     """Run the tasks of an evsched App from its dispatch queues."""
@@ -396,7 +415,13 @@ def worker_command(
         lease_ms=round(lease_s * 1000),
         grace_s=grace_s,
     )
-    worker = kafka_worker(loaded, config)
+    instruments = None
+    if metrics_port is not None:
+        registry = CollectorRegistry()
+        instruments = WorkerInstruments(registry)
+        serve_metrics(registry, metrics_port, metrics_addr)
+        log.info("metrics_serving", addr=metrics_addr, port=metrics_port)
+    worker = kafka_worker(loaded, config, instruments)
     try:
         asyncio.run(ensure_worker_topics(loaded, config))
     except TopicProvisioningError as exc:
