@@ -73,6 +73,7 @@ class Node:
         self._generation = 0  # bumped on every assignment change
         self._fenced: set[int] = set()  # fenced since the last assignment: not ours to reopen
         self._retry_at: dict[int, float] = {}
+        self._rebalancing = False  # between the group's revoke and assign callbacks
         self.log = log.bind(node_id=config.node_id)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -119,7 +120,14 @@ class Node:
             await self._adopt_orphans(consumer)
 
     async def _adopt_orphans(self, consumer: AIOKafkaConsumer) -> None:
-        """Open assigned partitions that failed to open or were dropped after an error."""
+        """Open assigned partitions that failed to open or were dropped after an error.
+
+        Never while the group rebalances: until the new assignment is set, the consumer still
+        lists the old one, and reopening a partition just revoked would start its producer and
+        fence the partition's new owner.
+        """
+        if self._rebalancing:
+            return
         now = monotonic_s()
         for tp in consumer.assignment():
             partition = tp.partition
@@ -215,7 +223,15 @@ class Node:
         self._retry_at.clear()
         # Seek every partition to its index before anything awaits, and hold its fetches until
         # it is open: a fetch from the group's committed offset must never reach the fold first.
-        indexes = [self._seek_to_index(consumer, p) for p in partitions]
+        indexes = []
+        for partition in partitions:
+            if partition in self.owned:
+                continue  # adopted by the poll loop once the assignment was set: open already
+            try:
+                indexes.append(self._seek_to_index(consumer, partition))
+            except Exception as exc:
+                # Its index cannot be opened: left unowned; the poll loop retries it.
+                self.log.warning("partition_open_failed", partition=partition, error=repr(exc))
         for index in indexes:
             try:
                 await self._open(consumer, index)
@@ -226,9 +242,10 @@ class Node:
                 )
 
     def _seek_to_index(self, consumer: AIOKafkaConsumer, partition: int) -> PartitionIndex:
+        """Open the partition's index, pause its fetches and seek past the index (no await)."""
         tp = TopicPartition(self.topics.events, partition)
-        consumer.pause(tp)
         index = open_index(self.config.data_dir, partition)
+        consumer.pause(tp)
         consumer.seek(tp, index.applied_offset() + 1)
         return index
 
@@ -402,12 +419,17 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.node = node
 
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        # Called at the start of every rebalance (with nothing on the first join).
+        self.node._rebalancing = True
         async with self.node._lock:
             await self.node.revoke(tp.partition for tp in revoked)
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         async with self.node._lock:
-            await self.node.assign(tp.partition for tp in assigned)
+            try:
+                await self.node.assign(tp.partition for tp in assigned)
+            finally:
+                self.node._rebalancing = False
 
 
 async def serve_node(config: NodeConfig) -> None:

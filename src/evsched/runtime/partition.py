@@ -255,7 +255,11 @@ class OwnedPartition:
                 acks.append(
                     self.producer.send_offsets_to_transaction({self.tp: next_offset}, self.group_id)
                 )
-            await asyncio.gather(*acks)
+            # Every ack is awaited (a zombie's fenced transaction fails them all: none is left
+            # unretrieved); the first failure aborts the transaction.
+            for outcome in await asyncio.gather(*acks, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     def _plan(self, folded: Folded, now: int) -> list[Outgoing]:
         deadline = monotonic_s() + PENDING_TIMEOUT_S
