@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -70,6 +69,7 @@ from evsched.core.events import (
 )
 from evsched.core.fold import fold
 from evsched.core.state import JobState, Verdict
+from evsched.devstack.process import free_port
 from evsched.errors import DecodeError
 from evsched.settings import Settings
 
@@ -91,13 +91,6 @@ define_noop(app)
 
 
 # --- processes ------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _script(name: str) -> str:
@@ -187,7 +180,7 @@ class Cluster:
             self.broker_pid = self.args.broker_pid
             return
         self.broker_dir = self.run_dir / "broker"
-        port, controller = _free_port(), _free_port()
+        port, controller = free_port(), free_port()
         command = [_script("evsched"), "kafka", "up", "--data-dir", str(self.broker_dir)]
         command += ["--port", str(port), "--controller-port", str(controller)]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)

@@ -14,6 +14,7 @@ from evsched.core.planner import PlannerLimits
 from evsched.devstack.cli import kafka_app
 from evsched.devstack.dev import DevStack
 from evsched.logging import configure_logging
+from evsched.metrics import MetricsAddr, metrics_port_option
 from evsched.operator import register as register_operator_commands
 from evsched.runtime.node import NodeConfig, serve_node
 from evsched.runtime.worker import worker_command
@@ -42,16 +43,8 @@ def node(
     dispatch_timeout_s: Annotated[
         float, typer.Option("--dispatch-timeout-s", min=0.1, help="Time for a worker to start.")
     ] = 30.0,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            max=65_535,
-            envvar="EVSCHED_NODE_METRICS_PORT",
-            help="Serve Prometheus metrics on this port (off by default).",
-        ),
-    ] = None,
-    metrics_addr: Annotated[str, typer.Option(help="Address for --metrics-port.")] = "127.0.0.1",
+    metrics_port: Annotated[int | None, metrics_port_option("EVSCHED_NODE_METRICS_PORT")] = None,
+    metrics_addr: MetricsAddr = "127.0.0.1",
     log_json: Annotated[bool, typer.Option("--log-json/--log-console")] = True,
 ) -> None:
     """Own events partitions: fold them into RocksDB and run the scheduler."""

@@ -11,8 +11,10 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+import structlog
+import typer
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -27,6 +29,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from evsched.adapters.index import PartitionIndex
 from evsched.core.state import JobState, Status, Verdict
 from evsched.runtime.projector import FoldedEvent
+
+log = structlog.get_logger("evsched.metrics")
 
 ENQUEUE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LATENESS_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -270,7 +274,9 @@ ATTEMPT_BUCKETS_S = (
 class WorkerInstruments:
     """What a worker's attempts did: outcomes and durations by task, and how many run now."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = registry if registry is not None else CollectorRegistry()
+        self.registry = registry
         self.attempts = PromCounter(
             "evsched_worker_attempts",
             "Attempts this worker finished, by task and outcome: succeeded, failed (retryable) "
@@ -296,7 +302,23 @@ class WorkerInstruments:
         self.duration.labels(task).observe(seconds)
 
 
+# The options of long-running processes that serve their metrics themselves (nodes, workers).
+MetricsAddr = Annotated[str, typer.Option("--metrics-addr", help="Address for --metrics-port.")]
+
+
+def metrics_port_option(envvar: str) -> Any:
+    """``--metrics-port``, also read from ``envvar``; without it the process opens no port."""
+    return typer.Option(
+        "--metrics-port",
+        min=1,
+        max=65_535,
+        envvar=envvar,
+        help="Serve Prometheus metrics on this port (off by default).",
+    )
+
+
 def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> Any:
     """Expose ``registry`` over HTTP on a daemon thread (for processes without the API)."""
     server, _thread = start_http_server(port, addr=addr, registry=registry)
+    log.info("metrics_serving", addr=addr, port=port)
     return server

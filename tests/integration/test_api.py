@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import unique_name
 from tests.integration.engine import Stack, wait_for
+from tests.prometheus import parse, value
 
 from evsched.adapters.topics import ensure_topics
 from evsched.api import create_app
@@ -178,11 +178,7 @@ async def test_stats_readiness_and_metrics(api: Api) -> None:
 
     assert set((await wait_for(ready, what="a ready API"))["lag"]) == {"0", "1", "2"}
     response = await api.http.get("/metrics")
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(response.text)
-        for s in family.samples
-    }
+    samples = parse(response.text)
     names = {name for name, _ in samples}
     for name in (
         "evsched_events_folded_total",
@@ -193,8 +189,6 @@ async def test_stats_readiness_and_metrics(api: Api) -> None:
         "evsched_applied_offset",
     ):
         assert name in names, name
-    leased = samples[
-        ("evsched_events_folded_total", (("kind", "JobLeased"), ("verdict", "applied")))
-    ]
+    leased = value(samples, "evsched_events_folded_total", kind="JobLeased", verdict="applied")
     assert leased >= 1
-    assert samples[("evsched_start_lateness_seconds_count", (("queue", "default"),))] >= 1
+    assert value(samples, "evsched_start_lateness_seconds_count", queue="default") >= 1

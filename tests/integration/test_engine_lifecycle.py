@@ -7,7 +7,6 @@ effects topic holds exactly the effects of applied successes.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -15,25 +14,19 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
-from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import unique_name
 from tests.integration.engine import Stack, wait_for
+from tests.prometheus import Samples, parse, total
 
 from evsched.adapters import kafka
 from evsched.adapters.topics import ensure_topics
 from evsched.core.state import Status, Verdict
+from evsched.devstack.process import free_port
 
 pytestmark = [pytest.mark.broker, pytest.mark.asyncio(loop_scope="module")]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-NODE_METRICS, WORKER_METRICS = _free_port(), _free_port()
+NODE_METRICS, WORKER_METRICS = free_port(), free_port()
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -88,28 +81,13 @@ async def test_happy_path_runs_once_and_publishes_its_effect(stack: Stack) -> No
     await wait_for(effect_published, what="the effect on the effects topic")
 
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
 async def scrape(port: int) -> Samples:
-    """One process's /metrics, as {(sample name, labels): value}; empty while it is not up."""
+    """One process's /metrics; empty while it is not up."""
     try:
         async with httpx.AsyncClient() as http:
-            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+            return parse((await http.get(f"http://127.0.0.1:{port}/metrics")).text)
     except httpx.TransportError:
         return {}
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def total(
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
-) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)
 
 
 async def test_node_and_worker_serve_prometheus_metrics(stack: Stack) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka import Record
@@ -27,21 +26,8 @@ from evsched.devstack.process import free_port
 from evsched.metrics import JobCounts, Metrics, serve_metrics
 from evsched.runtime.projector import FoldedEvent, Projector
 from evsched.testing import MemoryLog
+from tests.prometheus import Samples, parse, value
 from tests.unit.test_api_twin import SETTINGS, Harness
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> Samples:
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 async def scrape(api: Harness) -> Samples:

@@ -447,7 +447,6 @@ async def serve_node(config: NodeConfig) -> None:
     if config.metrics_port is not None:
         metrics = NodeMetrics.create()
         serve_metrics(metrics.folded.registry, config.metrics_port, config.metrics_addr)
-        log.info("metrics_serving", addr=config.metrics_addr, port=config.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -16,7 +16,6 @@ from typing import Annotated, Any, Protocol
 import structlog
 import typer
 from aiokafka.errors import CommitFailedError
-from prometheus_client import CollectorRegistry
 
 from evsched.adapters.avro import decode_dispatch
 from evsched.adapters.clock import SYSTEM_CLOCK, Clock
@@ -26,7 +25,7 @@ from evsched.client.app import App
 from evsched.client.transport import EventLog, KafkaEventLog
 from evsched.errors import DecodeError, EvschedError
 from evsched.logging import configure_logging
-from evsched.metrics import WorkerInstruments, serve_metrics
+from evsched.metrics import MetricsAddr, WorkerInstruments, metrics_port_option, serve_metrics
 from evsched.runtime.attempt import AttemptRunner, ThreadCount
 from evsched.runtime.context import JobReader
 
@@ -392,16 +391,8 @@ def worker_command(
     grace_s: Annotated[
         float, typer.Option(min=0, help="On SIGTERM, how long running attempts may finish.")
     ] = 30.0,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            max=65_535,
-            envvar="EVSCHED_WORKER_METRICS_PORT",
-            help="Serve Prometheus metrics on this port (off by default).",
-        ),
-    ] = None,
-    metrics_addr: Annotated[str, typer.Option(help="Address for --metrics-port.")] = "127.0.0.1",
+    metrics_port: Annotated[int | None, metrics_port_option("EVSCHED_WORKER_METRICS_PORT")] = None,
+    metrics_addr: MetricsAddr = "127.0.0.1",
     log_json: Annotated[bool, typer.Option("--log-json/--log-console")] = True,
 ) -> None:
     """Run the tasks of an evsched App from its dispatch queues."""
@@ -417,10 +408,8 @@ def worker_command(
     )
     instruments = None
     if metrics_port is not None:
-        registry = CollectorRegistry()
-        instruments = WorkerInstruments(registry)
-        serve_metrics(registry, metrics_port, metrics_addr)
-        log.info("metrics_serving", addr=metrics_addr, port=metrics_port)
+        instruments = WorkerInstruments()
+        serve_metrics(instruments.registry, metrics_port, metrics_addr)
     worker = kafka_worker(loaded, config, instruments)
     try:
         asyncio.run(ensure_worker_topics(loaded, config))
