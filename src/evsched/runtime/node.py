@@ -66,6 +66,8 @@ class Node:
         self.metrics = metrics
         self.topics = Topics(config.settings.namespace)
         self.owned: dict[int, PartitionRunner] = {}
+        if metrics is not None:  # read at scrape time
+            metrics.node.owned.set_function(lambda: len(self.owned))
         self._lock = asyncio.Lock()
         self._known_queues: set[str] = set()
         self._queues_lock = asyncio.Lock()
@@ -182,10 +184,6 @@ class Node:
         if self.metrics is not None:
             self.metrics.node.dropped.labels(reason).inc()
 
-    def _owned_changed(self) -> None:
-        if self.metrics is not None:
-            self.metrics.node.owned.set(len(self.owned))
-
     def _wait_s(self, owner: OwnedPartition) -> float:
         """Sleep no longer than until the partition's next due time, and at most max_idle_ms."""
         wait_ms = self.config.max_idle_ms
@@ -252,7 +250,6 @@ class Node:
     async def revoke(self, partitions: Iterable[int]) -> None:
         self._generation += 1
         runners = [r for p in partitions if (r := self.owned.pop(p, None)) is not None]
-        self._owned_changed()
         for runner in runners:
             runner.close()
         for runner in runners:
@@ -297,7 +294,6 @@ class Node:
         consumer.seek(tp, runner.fetched_to)
         consumer.resume(tp)
         self.owned[partition] = runner
-        self._owned_changed()
         runner.start(self._run_partition(consumer, runner))
         self.log.info(
             "partition_assigned",
@@ -312,7 +308,6 @@ class Node:
         runner.close()
         if self.owned.get(runner.owner.partition) is runner:
             del self.owned[runner.owner.partition]
-            self._owned_changed()
             await self._close(runner.owner)
 
     async def _close(self, owner: OwnedPartition) -> None:
@@ -357,6 +352,8 @@ class PartitionRunner:
         self.paused = False
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        if owner.instruments is not None:  # read at scrape time, nothing on the fetch path
+            owner.instruments.inbox.set_function(lambda: 0 if self.closing else len(self.inbox))
 
     def start(self, run: Coroutine[Any, Any, None]) -> None:
         self._task = asyncio.create_task(run, name=f"evsched-partition-{self.owner.partition}")
@@ -364,7 +361,7 @@ class PartitionRunner:
     async def stopped(self) -> None:
         """Close, and wait until a step in flight has finished its transaction."""
         self.close()
-        if self._task is not None and self._task is not asyncio.current_task():
+        if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def feed(self, records: list[Record]) -> None:
@@ -372,7 +369,6 @@ class PartitionRunner:
         if not fresh or self.closing:
             return
         self.inbox.extend(fresh)
-        self._inbox_changed()
         self.fetched_to = fresh[-1].offset + 1
         self._kick.set()
         if len(self.inbox) >= self.backlog and not self.paused:
@@ -382,7 +378,6 @@ class PartitionRunner:
     def take(self, limit: int) -> list[Record]:
         count = min(limit, len(self.inbox))
         records = [self.inbox.popleft() for _ in range(count)]
-        self._inbox_changed()
         if self.inbox:
             self._kick.set()  # more to do right away
         if self.paused and len(self.inbox) < self.backlog // 2 and not self.closing:
@@ -390,10 +385,6 @@ class PartitionRunner:
             with contextlib.suppress(IllegalStateError):  # revoked meanwhile: nothing to resume
                 self.consumer.resume(self.owner.tp)
         return records
-
-    def _inbox_changed(self) -> None:
-        if self.owner.instruments is not None:
-            self.owner.instruments.inbox.set(len(self.inbox))
 
     async def wait(self, timeout_s: float) -> None:
         """Until records arrive, the runner is closed, or ``timeout_s`` passes."""
