@@ -19,14 +19,14 @@ from evsched.core.events import (
     JobCancelled,
     JobLeased,
     LeaseExpired,
-    RetryPolicy,
 )
-from evsched.core.state import JobState, Status, Verdict
+from evsched.core.state import Status, Verdict
 from evsched.devstack.process import free_port
 from evsched.metrics import JobCounts, Metrics, serve_metrics
 from evsched.runtime.projector import FoldedEvent, Projector
 from evsched.testing import MemoryLog
 from tests.prometheus import Samples, parse, value
+from tests.states import job_state
 from tests.unit.test_api_twin import SETTINGS, Harness
 
 
@@ -145,21 +145,7 @@ async def test_a_replica_hook_already_set_is_kept(tmp_path: Path) -> None:
 def test_counts_ignore_moves_until_seeded() -> None:
     """Before the seed scan, a move would count a job the scan is about to count again."""
     counts = JobCounts()
-    state = JobState(
-        job_id="j",
-        status=Status.SCHEDULED,
-        task="t",
-        queue="q",
-        args=b"{}",
-        priority=0,
-        run_at=0,
-        max_attempts=1,
-        retry=RetryPolicy(),
-        timeout_ms=1,
-        enqueued_at=0,
-        updated_at=0,
-        partition=0,
-    )
+    state = job_state("j", max_attempts=1, timeout_ms=1)
     counts.move(None, state)
     assert counts.snapshot() == {}
     assert counts.seed([]) == 0

@@ -25,6 +25,7 @@ from evsched.core.events import (
 )
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 from evsched.errors import DecodeError, EncodeError
+from tests.states import job_state
 from tests.strategies import (
     EVENT_STRATEGIES,
     events,
@@ -235,22 +236,7 @@ def test_mutated_encodings_raise_only_decode_error(data: bytes) -> None:
 
 
 def _job_state(**changes: Any) -> JobState:
-    base = JobState(
-        job_id="j-1",
-        status=Status.SCHEDULED,
-        task="t",
-        queue="q",
-        args=b"{}",
-        priority=0,
-        run_at=1,
-        max_attempts=3,
-        retry=RetryPolicy(),
-        timeout_ms=1000,
-        enqueued_at=1,
-        updated_at=1,
-        partition=0,
-    )
-    return dataclasses.replace(base, **changes)
+    return job_state(**({"run_at": 1, "enqueued_at": 1, "updated_at": 1} | changes))
 
 
 @given(state=job_states())

@@ -33,6 +33,7 @@ from evsched.core.dispatch import Dispatch
 from evsched.core.events import EVENT_TYPES, JobEnqueued, JobLeased, RetryPolicy, TraceContext
 from evsched.core.state import JobError, JobState, ScheduleState, Status, TimelineEntry
 from evsched.errors import DecodeError, EncodeError
+from tests.states import job_state
 
 REGISTRY = SchemaRegistry.from_contract()
 PROJECTIONS = load_schema_files("projections")
@@ -352,20 +353,12 @@ def test_a_memoryview_still_decodes_through_fastavro() -> None:
 
 
 def _job_state() -> JobState:
-    return JobState(
-        job_id="j-1",
+    return job_state(
         status=Status.RUNNING,
-        task="t",
-        queue="q",
-        args=b"{}",
-        priority=0,
         run_at=1_767_225_600_000,
-        max_attempts=3,
-        retry=RetryPolicy(),
         timeout_ms=300_000,
         enqueued_at=1_767_225_600_000,
         updated_at=1_767_225_600_001,
-        partition=0,
     )
 
 

@@ -34,6 +34,7 @@ from evsched.errors import (
 )
 from evsched.settings import Settings
 from evsched.testing import FrozenClock, MemoryLog, MemoryReader
+from tests.states import job_state
 
 NS = "unit"
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -325,23 +326,7 @@ async def test_one_app_cannot_share_a_producer_across_running_loops(app: App) ->
 
 
 def _state(job_id: str) -> JobState:
-    from evsched.core.state import Status
-
-    return JobState(
-        job_id=job_id,
-        status=Status.SCHEDULED,
-        task="t",
-        queue="q",
-        args=b"{}",
-        priority=0,
-        run_at=0,
-        max_attempts=1,
-        retry=RetryPolicy(),
-        timeout_ms=1,
-        enqueued_at=0,
-        updated_at=0,
-        partition=0,
-    )
+    return job_state(job_id, max_attempts=1, timeout_ms=1)
 
 
 # --- the Kafka event log, with aiokafka's producer replaced -------------------------------------

@@ -13,24 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evsched.adapters.index import IndexBatch, PartitionIndex
-from evsched.core.events import RetryPolicy
 from evsched.core.state import JobState, Status
+from tests.states import job_state
 
-BASE = JobState(
-    job_id="j",
-    status=Status.SCHEDULED,
-    task="t",
-    queue="q",
-    args=b"[]",
-    priority=0,
-    run_at=0,
-    max_attempts=3,
-    retry=RetryPolicy(),
-    timeout_ms=1_000,
-    enqueued_at=0,
-    updated_at=0,
-    partition=0,
-)
+BASE = job_state("j", args=b"[]")
 
 JOB_IDS = [f"j{i}" for i in range(6)]
 times = st.integers(min_value=0, max_value=60)

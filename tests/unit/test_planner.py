@@ -6,29 +6,16 @@ from dataclasses import replace
 
 from evsched.core import cron, ids, planner
 from evsched.core.dispatch import external_idempotency_key
-from evsched.core.events import JobTemplate, RetryPolicy
+from evsched.core.events import JobTemplate
 from evsched.core.state import JobState, ScheduleState, Status
+from tests.states import job_state
 
 LIMITS = planner.PlannerLimits(dispatch_timeout_ms=5_000, max_in_flight_per_queue=2)
 
 
 def job(job_id: str, **changes: object) -> JobState:
-    base = JobState(
-        job_id=job_id,
-        status=Status.SCHEDULED,
-        task="t",
-        queue="q",
-        args=b"{}",
-        priority=0,
-        run_at=1_000,
-        max_attempts=3,
-        retry=RetryPolicy(),
-        timeout_ms=10_000,
-        enqueued_at=500,
-        updated_at=500,
-        partition=2,
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
+    base = {"run_at": 1_000, "timeout_ms": 10_000, "enqueued_at": 500, "updated_at": 500}
+    return job_state(job_id, **(base | {"partition": 2} | changes))
 
 
 def test_leases_go_by_priority_then_run_at_and_respect_the_in_flight_limit() -> None:

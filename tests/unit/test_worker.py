@@ -29,7 +29,6 @@ from evsched.core.events import (
     Effect,
     Event,
     LeaseRenewed,
-    RetryPolicy,
 )
 from evsched.core.state import JobState, Status
 from evsched.errors import EvschedError
@@ -38,6 +37,7 @@ from evsched.runtime.context import AttemptFinished
 from evsched.runtime.worker import Worker, WorkerConfig, load_app, serve
 from evsched.settings import Settings
 from evsched.testing import FrozenClock, MemoryFeed, MemoryLog, MemoryReader
+from tests.states import job_state
 
 NS = "unit"
 EVENTS = f"{NS}.events"
@@ -543,22 +543,7 @@ async def test_is_current_turns_false_once_the_lease_went_unrenewed_too_long(rig
 
 
 def _state(job_id: str, token: int, status: Status) -> JobState:
-    return JobState(
-        job_id=job_id,
-        status=status,
-        task="t",
-        queue="default",
-        args=b"{}",
-        priority=0,
-        run_at=0,
-        max_attempts=3,
-        retry=RetryPolicy(),
-        timeout_ms=1,
-        enqueued_at=0,
-        updated_at=0,
-        partition=0,
-        token=token,
-    )
+    return job_state(job_id, status=status, queue="default", timeout_ms=1, token=token)
 
 
 @pytest.mark.parametrize(
