@@ -224,7 +224,9 @@ class Node:
         indexes = []
         for partition in partitions:
             if partition in self.owned:
-                continue  # adopted by the poll loop once the assignment was set: open already
+                # Not expected (the revoke closed every partition and adoption waits for this
+                # call), but reopening an open index would fail on its lock and leave it paused.
+                continue
             try:
                 indexes.append(self._seek_to_index(consumer, partition))
             except Exception as exc:
