@@ -57,6 +57,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from evsched.adapters.avro import decode_event
+from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics, ensure_topics
 from evsched.client import App, Task
 from evsched.core.events import (
@@ -157,6 +158,7 @@ class Cluster:
     spies: list[subprocess.Popen[bytes]] = field(default_factory=list)
     succeeded: int = 0  # job_succeeded lines seen in worker logs (progress, not the measure)
     owned: dict[str, set[int]] = field(default_factory=dict)
+    dispatch_key: str = field(default_factory=DispatchKey.generate, repr=False)
 
     @property
     def settings(self) -> Settings:
@@ -172,6 +174,7 @@ class Cluster:
             "EVSCHED_KAFKA_BOOTSTRAP": self.bootstrap,
             "EVSCHED_NAMESPACE": self.namespace,
             "EVSCHED_EVENT_PARTITIONS": str(self.args.partitions),
+            "EVSCHED_DISPATCH_KEY": self.dispatch_key,
         }
 
     def start_broker(self) -> None:

@@ -17,7 +17,7 @@ from evsched.logging import configure_logging
 from evsched.metrics import MetricsAddr, metrics_port_option
 from evsched.operator import register as register_operator_commands
 from evsched.runtime.node import NodeConfig, serve_node
-from evsched.runtime.worker import worker_command
+from evsched.runtime.worker_kafka import load_dispatch_key, worker_command
 from evsched.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="evsched: event-sourced jobs.")
@@ -49,6 +49,7 @@ def node(
 ) -> None:
     """Own events partitions: fold them into RocksDB and run the scheduler."""
     configure_logging(json=log_json)
+    dispatch_key = load_dispatch_key("node")
     config = NodeConfig(
         settings=Settings.from_env(),
         node_id=node_id or socket.gethostname(),
@@ -59,6 +60,7 @@ def node(
         ),
         metrics_port=metrics_port,
         metrics_addr=metrics_addr,
+        dispatch_key=dispatch_key,
     )
     asyncio.run(serve_node(config))
 

@@ -291,6 +291,14 @@ class WorkerInstruments:
             buckets=ATTEMPT_BUCKETS_S,
             registry=registry,
         )
+        self.skipped = PromCounter(
+            "evsched_worker_dispatches_skipped",
+            "Dispatch records this worker took but did not start, by reason: expired (past its "
+            "start deadline), superseded, duplicate, finished, not_due, undecodable, unsigned, "
+            "forged.",
+            ["reason"],
+            registry=registry,
+        )
         self.running = Gauge(
             "evsched_worker_running_attempts",
             "Attempts running on this worker now.",
@@ -300,6 +308,9 @@ class WorkerInstruments:
     def finished(self, task: str, outcome: str, seconds: float) -> None:
         self.attempts.labels(task, outcome).inc()
         self.duration.labels(task).observe(seconds)
+
+    def skipped_dispatch(self, reason: str) -> None:
+        self.skipped.labels(reason).inc()
 
 
 # The options of long-running processes that serve their metrics themselves (nodes, workers).

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from evsched.adapters.avro import decode_event, encode_dispatch
 from evsched.adapters.kafka import Record
+from evsched.adapters.signing import DispatchKey
 from evsched.client.transport import Appended
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import Event
@@ -157,14 +158,23 @@ class MemoryFeed:
         """Return once ``holds(feed)`` is true (checked as records are taken or the feed closes)."""
         await self._waiters.wait(lambda: holds(self), timeout_s, what or "feed condition")
 
-    def put(self, value: bytes | None, *, key: bytes | None = None) -> Record:
-        record = Record(self.topic, 0, next(self._offsets), 0, key, value)
+    def put(
+        self,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: tuple[tuple[str, bytes], ...] = (),
+    ) -> Record:
+        record = Record(self.topic, 0, next(self._offsets), 0, key, value, headers)
         self._queue.append(record)
         self._arrived.set()
         return record
 
-    def put_dispatch(self, dispatch: Dispatch) -> Record:
-        return self.put(encode_dispatch(dispatch), key=dispatch.job_id.encode())
+    def put_dispatch(self, dispatch: Dispatch, signed_by: DispatchKey | None = None) -> Record:
+        """Put ``dispatch`` as a node would, signed when ``signed_by`` is given."""
+        value = encode_dispatch(dispatch)
+        headers = () if signed_by is None else (signed_by.header(self.topic, value),)
+        return self.put(value, key=dispatch.job_id.encode(), headers=headers)
 
     def put_all(self, dispatches: Iterable[Dispatch]) -> None:
         for dispatch in dispatches:

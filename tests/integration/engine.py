@@ -19,6 +19,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from evsched.adapters import avro, kafka
+from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics, partition_count
 from evsched.client import App
 from evsched.core.events import AttemptSucceeded, Event, Position
@@ -89,6 +90,8 @@ class Stack:
     tmp: Path
     partitions: int = 3
     procs: list[Proc] = field(default_factory=list)
+    # The namespace's dispatch key, handed to nodes and workers through their environment.
+    dispatch_key: str = field(default_factory=DispatchKey.generate, repr=False)
     _replica: Replica | None = None
 
     @property
@@ -107,6 +110,7 @@ class Stack:
             EVSCHED_KAFKA_BOOTSTRAP=self.bootstrap,
             EVSCHED_NAMESPACE=self.namespace,
             EVSCHED_EVENT_PARTITIONS=str(self.partitions),
+            EVSCHED_DISPATCH_KEY=self.dispatch_key,
             PYTHONPATH=str(REPO),
         )
         return env

@@ -34,7 +34,7 @@ from tests.integration.engine import Proc, Stack, effect_id, wait_for
 from evsched.adapters.topics import ensure_topics
 from evsched.core.events import AttemptCheckpointed, AttemptStarted, Event
 from evsched.core.state import JobState, Status, TimelineEntry, Verdict
-from evsched.runtime.worker import KafkaDispatchFeed
+from evsched.runtime.worker_kafka import KafkaDispatchFeed
 
 pytestmark = pytest.mark.asyncio
 # The scenarios need the broker (their ``stack`` fixture asks for it) and take ~12 s each.
@@ -324,7 +324,13 @@ class _RefusingConsumer:
     async def getmany(self, **_: object) -> dict[TopicPartition, list[SimpleNamespace]]:
         tp = TopicPartition("ns.dispatch.default", 0)
         raw = SimpleNamespace(
-            topic=tp.topic, partition=0, offset=7, timestamp=1, key=b"job", value=b"dispatch"
+            topic=tp.topic,
+            partition=0,
+            offset=7,
+            timestamp=1,
+            key=b"job",
+            value=b"dispatch",
+            headers=[],
         )
         return {tp: [raw]}
 

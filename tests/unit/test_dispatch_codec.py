@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from evsched.adapters.avro import decode_dispatch, encode_dispatch, encode_event
 from evsched.adapters.contract import contract_dir
-from evsched.core.dispatch import Dispatch
+from evsched.core.dispatch import START_MARGIN_MS, Dispatch, start_deadline, why_not_start
 from evsched.core.events import JobCancelled, TraceContext
 from evsched.errors import DecodeError, EncodeError
 
@@ -93,3 +93,28 @@ def test_a_valid_header_with_garbage_body_is_a_decode_error_or_a_dispatch(tail: 
 def test_unencodable_values_are_an_encode_error() -> None:
     with pytest.raises(EncodeError, match="Dispatch"):
         encode_dispatch(replace(BASE, token=2**64))
+
+
+# --- when a worker may start a dispatch (core/dispatch.py) --------------------------------------
+
+
+def test_the_start_deadline_keeps_a_margin_of_a_second_or_a_quarter_of_short_leases() -> None:
+    assert start_deadline(BASE) == BASE.leased_at + 30_000 - START_MARGIN_MS
+    assert start_deadline(replace(BASE, lease_ms=400)) == BASE.leased_at + 300
+
+
+@pytest.mark.parametrize(
+    ("now_offset", "newest", "reason"),
+    [
+        (0, None, None),
+        (29_000, None, None),
+        (29_001, None, "expired"),
+        (0, 6, None),
+        (0, 7, "duplicate"),
+        (0, 8, "superseded"),
+        (29_001, 8, "superseded"),
+    ],
+)
+def test_why_not_start(now_offset: int, newest: int | None, reason: str | None) -> None:
+    now = BASE.leased_at + now_offset
+    assert why_not_start(BASE, now_ms=now, newest_token=newest) == reason

@@ -20,6 +20,7 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from structlog.testing import capture_logs
 
+from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.client import App, Context, TraceContext
 from evsched.core import planner
 from evsched.core.dispatch import Dispatch
@@ -159,11 +160,13 @@ async def test_a_later_traceparent_version_may_carry_more_fields(app: App, log: 
 
 
 def lease_of(event: JobEnqueued) -> planner.Lease:
-    """What a node does with the enqueue: fold it, then lease the due job."""
-    state, entry = fold(None, event, Position(partition=0, offset=0, log_at=1_000))
+    """What a node does with the enqueue: fold it, then lease the due job (now: the worker
+    starts no dispatch past its start deadline)."""
+    now = SYSTEM_CLOCK.now_ms()
+    state, entry = fold(None, event, Position(partition=0, offset=0, log_at=now))
     assert state is not None and entry.verdict.value == "applied"
     (lease,) = planner.plan_leases(
-        [state], {}, now=1_000, limits=planner.PlannerLimits(), source="node-1"
+        [state], {}, now=now, limits=planner.PlannerLimits(), source="node-1"
     )
     return lease
 

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +15,8 @@ import typer
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from evsched.adapters.clock import SYSTEM_CLOCK, Clock
-from evsched.client import App, Context
+from evsched.adapters.clock import SYSTEM_CLOCK
+from evsched.client import Context
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import (
     AttemptCheckpointed,
@@ -27,7 +24,6 @@ from evsched.core.events import (
     AttemptStarted,
     AttemptSucceeded,
     Effect,
-    Event,
     LeaseRenewed,
 )
 from evsched.core.state import JobState, Status
@@ -35,95 +31,18 @@ from evsched.errors import EvschedError
 from evsched.metrics import WorkerInstruments
 from evsched.runtime.context import AttemptFinished
 from evsched.runtime.worker import Worker, WorkerConfig, load_app, serve
-from evsched.settings import Settings
-from evsched.testing import FrozenClock, MemoryFeed, MemoryLog, MemoryReader
+from evsched.testing import FrozenClock, MemoryReader
 from tests.states import job_state
-
-NS = "unit"
-EVENTS = f"{NS}.events"
+from tests.unit.worker_rig import EVENTS, Rig, make_rig
 
 
 class Boom(Exception):
     pass
 
 
-@dataclass
-class Rig:
-    app: App
-    log: MemoryLog
-    feed: MemoryFeed
-    serial: int = 0
-
-    def dispatch(self, task: str, *args: Any, **fields: Any) -> Dispatch:
-        self.serial += 1
-        base = Dispatch(
-            job_id=f"job-{self.serial}",
-            token=10 + self.serial,
-            attempt=1,
-            max_attempts=3,
-            task=task,
-            queue="default",
-            args=json.dumps({"args": list(args), "kwargs": {}}).encode(),
-            timeout_ms=5_000,
-            lease_ms=30_000,
-            run_at=0,
-            enqueued_at=0,
-            leased_at=0,
-            partition=0,
-        )
-        return replace(base, **fields)
-
-    def send(self, task: str, *args: Any, **fields: Any) -> Dispatch:
-        dispatch = self.dispatch(task, *args, **fields)
-        self.feed.put_dispatch(dispatch)
-        return dispatch
-
-    def events_of(self, job_id: str, *kinds: type[Event]) -> list[Any]:
-        return [e for e in self.log.events(*kinds) if getattr(e, "job_id", None) == job_id]
-
-    async def outcome(self, job_id: str, timeout_s: float = 5.0) -> Any:
-        kinds = (AttemptSucceeded, AttemptFailed)
-        await self.log.wait_for(
-            lambda _: bool(self.events_of(job_id, *kinds)),
-            timeout_s=timeout_s,
-            what=f"an outcome of {job_id}",
-        )
-        (event,) = self.events_of(job_id, *kinds)
-        return event
-
-    @asynccontextmanager
-    async def worker(
-        self,
-        *,
-        clock: Clock = SYSTEM_CLOCK,
-        reader: Any = None,
-        instruments: WorkerInstruments | None = None,
-        **config: Any,
-    ) -> AsyncIterator[Worker]:
-        settings = {"queues": ("default",), "worker_id": "w1", "poll_s": 0.05, **config}
-        worker = Worker(
-            self.app,
-            WorkerConfig(**settings),
-            feed=self.feed,
-            events=self.log,
-            clock=clock,
-            reader=reader,
-            instruments=instruments,
-        )
-        running = asyncio.create_task(worker.run())
-        try:
-            yield worker
-        finally:
-            worker.stop()
-            worker.stop()
-            await asyncio.wait_for(running, 5)
-
-
 @pytest.fixture
 def rig() -> Rig:
-    log = MemoryLog()
-    app = App(Settings(namespace=NS), name="unit", log_factory=lambda: log)
-    return Rig(app, log, MemoryFeed(f"{NS}.dispatch.default"))
+    return make_rig()
 
 
 async def test_success_writes_started_then_succeeded_with_result_and_effects(rig: Rig) -> None:
@@ -560,16 +479,17 @@ async def test_is_current_asks_the_reader_when_there_is_one(
     rig: Rig, known: Callable[[Dispatch], JobState | None], expected: bool
 ) -> None:
     answers: list[bool] = []
-
-    @rig.app.task(name="ask")
-    async def ask(ctx: Context) -> None:
-        answers.append(await ctx.is_current())
-
     dispatch = rig.dispatch("ask")
     reader = MemoryReader()
     state = known(dispatch)
-    if state is not None:
-        reader.jobs[dispatch.job_id] = state
+
+    @rig.app.task(name="ask")
+    async def ask(ctx: Context) -> None:
+        # What the projection shows once the attempt runs (before, the worker would not start it).
+        if state is not None:
+            reader.jobs[dispatch.job_id] = state
+        answers.append(await ctx.is_current())
+
     rig.feed.put_dispatch(dispatch)
     async with rig.worker(reader=reader):
         await rig.outcome(dispatch.job_id)

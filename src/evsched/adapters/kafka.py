@@ -37,6 +37,7 @@ class Record:
     log_at: int
     key: bytes | None
     value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 def to_record(raw: Any) -> Record:
@@ -47,6 +48,7 @@ def to_record(raw: Any) -> Record:
         log_at=raw.timestamp,
         key=raw.key,
         value=raw.value,
+        headers=tuple(raw.headers or ()),
     )
 
 

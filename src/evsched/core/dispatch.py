@@ -34,6 +34,38 @@ class Dispatch:
     trace: TraceContext | None = None
 
 
+# How much earlier than its start deadline a worker stops starting a dispatch: its AttemptStarted
+# has to reach the log before the node expires the lease, and the node's and the worker's clocks
+# may disagree by this much. At most a quarter of the dispatch's lease, for short leases.
+START_MARGIN_MS = 1_000
+
+
+def start_deadline(dispatch: Dispatch) -> int:
+    """The last epoch-ms time at which a worker may start ``dispatch`` (its clock).
+
+    The node expires a lease that was not started by ``leased_at + lease_ms`` (by the log's clock),
+    so an attempt started later would run a handler for a lease that is gone: one more run of
+    side effects, and a completion the fold rejects.
+    """
+    margin = min(START_MARGIN_MS, dispatch.lease_ms // 4)
+    return dispatch.leased_at + dispatch.lease_ms - margin
+
+
+def why_not_start(dispatch: Dispatch, *, now_ms: int, newest_token: int | None) -> str | None:
+    """Why a worker must not start ``dispatch`` now, or None when it may.
+
+    ``newest_token`` is the highest token this worker has already seen for the job: a dispatch at
+    or below it is a duplicate or a superseded lease.
+    """
+    if newest_token is not None and dispatch.token < newest_token:
+        return "superseded"
+    if newest_token is not None and dispatch.token == newest_token:
+        return "duplicate"
+    if now_ms > start_deadline(dispatch):
+        return "expired"
+    return None
+
+
 def external_idempotency_key(job_id: str) -> str:
     """The key a handler passes to external systems: the same for every attempt of a job."""
     return f"evsched:{job_id}"

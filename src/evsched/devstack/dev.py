@@ -17,6 +17,7 @@ from pathlib import Path
 
 import typer
 
+from evsched.adapters.signing import KEY_ENV, KEY_FILE_ENV, DispatchKey
 from evsched.adapters.topics import ensure_topics
 from evsched.devstack.broker import LocalBroker
 from evsched.settings import DEFAULT_EVENT_PARTITIONS, DEFAULT_NAMESPACE
@@ -33,6 +34,7 @@ class DevStack:
     children: list[subprocess.Popen[bytes]] = field(default_factory=list)
     started_broker: LocalBroker | None = None
     demo_process: subprocess.Popen[bytes] | None = None
+    dispatch_key: str = field(default_factory=DispatchKey.generate, repr=False)
 
     def env(self, bootstrap: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -41,6 +43,9 @@ class DevStack:
             EVSCHED_NAMESPACE=self.namespace,
             EVSCHED_EVENT_PARTITIONS=str(self.partitions),
         )
+        if not (env.get(KEY_ENV) or env.get(KEY_FILE_ENV)):
+            # The dev stack's node and worker share a key made for this run (docs/security.md).
+            env[KEY_ENV] = self.dispatch_key
         cwd = os.getcwd()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH", "")) if p)
         return env

@@ -26,6 +26,7 @@ from evsched.adapters import kafka
 from evsched.adapters.clock import monotonic_s, now_ms
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka import Record
+from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics, ensure_topics
 from evsched.core.planner import PlannerLimits
 from evsched.metrics import Metrics, NodeInstruments, serve_metrics
@@ -49,6 +50,7 @@ class NodeConfig:
     max_records: int = 2_000
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
+    dispatch_key: DispatchKey | None = None  # None: dispatch records go out unsigned
 
     @property
     def group_id(self) -> str:
@@ -291,6 +293,7 @@ class Node:
             ensure_queues=self.ensure_queues,
             on_commit=None if self.metrics is None else self.metrics.folded.observe_commit,
             instruments=None if self.metrics is None else self.metrics.node.partition(partition),
+            dispatch_key=self.config.dispatch_key,
         )
         runner = PartitionRunner(owner, consumer)
         consumer.seek(tp, runner.fetched_to)

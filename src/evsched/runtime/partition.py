@@ -24,6 +24,7 @@ from evsched.adapters import avro
 from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka import Record
+from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
 from evsched.core import planner
 from evsched.core.events import Event, entity_id
@@ -121,8 +122,10 @@ class OwnedPartition:
         scan_limit: int = 1_000,
         on_commit: CommitHook | None = None,
         instruments: PartitionInstruments | None = None,
+        dispatch_key: DispatchKey | None = None,
     ) -> None:
         partition = index.partition
+        self.dispatch_key = dispatch_key
         self.partition = partition
         self.tp = TopicPartition(topics.events, partition)
         self.topics = topics
@@ -319,10 +322,14 @@ class OwnedPartition:
         )
 
     def _dispatch(self, lease: planner.Lease) -> Outgoing:
+        topic = self.topics.dispatch(lease.dispatch.queue)
+        value = avro.encode_dispatch(lease.dispatch)
+        key = self.dispatch_key  # workers holding the key run only what a node signed
         return Outgoing(
-            topic=self.topics.dispatch(lease.dispatch.queue),
+            topic=topic,
             key=lease.dispatch.job_id.encode(),
-            value=avro.encode_dispatch(lease.dispatch),
+            value=value,
+            headers=() if key is None else (key.header(topic, value),),
             queue=lease.dispatch.queue,
         )
 

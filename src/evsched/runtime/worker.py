@@ -11,26 +11,28 @@ import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
 import structlog
 import typer
-from aiokafka.errors import CommitFailedError
 
-from evsched.adapters.avro import decode_dispatch
 from evsched.adapters.clock import SYSTEM_CLOCK, Clock
-from evsched.adapters.kafka import KafkaError, Record, consumer, to_record
-from evsched.adapters.topics import TopicProvisioningError, ensure_topics
+from evsched.adapters.kafka import Record
+from evsched.adapters.signing import DispatchKey
 from evsched.client.app import App
-from evsched.client.transport import EventLog, KafkaEventLog
-from evsched.errors import DecodeError, EvschedError
-from evsched.logging import configure_logging
-from evsched.metrics import MetricsAddr, WorkerInstruments, metrics_port_option, serve_metrics
+from evsched.client.transport import EventLog
+from evsched.core.dispatch import Dispatch
+from evsched.errors import EvschedError
+from evsched.metrics import WorkerInstruments
 from evsched.runtime.attempt import AttemptRunner, ThreadCount
 from evsched.runtime.context import JobReader
+from evsched.runtime.gate import DispatchGate
 
 log = structlog.get_logger("evsched.worker")
 RUN_AT_CHECK_S = 1.0
+# Where a pool with no committed offset starts on a dispatch partition: records of the last
+# minute, twice the default dispatch timeout (older ones are past their start deadline).
+START_LOOKBACK_MS = 60_000
 
 
 class DispatchFeed(Protocol):
@@ -51,74 +53,6 @@ class DispatchFeed(Protocol):
         ...
 
 
-class KafkaDispatchFeed:
-    """A consumer in group ``<ns>.workers.<pool>`` on the dispatch topics of the pool's queues.
-
-    It fetches only as many records as the worker can start; while the worker is full, its
-    partitions are paused and polled, so the group does not evict it for being idle.
-    """
-
-    def __init__(self, consumer_factory: Any) -> None:
-        self._factory = consumer_factory
-        self._consumer: Any = None
-
-    async def start(self) -> None:
-        self._consumer = self._factory()
-        try:
-            await self._consumer.start()
-        except KafkaError as exc:
-            await self._consumer.stop()
-            raise EvschedError(f"the worker's consumer could not start: {exc!r}") from exc
-
-    async def close(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
-
-    async def take(self, max_records: int, timeout_s: float) -> list[Record]:
-        c = self._consumer
-        try:
-            if max_records <= 0:
-                c.pause(*c.assignment())
-                await c.getmany(timeout_ms=0)
-                return []
-            if paused := c.paused():
-                c.resume(*paused)
-            batches = await c.getmany(timeout_ms=int(timeout_s * 1000), max_records=max_records)
-        except KafkaError as exc:
-            log.warning("dispatch_poll_failed", error=repr(exc))
-            await asyncio.sleep(timeout_s)  # back off, then let the loop poll again
-            return []
-        if not batches:
-            return []
-        if not await self._commit({tp: rs[-1].offset + 1 for tp, rs in batches.items()}):
-            return []
-        return [to_record(raw) for records in batches.values() for raw in records]
-
-    async def _commit(self, offsets: dict[Any, int]) -> bool:
-        """Commit what was taken; False when the records must not run here."""
-        try:
-            await self._consumer.commit(offsets)
-        except CommitFailedError as exc:
-            # The group rebalanced under this member (e.g. it was evicted after a freeze): the
-            # offsets stay where they were, and whoever owns the partitions after the rebalance
-            # (another member, or this one after rejoining) reads these records again from there.
-            # Running them here as well would run the same live token twice, which fencing
-            # cannot tell apart.
-            log.warning(
-                "dispatch_dropped_after_rebalance", offsets=_named(offsets), error=repr(exc)
-            )
-            return False
-        except KafkaError as exc:
-            # Anything else: the records may be dispatched again, which fencing makes safe;
-            # dropping them could lose them.
-            log.warning("dispatch_commit_failed", error=repr(exc))
-        return True
-
-
-def _named(offsets: dict[Any, int]) -> dict[str, int]:
-    return {f"{tp.topic}[{tp.partition}]": offset for tp, offset in sorted(offsets.items())}
-
-
 def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
 
@@ -133,6 +67,7 @@ class WorkerConfig:
     lease_ms: int = 30_000
     grace_s: float = 30.0
     poll_s: float = 0.5
+    start_lookback_ms: int = START_LOOKBACK_MS
     worker_id: str = field(default_factory=default_worker_id)
 
     def __post_init__(self) -> None:
@@ -155,6 +90,7 @@ class Worker:
         clock: Clock = SYSTEM_CLOCK,
         reader: JobReader | None = None,
         instruments: WorkerInstruments | None = None,
+        dispatch_key: DispatchKey | None = None,
     ) -> None:
         self.app = app
         self.config = config
@@ -171,6 +107,12 @@ class Worker:
         self._instruments = instruments
         if instruments is not None:
             instruments.running.set_function(lambda: self.running)
+        self._gate = DispatchGate(
+            key=dispatch_key,
+            clock=clock,
+            reader=reader,
+            on_skipped=None if instruments is None else instruments.skipped_dispatch,
+        )
 
     @property
     def running(self) -> int:
@@ -218,7 +160,7 @@ class Worker:
             free = self.config.concurrency - len(self._running)
             if free <= 0:
                 await self._feed.take(0, 0)
-                await _wait(self._slot_freed, self.config.poll_s)
+                await wait_set(self._slot_freed, self.config.poll_s)
                 continue
             for record in await self._take(free):
                 self._spawn(runner, record)
@@ -246,21 +188,13 @@ class Worker:
         self._slot_freed.set()
 
     async def _handle(self, runner: AttemptRunner, record: Record) -> None:
-        try:
-            dispatch = decode_dispatch(record.value or b"")
-        except DecodeError as exc:
-            log.warning(
-                "dispatch_undecodable",
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                reason=exc.reason,
-            )
+        dispatch = await self._gate.admit(record)
+        if dispatch is None:
             return
         logger = log.bind(job_id=dispatch.job_id, token=dispatch.token)
         if dispatch.trace is not None:
             logger = logger.bind(traceparent=dispatch.trace.traceparent)
-        if not await self._wait_until(dispatch.run_at, dispatch.lease_ms, logger):
+        if not await self._wait_until(dispatch, logger) or not self._gate.in_time(dispatch):
             return
         try:
             await runner.run(dispatch, self.app.tasks.get(dispatch.task))
@@ -270,14 +204,16 @@ class Worker:
         except Exception:
             logger.exception("attempt_crashed")
 
-    async def _wait_until(self, run_at: int, lease_ms: int, logger: Any) -> bool:
+    async def _wait_until(self, dispatch: Dispatch, logger: Any) -> bool:
         """Never start before run_at (by this worker's clock); False to skip the dispatch."""
+        run_at = dispatch.run_at
         while (ahead := run_at - self._clock.now_ms()) > 0:
-            if ahead > lease_ms:
+            if ahead > dispatch.lease_ms:
                 # Only a far-off clock gets here: the start lease would lapse while waiting.
                 logger.warning("dispatch_not_due", run_at=run_at, ahead_ms=ahead)
+                self._gate.skip(dispatch, "not_due")
                 return False
-            if await _wait(self._stopping, min(ahead / 1000, RUN_AT_CHECK_S)):
+            if await wait_set(self._stopping, min(ahead / 1000, RUN_AT_CHECK_S)):
                 return False
         return True
 
@@ -303,7 +239,7 @@ class Worker:
             await asyncio.wait(set(self._running))
 
 
-async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
+async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
     """Whether ``event`` got set within ``timeout_s``."""
     try:
         async with asyncio.timeout(timeout_s):
@@ -333,36 +269,6 @@ def load_app(reference: str) -> App:
     return app
 
 
-def kafka_worker(
-    app: App, config: WorkerConfig, instruments: WorkerInstruments | None = None
-) -> Worker:
-    """A worker on the real broker: its own producer and a consumer in ``<ns>.workers.<pool>``."""
-    client_id = f"evsched-worker-{config.worker_id}"
-    topics = [app.topics.dispatch(queue) for queue in config.queues]
-    group = f"{app.settings.namespace}.workers.{config.pool}"
-    feed = KafkaDispatchFeed(
-        lambda: consumer(app.settings, *topics, group_id=group, client_id=client_id)
-    )
-    events = KafkaEventLog(app.settings, client_id=client_id)
-    return Worker(app, config, feed=feed, events=events, instruments=instruments)
-
-
-async def ensure_worker_topics(app: App, config: WorkerConfig) -> None:
-    """Create the pool's dispatch topics if missing, as the node would (and check them).
-
-    A consumer subscribed to a topic that does not exist yet only sees it at its next metadata
-    refresh (minutes), so a worker started before the node would sit idle that long.
-    """
-    settings = app.settings
-    await ensure_topics(
-        settings.bootstrap,
-        settings.namespace,
-        event_partitions=settings.event_partitions,
-        queues=config.queues,
-        **dict(settings.kafka_options),
-    )
-
-
 async def serve(worker: Worker) -> None:
     """Run ``worker`` until SIGTERM or SIGINT (a second one cuts the grace period short)."""
     loop = asyncio.get_running_loop()
@@ -373,53 +279,3 @@ async def serve(worker: Worker) -> None:
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
-
-
-def worker_command(
-    *,
-    app: Annotated[str, typer.Option(help="The App to serve, as module:attribute.")],
-    queues: Annotated[
-        str | None, typer.Option(help="Comma-separated queues; default: those of the app's tasks.")
-    ] = None,
-    pool: Annotated[str, typer.Option(help="Worker pool: consumer group <ns>.workers.<pool>.")] = (
-        "default"
-    ),
-    concurrency: Annotated[int, typer.Option(min=1, help="Attempts run at once.")] = 10,
-    lease_s: Annotated[
-        float, typer.Option(min=0.01, help="Run lease, renewed every third of it.")
-    ] = 30.0,
-    grace_s: Annotated[
-        float, typer.Option(min=0, help="On SIGTERM, how long running attempts may finish.")
-    ] = 30.0,
-    metrics_port: Annotated[int | None, metrics_port_option("EVSCHED_WORKER_METRICS_PORT")] = None,
-    metrics_addr: MetricsAddr = "127.0.0.1",
-    log_json: Annotated[bool, typer.Option("--log-json/--log-console")] = True,
-) -> None:
-    """Run the tasks of an evsched App from its dispatch queues."""
-    configure_logging(json=log_json)
-    loaded = load_app(app)
-    listed = tuple(q.strip() for q in (queues or "").split(",") if q.strip())
-    config = WorkerConfig(
-        queues=listed or loaded.queues,
-        pool=pool,
-        concurrency=concurrency,
-        lease_ms=round(lease_s * 1000),
-        grace_s=grace_s,
-    )
-    instruments = None
-    if metrics_port is not None:
-        instruments = WorkerInstruments()
-        serve_metrics(instruments.registry, metrics_port, metrics_addr)
-    worker = kafka_worker(loaded, config, instruments)
-    try:
-        asyncio.run(ensure_worker_topics(loaded, config))
-    except TopicProvisioningError as exc:
-        typer.echo(f"evsched worker: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    asyncio.run(serve(worker))
-    if worker.threads.busy:
-        # Threads can't be killed, and Python waits for them at exit: leave without them.
-        log.warning("worker_exit_abandoning_threads", threads=worker.threads.busy)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
