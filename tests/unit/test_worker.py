@@ -33,7 +33,7 @@ from evsched.runtime.context import AttemptFinished
 from evsched.runtime.worker import Worker, WorkerConfig, load_app, serve
 from evsched.testing import FrozenClock, MemoryReader
 from tests.states import job_state
-from tests.unit.worker_rig import EVENTS, Rig, make_rig
+from tests.unit.worker_rig import EVENTS, Rig, make_rig, until
 
 
 class Boom(Exception):
@@ -301,10 +301,11 @@ async def test_stop_finishes_running_attempts_and_takes_no_more(rig: Rig) -> Non
 
 
 async def test_attempts_left_after_the_grace_period_are_abandoned(rig: Rig) -> None:
-    cancelled = asyncio.Event()
+    entered, cancelled = threading.Event(), threading.Event()
 
     @rig.app.task(name="stuck")
     async def stuck() -> None:
+        entered.set()
         try:
             await asyncio.Event().wait()
         finally:
@@ -313,7 +314,7 @@ async def test_attempts_left_after_the_grace_period_are_abandoned(rig: Rig) -> N
     dispatch = rig.send("stuck")
     with capture_logs() as logs:
         async with rig.worker(grace_s=0.05):
-            await rig.log.wait_for(lambda log: bool(log.events(AttemptStarted)), what="a start")
+            await until(entered.is_set, "the handler running")
 
     assert cancelled.is_set()
     assert rig.events_of(dispatch.job_id, AttemptSucceeded, AttemptFailed) == []

@@ -31,6 +31,7 @@ from evsched.core.events import (
 )
 from evsched.errors import EncodeError, InvalidEnqueue
 from evsched.runtime.context import AttemptIo, Context, JobReader, LeaseWatch
+from evsched.runtime.handler_loop import HandlerEscaped, HandlerLoop, contain
 
 log = structlog.get_logger("evsched.worker")
 MAX_MESSAGE_CHARS = 4_000
@@ -63,7 +64,7 @@ class ThreadCount:
         with self._lock:
             self.busy += 1
         try:
-            return context.run(call)
+            return context.run(contain, call)
         finally:
             with self._lock:
                 self.busy -= 1
@@ -79,6 +80,7 @@ class AttemptRunner:
     log: EventLog
     clock: Clock
     executor: Executor
+    handlers: HandlerLoop
     reader: JobReader | None = None
     threads: ThreadCount = field(default_factory=ThreadCount)
     # Told (task, outcome, seconds) once an attempt's completion is sent; outcome is
@@ -203,32 +205,39 @@ class AttemptRunner:
             return Failed("evsched.InvalidArguments", str(exc), retryable=False), None
         leading = (ctx,) if task.takes_context else ()
         call = functools.partial(task.handler, *leading, *arguments.args, **arguments.kwargs)
-        return await self._call(task, call, dispatch.timeout_ms)
+        return await self._call(task, call, dispatch)
 
     async def _call(
-        self, task: Task, call: Callable[[], Any], timeout_ms: int
+        self, task: Task, call: Callable[[], Any], dispatch: Dispatch
     ) -> tuple[Outcome, asyncio.Future[Any] | None]:
+        """Run the handler: async ones on the handler loop, sync ones in the thread pool."""
+        timeout_ms = dispatch.timeout_ms
         running: asyncio.Future[Any]
+        stop: Callable[[], object]
         if task.is_async:
-            running = asyncio.ensure_future(call())
+            name = f"evsched handler {task.name} job {dispatch.job_id} token {dispatch.token}"
+            run = self.handlers.submit(call, name=name)
+            running, stop = asyncio.wrap_future(run.done), run.cancel
         else:
             context = contextvars.copy_context()
             running = asyncio.wrap_future(self.executor.submit(self.threads.run, context, call))
+            stop = running.cancel  # a thread cannot be stopped: it runs on, holding its slot
         try:
             async with asyncio.timeout(timeout_ms / 1000) as scope:
                 value = await asyncio.shield(running)
         except asyncio.CancelledError:
-            running.cancel()
+            stop()
+            running.add_done_callback(_retrieve)  # its end is of no interest any more
             raise
         except TimeoutError as exc:
             if not scope.expired():
                 return _failure(task, exc), None
             if task.is_async:
-                running.cancel()  # a thread cannot be stopped: it runs on, holding its slot
+                stop()  # a handler that ignores it keeps its slot until it really ends
             message = f"attempt exceeded its timeout of {timeout_ms} ms"
             return Failed("TimeoutError", message, retryable=True), running
-        except (Exception, SystemExit) as exc:
-            return _failure(task, exc), None
+        except Exception as exc:
+            return _failure(task, exc.original if isinstance(exc, HandlerEscaped) else exc), None
         try:
             return Succeeded(canonical_json(value)), None
         except NotJson as exc:
@@ -277,6 +286,11 @@ class AttemptRunner:
             message=outcome.message,
             retryable=outcome.retryable,
         )
+
+
+def _retrieve(running: asyncio.Future[Any]) -> None:
+    if not running.cancelled():
+        running.exception()
 
 
 def _outcome_label(outcome: Outcome) -> str:

@@ -118,7 +118,8 @@ class Context:
         A later attempt of the job starts with it as ``last_checkpoint``.
         """
         self._check_open()
-        await self._io.save_checkpoint(canonical_json(value))
+        body = canonical_json(value)
+        await self._on_worker_loop(lambda: self._io.save_checkpoint(body))
         self.last_checkpoint = value
 
     async def is_current(self) -> bool:
@@ -131,10 +132,22 @@ class Context:
         """
         if self._collected.finished or self._io.lease.lost:
             return False
-        if self._io.reader is None:
+        reader = self._io.reader
+        if reader is None:
             return True
-        state = await self._io.reader.job(self.job_id)
+        state = await self._on_worker_loop(lambda: reader.job(self.job_id))
         return state is not None and state.token == self.token and state.status in ACTIVE_STATUSES
+
+    async def _on_worker_loop(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Await ``call()`` on the worker's loop, where its Kafka clients live: async handlers
+        run on a loop of their own (see runtime/handler_loop.py)."""
+        if asyncio.get_running_loop() is self._io.loop:
+            return await call()
+
+        async def run() -> Any:
+            return await call()
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(run(), self._io.loop))
 
     def checkpoint_sync(self, value: Any) -> None:
         """``checkpoint`` for a sync handler running in the worker's thread pool."""

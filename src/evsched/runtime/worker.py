@@ -27,9 +27,12 @@ from evsched.metrics import WorkerInstruments
 from evsched.runtime.attempt import AttemptRunner, ThreadCount
 from evsched.runtime.context import JobReader
 from evsched.runtime.gate import DispatchGate
+from evsched.runtime.handler_loop import BLOCKED_AFTER_S, HandlerLoop
 
 log = structlog.get_logger("evsched.worker")
 RUN_AT_CHECK_S = 1.0
+# After the grace period: how long cancelled attempts (and their handlers) get to wind down.
+CANCEL_WAIT_S = 2.0
 # Where a pool with no committed offset starts on a dispatch partition: records of the last
 # minute, twice the default dispatch timeout (older ones are past their start deadline).
 START_LOOKBACK_MS = 60_000
@@ -67,6 +70,7 @@ class WorkerConfig:
     lease_ms: int = 30_000
     grace_s: float = 30.0
     poll_s: float = 0.5
+    blocked_after_s: float = BLOCKED_AFTER_S
     start_lookback_ms: int = START_LOOKBACK_MS
     worker_id: str = field(default_factory=default_worker_id)
 
@@ -105,6 +109,7 @@ class Worker:
         self.peak_running = 0
         self.threads = ThreadCount()
         self._instruments = instruments
+        self.handlers = HandlerLoop(config.blocked_after_s)
         if instruments is not None:
             instruments.running.set_function(lambda: self.running)
         self._gate = DispatchGate(
@@ -135,24 +140,40 @@ class Worker:
             log=self._events,
             clock=self._clock,
             executor=executor,
+            handlers=self.handlers,
             reader=self._reader,
             threads=self.threads,
             on_finished=None if self._instruments is None else self._instruments.finished,
         )
-        await self._events.start()
+        self.handlers.start()
+        watchdog = asyncio.create_task(self.handlers.watch())
         try:
-            await self._feed.start()
-            log.info("worker_started", worker_id=self.config.worker_id, queues=self.config.queues)
+            await self._events.start()
             try:
-                await self._take_until_stopped(runner)
+                await self._serve(runner)
             finally:
-                # Leave the group first, so the pool's other workers take over the partitions.
-                await self._feed.close()
-                await self._drain()
+                await self._events.close()
         finally:
-            await self._events.close()
+            watchdog.cancel()
+            await self.handlers.close(CANCEL_WAIT_S)
             executor.shutdown(wait=False, cancel_futures=True)
         log.info("worker_stopped", worker_id=self.config.worker_id)
+
+    async def _serve(self, runner: AttemptRunner) -> None:
+        await self._feed.start()
+        log.info("worker_started", worker_id=self.config.worker_id, queues=self.config.queues)
+        try:
+            await self._take_until_stopped(runner)
+        finally:
+            # Leave the group first, so the pool's other workers take over the partitions.
+            await self._feed.close()
+            await self._drain()
+
+    @property
+    def lingering(self) -> int:
+        """Handlers still running after ``run()`` returned: threads, and async ones that
+        ignored cancellation. The process has to exit without waiting for them."""
+        return self.threads.busy + self.handlers.abandoned
 
     async def _take_until_stopped(self, runner: AttemptRunner) -> None:
         while not self._stopping.is_set():
@@ -236,7 +257,7 @@ class Worker:
             log.warning("worker_grace_expired", abandoned=len(self._running))
             for task in self._running:
                 task.cancel()
-            await asyncio.wait(set(self._running))
+            await asyncio.wait(set(self._running), timeout=CANCEL_WAIT_S)
 
 
 async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:

@@ -270,9 +270,10 @@ def worker_command(
     except TopicMisconfigured as exc:
         typer.echo(f"evsched worker: {exc}", err=True)
         raise typer.Exit(1) from exc
-    if worker.threads.busy:
-        # Threads can't be killed, and Python waits for them at exit: leave without them.
-        log.warning("worker_exit_abandoning_threads", threads=worker.threads.busy)
+    if worker.lingering:
+        # Threads can't be killed, and Python waits for them at exit; an async handler that
+        # ignored cancellation would hold the process as well: leave without them.
+        log.warning("worker_exit_abandoning_handlers", handlers=worker.lingering)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
