@@ -19,7 +19,10 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
     start_http_server,
 )
@@ -279,8 +282,9 @@ class WorkerInstruments:
         self.registry = registry
         self.attempts = PromCounter(
             "evsched_worker_attempts",
-            "Attempts this worker finished, by task and outcome: succeeded, failed (retryable) "
-            "or failed_permanent.",
+            "Attempts this worker finished, by task and outcome: reported (a success sent; "
+            "whether the fold accepted it or rejected it as stale shows only in a node's or the "
+            "API's verdict metrics), failed (retryable) or failed_permanent.",
             ["task", "outcome"],
             registry=registry,
         )
@@ -328,8 +332,19 @@ def metrics_port_option(envvar: str) -> Any:
     )
 
 
+def add_process_collectors(registry: CollectorRegistry) -> None:
+    """``process_*`` and ``python_*`` metrics in ``registry``; calling it again adds nothing."""
+    for collector in (ProcessCollector, PlatformCollector, GCCollector):
+        try:
+            collector(registry=registry)
+        except ValueError:  # already there: prometheus_client refuses duplicated time series
+            continue
+
+
 def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> Any:
-    """Expose ``registry`` over HTTP on a daemon thread (for processes without the API)."""
+    """Expose ``registry`` over HTTP on a daemon thread (for processes without the API), with the
+    process's own ``process_*`` and ``python_*`` metrics."""
+    add_process_collectors(registry)
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     log.info("metrics_serving", addr=addr, port=port)
     return server

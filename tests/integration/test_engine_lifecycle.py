@@ -100,7 +100,7 @@ async def test_node_and_worker_serve_prometheus_metrics(stack: Stack) -> None:
         folded = total(
             node, "evsched_events_folded_total", kind="AttemptSucceeded", verdict="applied"
         )
-        ran = total(worker, "evsched_worker_attempts_total", task="s.effect", outcome="succeeded")
+        ran = total(worker, "evsched_worker_attempts_total", task="s.effect", outcome="reported")
         return folded >= 1 and ran >= 1
 
     await wait_for(counted, what="the success counted by the node and the worker")

@@ -97,7 +97,7 @@ async def test_metrics_count_outcomes_and_durations_by_task_and_running_attempts
         gate.set()
         await rig.outcome(held.job_id)
 
-    assert sample("evsched_worker_attempts_total", task="ok", outcome="succeeded") == 1
+    assert sample("evsched_worker_attempts_total", task="ok", outcome="reported") == 1
     assert sample("evsched_worker_attempts_total", task="bad", outcome="failed_permanent") == 1
     assert sample("evsched_worker_attempts_total", task="bad", outcome="failed") == 1
     assert sample("evsched_worker_attempt_seconds_count", task="bad") == 2

@@ -84,7 +84,8 @@ class AttemptRunner:
     reader: JobReader | None = None
     threads: ThreadCount = field(default_factory=ThreadCount)
     # Told (task, outcome, seconds) once an attempt's completion is sent; outcome is
-    # "succeeded", "failed" (retryable) or "failed_permanent".
+    # "reported" (a success sent: only the fold knows whether it was accepted or stale),
+    # "failed" (retryable) or "failed_permanent".
     on_finished: Callable[[str, str, float], None] | None = None
 
     @property
@@ -295,7 +296,7 @@ def _retrieve(running: asyncio.Future[Any]) -> None:
 
 def _outcome_label(outcome: Outcome) -> str:
     if isinstance(outcome, Succeeded):
-        return "succeeded"
+        return "reported"  # not "succeeded": the worker cannot tell an accepted success
     return "failed" if outcome.retryable else "failed_permanent"
 
 
