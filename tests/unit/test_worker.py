@@ -582,6 +582,10 @@ def test_worker_config_refuses_nonsense() -> None:
         WorkerConfig(queues=())
     with pytest.raises(EvschedError):
         WorkerConfig(queues=("q",), concurrency=0)
+    with pytest.raises(EvschedError, match="start_lookback_ms"):
+        WorkerConfig(queues=("q",), start_lookback_ms=-1)
+    with pytest.raises(EvschedError, match="blocked_after_s"):
+        WorkerConfig(queues=("q",), blocked_after_s=0)
 
 
 async def test_sigterm_stops_taking_work_and_lets_the_running_attempt_finish(rig: Rig) -> None:

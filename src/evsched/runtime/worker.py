@@ -79,6 +79,8 @@ class WorkerConfig:
             raise EvschedError("a worker needs at least one queue")
         if self.concurrency < 1 or self.lease_ms < 10 or self.grace_s < 0:
             raise EvschedError("a worker needs concurrency >= 1, lease_ms >= 10 and grace_s >= 0")
+        if self.start_lookback_ms < 0 or self.blocked_after_s <= 0:
+            raise EvschedError("a worker needs start_lookback_ms >= 0 and blocked_after_s > 0")
 
 
 class Worker:
