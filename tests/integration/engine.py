@@ -111,7 +111,8 @@ class Stack:
             EVSCHED_NAMESPACE=self.namespace,
             EVSCHED_EVENT_PARTITIONS=str(self.partitions),
             EVSCHED_DISPATCH_KEY=self.dispatch_key,
-            PYTHONPATH=str(REPO),
+            # This checkout's code first: the venv's editable install may point at another one.
+            PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
         )
         return env
 
