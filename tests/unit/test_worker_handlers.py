@@ -148,3 +148,32 @@ async def test_sigterm_shutdown_is_bounded_with_a_stubborn_handler(rig: Rig) -> 
     await asyncio.wait_for(serving, 10)
     assert worker.lingering == 1
     assert sys.exc_info() == (None, None, None)
+
+
+async def test_a_timed_out_handler_that_ignores_cancellation_gives_its_slot_back(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("evsched.runtime.attempt.OVERRUN_BOUND_S", 0.2)
+
+    @rig.app.task(name="stubborn")
+    async def stubborn() -> None:
+        while True:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                continue
+
+    @rig.app.task(name="noop")
+    async def noop() -> None:
+        return None
+
+    stuck, after = rig.send("stubborn", timeout_ms=100), rig.send("noop")
+    with capture_logs() as logs:
+        async with rig.worker(concurrency=1, grace_s=0.1):
+            failed = await rig.outcome(stuck.job_id)
+            assert isinstance(await rig.outcome(after.job_id), AttemptSucceeded)
+
+    assert (failed.error_type, failed.retryable) == ("TimeoutError", True)
+    assert [e["job_id"] for e in logs if e["event"] == "handler_ignored_cancellation"] == [
+        stuck.job_id
+    ]

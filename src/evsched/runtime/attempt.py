@@ -35,6 +35,8 @@ from evsched.runtime.handler_loop import HandlerEscaped, HandlerLoop, contain
 
 log = structlog.get_logger("evsched.worker")
 MAX_MESSAGE_CHARS = 4_000
+# How long a timed-out async handler keeps its slot while it winds down after its cancellation.
+OVERRUN_BOUND_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +135,10 @@ class AttemptRunner:
                 self.on_finished(dispatch.task, _outcome_label(outcome), elapsed)
         finally:
             if overrun is not None:
-                await _outlive(overrun, logger)
+                # A thread holds its slot until it returns (the pool has one thread per slot);
+                # an async handler gets a bounded time to honour its cancellation.
+                bound = OVERRUN_BOUND_S if task is not None and task.is_async else None
+                await _outlive(overrun, logger, bound)
 
     async def emit(self, event: JobEvent) -> None:
         """Write one event keyed by its job id; EncodeError when it cannot be written."""
@@ -305,10 +310,12 @@ def _failure(task: Task, exc: BaseException) -> Failed:
     return Failed(qualified_name(type(exc)), message, task.is_retryable(exc), exc)
 
 
-async def _outlive(running: asyncio.Future[Any], logger: Any) -> None:
-    """Hold the attempt's slot until a timed-out handler really stops (a thread can't be killed)."""
+async def _outlive(running: asyncio.Future[Any], logger: Any, bound_s: float | None) -> None:
+    """Hold the attempt's slot until a timed-out handler stops, or at most ``bound_s``."""
     if not running.done():
         logger.warning("handler_overran")
-    await asyncio.wait({running})
-    if not running.cancelled():
-        running.exception()  # already reported as a timeout; mark it retrieved
+    await asyncio.wait({running}, timeout=bound_s)
+    running.add_done_callback(_retrieve)  # already reported as a timeout
+    if not running.done():
+        # It ignores its cancellation: it runs on, on the handler loop, without its slot.
+        logger.warning("handler_ignored_cancellation", waited_s=bound_s)
