@@ -4,6 +4,8 @@ dispatch records signed with the namespace key run."""
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client import CollectorRegistry
 from tests.integration.test_client_worker import read_to_end
 
@@ -34,6 +37,7 @@ from evsched.settings import Settings
 
 pytestmark = pytest.mark.broker
 DEADLINE_S = 90.0
+REPO = Path(__file__).resolve().parents[2]
 KEY = DispatchKey(DispatchKey.generate())
 
 
@@ -228,3 +232,41 @@ async def test_a_worker_runs_only_dispatch_records_signed_with_the_namespace_key
         if s.name.endswith("_total")
     }
     assert reasons == {"unsigned": 1, "forged": 1}
+
+
+async def test_a_misconfigured_topic_stops_the_worker_with_one_line(
+    kafka_bootstrap: str, fresh_namespace: str, tmp_path: Path
+) -> None:
+    # Issue 9, E.18: not a 79-line traceback, one line naming the topic and the setting.
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        topic = NewTopic(
+            f"{fresh_namespace}.dispatch.default",
+            num_partitions=1,
+            replication_factor=1,
+            topic_configs={"cleanup.policy": "compact"},
+        )
+        await admin.create_topics([topic])
+    finally:
+        await admin.close()
+    env = {
+        **os.environ,
+        "EVSCHED_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "EVSCHED_NAMESPACE": fresh_namespace,
+        "EVSCHED_DISPATCH_KEY": DispatchKey.generate(),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+    }
+    done = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "evsched", "worker", "--app", "examples.app:app", "--queues", "default"),
+        cwd=REPO,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(done.communicate(), DEADLINE_S)
+    assert done.returncode == 1
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1, lines
+    assert f"{fresh_namespace}.dispatch.default" in lines[0] and "cleanup.policy" in lines[0]

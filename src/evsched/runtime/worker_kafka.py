@@ -267,7 +267,7 @@ def worker_command(
     worker = kafka_worker(loaded, config, instruments, dispatch_key)
     try:
         asyncio.run(serve_when_reachable(worker))
-    except TopicMisconfigured as exc:
+    except EvschedError as exc:  # a misconfigured topic, or the consumer that could not start
         typer.echo(f"evsched worker: {exc}", err=True)
         raise typer.Exit(1) from exc
     if worker.lingering:
