@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 
 from evsched import __version__
 from evsched.api import jobs, reader, schedules, status
+from evsched.api.auth import Tokens
 from evsched.api.context import ApiContext
 from evsched.api.errors import BodyLimit, install_error_handlers
 from evsched.api.models import Accepted
@@ -27,8 +28,9 @@ Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 DESCRIPTION = """\
 HTTP access to evsched. Writes answer once the broker acknowledged them (acks=all) **and** this
 API's read replica has folded them, so the response carries the fold's verdict. Writes need
-`Authorization: Bearer <token>` when the API runs with a token; reads are open. Every error has
-the body `{"error": {"code", "message", "field"}}`.
+`Authorization: Bearer <token>` (the write token); reads need the read or the write token when
+the API guards reads, and are open otherwise. `/healthz`, `/readyz` and `/metrics` are always
+open. Every error has the body `{"error": {"code", "message", "field"}}`.
 """
 
 
@@ -38,6 +40,7 @@ def create_app(
     replica: ReplicaView,
     app: App | None = None,
     token: str | None = None,
+    tokens: Tokens | None = None,
     metrics: Metrics | None = None,
     start_replica: bool = False,
     wait_timeout_s: float = 10.0,
@@ -53,8 +56,13 @@ def create_app(
     those names. With ``start_replica`` the app's lifespan starts and stops the replica (what
     ``evsched api`` does); otherwise the caller does. The client is closed at shutdown when
     ``close_app`` (default: when it was made here). ``metrics`` is hooked to the replica's
-    commits unless the replica already calls it.
+    commits unless the replica already calls it. ``tokens`` (or just a write ``token``) guard
+    the routes; neither: no authentication, which ``evsched api`` serves only with ``--no-auth``.
     """
+    if tokens is None:
+        tokens = Tokens(write=token)  # an empty token is refused there, not taken for "no auth"
+    elif token is not None:
+        raise ValueError("pass token or tokens, not both")
     metrics = metrics if metrics is not None else Metrics()
     _hook(replica, metrics.observe_commit)
     client = app if app is not None else App(settings, name="api")
@@ -65,7 +73,7 @@ def create_app(
         client=client,
         metrics=metrics,
         writer=Writer(client, replica, metrics, wait_timeout_s),
-        token=token or None,
+        tokens=tokens,
         max_scan=max_scan,
         ready_max_lag=ready_max_lag,
         lag_timeout_s=lag_timeout_s,
@@ -96,7 +104,7 @@ def _lifespan(ctx: ApiContext, *, start_replica: bool, close_client: bool) -> Li
         if start_replica:
             await ctx.replica.start()
         _seed(ctx)
-        log.info("api_started", namespace=ctx.settings.namespace, writes_need_token=bool(ctx.token))
+        log.info("api_started", namespace=ctx.settings.namespace, tokens=repr(ctx.tokens))
         try:
             yield
         finally:

@@ -14,7 +14,11 @@ def error(description: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description}
 
 
-READ: Responses = {422: error("Invalid parameters.")}
+READ: Responses = {
+    401: error("Reads are guarded and the request has no token."),
+    403: error("Wrong token."),
+    422: error("Invalid parameters."),
+}
 WRITE: Responses = {
     202: {"model": Accepted, "description": "Acknowledged, not yet applied by this replica."},
     400: error("The body could not be read as UTF-8 JSON."),

@@ -7,10 +7,10 @@ import asyncio
 from fastapi import APIRouter, Response
 
 from evsched.api import reader
-from evsched.api.context import ApiContext, Ctx
+from evsched.api.context import ApiContext, Ctx, Reads
 from evsched.api.errors import ApiError
 from evsched.api.models import Health, PartitionStats, QueueStats, Ready, Stats
-from evsched.api.responses import error
+from evsched.api.responses import READ, error
 from evsched.core.state import Status
 from evsched.errors import EvschedError
 
@@ -46,7 +46,7 @@ async def readyz(ctx: Ctx) -> Ready:
     return Ready(status="ready", lag={str(p): n for p, n in sorted(lag.items())})
 
 
-@router.get("/v1/stats", response_model=Stats)
+@router.get("/v1/stats", response_model=Stats, dependencies=[Reads], responses=READ)
 async def stats(ctx: Ctx) -> Stats:
     """Jobs by status and by queue, kept up to date from the fold (no scan per request)."""
     _seeded(ctx)
