@@ -10,9 +10,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from evsched import __version__
-from evsched.api import jobs, reader, schedules, status
+from evsched.api import jobs, reader, schedules, status, undecodable
 from evsched.api.auth import Tokens
-from evsched.api.context import ApiContext
+from evsched.api.context import ApiContext, Reads
 from evsched.api.errors import BodyLimit, install_error_handlers
 from evsched.api.models import Accepted
 from evsched.api.reader import ReplicaView
@@ -89,8 +89,11 @@ def create_app(
     api.add_middleware(BodyLimit, limit=max_body_bytes)
     install_error_handlers(api)
     api.add_exception_handler(NotYetApplied, _accepted)
-    for module in (jobs, schedules, status):
-        api.include_router(module.router)
+    # Read routes declare (in OpenAPI too) the token they need only when reads are guarded.
+    guard = [Reads] if tokens.guard_reads else []
+    for router in (jobs.router, schedules.router, status.reads, undecodable.router):
+        api.include_router(router, dependencies=guard)
+    api.include_router(status.router)
     if replica.running:
         _seed(ctx)
     return api

@@ -7,7 +7,7 @@ import asyncio
 from fastapi import APIRouter, Response
 
 from evsched.api import reader
-from evsched.api.context import ApiContext, Ctx, Reads
+from evsched.api.context import ApiContext, Ctx
 from evsched.api.errors import ApiError
 from evsched.api.models import Health, PartitionStats, QueueStats, Ready, Stats
 from evsched.api.responses import READ, error
@@ -15,6 +15,8 @@ from evsched.core.state import Status
 from evsched.errors import EvschedError
 
 router = APIRouter(tags=["operations"])
+# Probes and metrics stay open whatever the API's auth: orchestrators and scrapers carry no token.
+reads = APIRouter(tags=["operations"])
 
 
 @router.get("/healthz", response_model=Health)
@@ -46,7 +48,7 @@ async def readyz(ctx: Ctx) -> Ready:
     return Ready(status="ready", lag={str(p): n for p, n in sorted(lag.items())})
 
 
-@router.get("/v1/stats", response_model=Stats, dependencies=[Reads], responses=READ)
+@reads.get("/v1/stats", response_model=Stats, responses=READ)
 async def stats(ctx: Ctx) -> Stats:
     """Jobs by status and by queue, kept up to date from the fold (no scan per request)."""
     _seeded(ctx)
