@@ -3,14 +3,22 @@ encodings; and reads that never fail for what the log holds."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from evsched.client import App
 from evsched.client.payload import MAX_JSON_DEPTH, NotJson, decode_args, deeper_than
+from evsched.client.transport import Appended
+from evsched.core import ids
 from evsched.core.events import AttemptStarted, AttemptSucceeded, JobEnqueued, JobLeased
-from tests.unit.test_api_twin import Harness
+from evsched.testing import MemoryLog
+from tests.unit.test_api_twin import SETTINGS, Harness
 
 
 @pytest.fixture
@@ -135,3 +143,91 @@ async def test_undecodable_records_are_listed_with_offset_size_and_reason(api: H
     assert rest.json()["next_cursor"] is None
     other = await api.http.get("/v1/undecodable", params={"partition": 7})
     assert other.json()["records"] == []
+
+
+# --- E.16: header and cursor encodings, a frozen broker -----------------------------------------
+
+
+@pytest.mark.parametrize("key", ["clé-été", "注文-42", "emoji-🙂"])
+async def test_a_non_ascii_idempotency_key_makes_the_python_clients_job_id(
+    api: Harness, key: str
+) -> None:
+    """Header bytes are UTF-8 (HTTP hands them over as latin-1): the same key, the same job."""
+    response = await api.http.post(
+        "/v1/jobs",
+        json={"task": "t", "queue": "mail"},
+        headers=[("Idempotency-Key", key.encode())],
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["id"] == ids.job_id_for_key("mail", key)
+    assert response.json()["idempotency_key"] == key
+    client = App(SETTINGS, log_factory=lambda: api.log)
+
+    @client.task(name="t", queue="mail")
+    def t() -> None: ...
+
+    same = await t.options(idempotency_key=key).enqueue()
+    assert same == response.json()["id"]
+
+
+async def test_an_idempotency_key_that_is_not_utf8_is_422(api: Harness) -> None:
+    response = await api.http.post(
+        "/v1/jobs", json={"task": "t"}, headers=[("Idempotency-Key", b"caf\xe9")]
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["field"] == "Idempotency-Key"
+    assert api.log.records == []
+
+
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/schedules", "/v1/undecodable"])
+async def test_a_cursor_with_a_lone_surrogate_is_422(api: Harness, path: str) -> None:
+    await api.http.post("/v1/jobs", json={"task": "t"})
+    raw = json.dumps([0, "\ud800"]).encode()  # valid JSON: "\\ud800" escaped
+    cursor = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    response = await api.http.get(path, params={"cursor": cursor})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == "cursor"
+
+
+class FrozenLog(MemoryLog):
+    """A broker that takes writes and never acknowledges them (frozen), until thawed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thawed = asyncio.Event()
+
+    async def append(self, topic: str, key: str, value: bytes) -> Appended:
+        await self.thawed.wait()
+        return await super().append(topic, key, value)
+
+
+async def test_writes_to_a_frozen_broker_answer_202_unconfirmed_within_the_bound(
+    tmp_path: Path,
+) -> None:
+    log = FrozenLog()
+    client = App(SETTINGS, log_factory=lambda: log)
+    async with Harness(tmp_path, app=client, wait_timeout_s=0.3) as api:
+        api.log = log
+        api.replica.log = log
+        started = time.monotonic()
+        response = await asyncio.wait_for(
+            api.http.post("/v1/jobs", json={"task": "t"}, headers={"Idempotency-Key": "k1"}),
+            timeout=10,
+        )
+        assert time.monotonic() - started < 5
+        assert response.status_code == 202, response.text
+        accepted = response.json()
+        assert accepted["id"] == ids.job_id_for_key("default", "k1")
+        assert (accepted["status"], accepted["partition"], accepted["offset"]) == (
+            "unconfirmed",
+            None,
+            None,
+        )
+        assert response.headers["location"] == f"/v1/jobs/{accepted['id']}"
+        # The send goes on: once the broker thaws, the job is written, and reads find it.
+        log.thawed.set()
+        deadline = time.monotonic() + 10
+        while not log.records and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        found = await api.http.get(f"/v1/jobs/{accepted['id']}")
+        assert found.status_code == 200

@@ -121,14 +121,25 @@ def _lifespan(ctx: ApiContext, *, start_replica: bool, close_client: bool) -> Li
 
 
 async def _accepted(_: Request, exc: Exception) -> JSONResponse:
-    """The write is durable but its verdict unknown yet: 202 and where to look for it."""
+    """The write's verdict is not known yet: 202, how far it got, and where to look for it."""
     assert isinstance(exc, NotYetApplied)
-    body = Accepted(
-        id=exc.entity,
-        partition=exc.appended.partition,
-        offset=exc.appended.offset,
-        message="acknowledged by the broker; this replica has not applied it yet",
-    )
+    if exc.appended is None:
+        body = Accepted(
+            id=exc.entity,
+            status="unconfirmed",
+            partition=None,
+            offset=None,
+            message="the broker has not acknowledged the write in time; it may still be "
+            "written: poll the Location, or retry with the same Idempotency-Key",
+        )
+    else:
+        body = Accepted(
+            id=exc.entity,
+            status="acknowledged",
+            partition=exc.appended.partition,
+            offset=exc.appended.offset,
+            message="acknowledged by the broker; this replica has not applied it yet",
+        )
     return JSONResponse(body.model_dump(), status_code=202, headers={"Location": exc.location})
 
 

@@ -6,7 +6,7 @@ Times are RFC 3339 in UTC on the wire; the index keeps epoch milliseconds.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -326,11 +326,18 @@ class SchedulePage(BaseModel):
 
 
 class Accepted(BaseModel):
-    """Acknowledged by the broker, but not yet applied by this API's replica: poll for it."""
+    """The write's outcome is not known yet: poll ``Location`` for it.
+
+    ``status`` says how far it got: ``acknowledged`` (the broker has it at ``partition`` and
+    ``offset``; this replica has not applied it yet) or ``unconfirmed`` (the broker has not
+    acknowledged it within the timeout, e.g. it is unreachable; it may still be written, so retry
+    with the same Idempotency-Key rather than without one).
+    """
 
     id: str
-    partition: int
-    offset: int
+    status: Literal["acknowledged", "unconfirmed"]
+    partition: int | None
+    offset: int | None
     message: str
 
 

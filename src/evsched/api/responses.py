@@ -20,7 +20,10 @@ READ: Responses = {
     422: error("Invalid parameters."),
 }
 WRITE: Responses = {
-    202: {"model": Accepted, "description": "Acknowledged, not yet applied by this replica."},
+    202: {
+        "model": Accepted,
+        "description": "Not yet applied by this replica, or not yet acknowledged by the broker.",
+    },
     400: error("The body could not be read as UTF-8 JSON."),
     401: error("A token is configured and the request has none."),
     403: error("Wrong token."),
