@@ -231,3 +231,22 @@ async def test_writes_to_a_frozen_broker_answer_202_unconfirmed_within_the_bound
             await asyncio.sleep(0.01)
         found = await api.http.get(f"/v1/jobs/{accepted['id']}")
         assert found.status_code == 200
+
+
+# --- D.13: declared queues ----------------------------------------------------------------------
+
+
+async def test_an_undeclared_queue_is_a_422_and_nothing_is_written(api: Harness) -> None:
+    response = await api.http.post("/v1/jobs", json={"task": "t", "queue": "made-up"})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["field"]) == ("unknown_queue", "queue")
+    assert "evsched kafka topics --queue made-up" in error["message"]
+    schedule = await api.http.put(
+        "/v1/schedules/s", json={"cron": "* * * * *", "task": "t", "queue": "made-up"}
+    )
+    assert schedule.status_code == 422
+    assert schedule.json()["error"]["code"] == "unknown_queue"
+    assert api.log.records == []
+    declared = await api.http.post("/v1/jobs", json={"task": "t", "queue": "mail"})
+    assert declared.status_code == 201

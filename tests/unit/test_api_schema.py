@@ -27,9 +27,10 @@ from schemathesis.specs.openapi.checks import (
 
 from evsched.adapters.topics import Topics
 from evsched.api import create_app
+from evsched.api.queues import FixedQueues
 from evsched.client import App
 from evsched.testing import MemoryLog
-from tests.unit.test_api_twin import SETTINGS, TOKEN, MemoryReplica
+from tests.unit.test_api_twin import QUEUES, SETTINGS, TOKEN, MemoryReplica
 
 CHECKS = [
     not_a_server_error,
@@ -48,7 +49,14 @@ def api_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
     client = App(SETTINGS, log_factory=lambda: log)
     asyncio.run(replica.start())
     try:
-        yield create_app(SETTINGS, replica=replica, app=client, token=TOKEN, max_scan=200)
+        yield create_app(
+            SETTINGS,
+            replica=replica,
+            app=client,
+            token=TOKEN,
+            max_scan=200,
+            queues=FixedQueues(QUEUES),
+        )
     finally:
         asyncio.run(client.close())
         asyncio.run(replica.stop())
@@ -62,7 +70,9 @@ def _document() -> dict[str, Any]:
     log = MemoryLog()
     idle = MemoryReplica(log, Path("/nonexistent"), topic=Topics("apitest").events)
     client = App(SETTINGS, log_factory=lambda: log)
-    return create_app(SETTINGS, replica=idle, app=client, token=TOKEN).openapi()
+    return create_app(
+        SETTINGS, replica=idle, app=client, token=TOKEN, queues=FixedQueues(QUEUES)
+    ).openapi()
 
 
 schema = schemathesis.openapi.from_dict(_document())

@@ -15,6 +15,7 @@ from evsched.api.auth import Tokens
 from evsched.api.context import ApiContext, Reads
 from evsched.api.errors import BodyLimit, install_error_handlers
 from evsched.api.models import Accepted
+from evsched.api.queues import KafkaQueues, QueueCatalog
 from evsched.api.reader import ReplicaView
 from evsched.api.writes import NotYetApplied, Writer
 from evsched.client.app import App
@@ -41,6 +42,7 @@ def create_app(
     app: App | None = None,
     token: str | None = None,
     tokens: Tokens | None = None,
+    queues: QueueCatalog | None = None,
     metrics: Metrics | None = None,
     start_replica: bool = False,
     wait_timeout_s: float = 10.0,
@@ -55,9 +57,11 @@ def create_app(
     ``app``'s task definitions, if any, lend their defaults and signature checks to enqueues of
     those names. With ``start_replica`` the app's lifespan starts and stops the replica (what
     ``evsched api`` does); otherwise the caller does. The client is closed at shutdown when
-    ``close_app`` (default: when it was made here). ``metrics`` is hooked to the replica's
-    commits unless the replica already calls it. ``tokens`` (or just a write ``token``) guard
-    the routes; neither: no authentication, which ``evsched api`` serves only with ``--no-auth``.
+    ``close_app`` (default: when it was made here). ``queues`` tells the declared queues
+    (default: those whose dispatch topic exists in the cluster). ``metrics`` is hooked to the
+    replica's commits unless the replica already calls it. ``tokens`` (or just a write
+    ``token``) guard the routes; neither: no authentication, which ``evsched api`` serves only
+    with ``--no-auth``.
     """
     if tokens is None:
         tokens = Tokens(write=token)  # an empty token is refused there, not taken for "no auth"
@@ -74,6 +78,7 @@ def create_app(
         metrics=metrics,
         writer=Writer(client, replica, metrics, wait_timeout_s),
         tokens=tokens,
+        queues=queues if queues is not None else KafkaQueues(settings),
         max_scan=max_scan,
         ready_max_lag=ready_max_lag,
         lag_timeout_s=lag_timeout_s,

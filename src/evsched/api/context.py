@@ -11,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from evsched.api.auth import Tokens
 from evsched.api.errors import ApiError
+from evsched.api.queues import QueueCatalog
 from evsched.api.reader import ReplicaView
 from evsched.api.writes import Writer
 from evsched.client.app import App
@@ -26,6 +27,7 @@ class ApiContext:
     metrics: Metrics
     writer: Writer
     tokens: Tokens = field(repr=False)
+    queues: QueueCatalog
     max_scan: int
     ready_max_lag: int
     lag_timeout_s: float

@@ -19,6 +19,7 @@ from evsched.api.models import (
     Timeline,
     TimelineEvent,
 )
+from evsched.api.queues import require_declared
 from evsched.api.responses import READ, WRITE, Responses, error
 from evsched.api.writes import cancel_event, enqueue_event, requeue_event
 from evsched.client.validation import MAX_KEY_CHARS
@@ -61,6 +62,7 @@ async def enqueue(
     """Enqueue a job; answers once the broker acknowledged it and this replica applied it."""
     key = _utf8_header(idempotency_key, "Idempotency-Key")
     event = enqueue_event(ctx.client, body, key, ctx.writer.now_ms())
+    await require_declared(ctx.queues, event.queue)
     entry = await ctx.writer.write(event, f"/v1/jobs/{event.job_id}")
     if entry.verdict is Verdict.CONFLICT:
         raise ApiError(

@@ -28,6 +28,6 @@ WRITE: Responses = {
     401: error("A token is configured and the request has none."),
     403: error("Wrong token."),
     413: error("Body too large."),
-    422: error("Invalid body or parameters."),
+    422: error("Invalid body or parameters, or a queue that is not declared."),
     503: error("The broker did not acknowledge the write."),
 }
