@@ -4,6 +4,7 @@ are listed, a job nested deeper than anything renders, and errors are one line, 
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,38 @@ def test_enqueue_args_nested_too_deep_are_a_usage_error(cli: typer.Typer, depth:
     result = runner.invoke(cli, ["enqueue", "t", nested(depth)])
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "failure", [struct.error("'H' format requires 0 <= number <= 65535"), RecursionError()]
+)
+def test_an_internal_failure_is_one_line_not_a_traceback(
+    cli: typer.Typer, replica_dir: Path, monkeypatch: pytest.MonkeyPatch, failure: Exception
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise failure
+
+    monkeypatch.setattr("evsched.operator.cmd_read.find_jobs", broken)
+    monkeypatch.delenv("EVSCHED_DEBUG", raising=False)
+    result = runner.invoke(cli, ["jobs", "--offline", "--data-dir", str(replica_dir)])
+    assert result.exit_code == 70
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("error: internal error (")
+    assert type(failure).__qualname__ in lines[0]
+    monkeypatch.setenv("EVSCHED_DEBUG", "1")
+    debug = runner.invoke(cli, ["jobs", "--offline", "--data-dir", str(replica_dir)])
+    assert isinstance(debug.exception, type(failure))
+
+
+def test_an_interrupted_command_exits_130(
+    cli: typer.Typer, replica_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("evsched.operator.cmd_read.find_jobs", interrupted)
+    result = runner.invoke(cli, ["jobs", "--offline", "--data-dir", str(replica_dir)])
+    assert result.exit_code == 130
+    assert result.output.strip() == "interrupted"

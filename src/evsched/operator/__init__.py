@@ -17,7 +17,8 @@ from evsched.operator import (
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 a check failed (replay diverged, rebuild digests differ); 2 bad "
-    "arguments; 3 not found; 4 Kafka or the index unavailable; 5 a write the fold refused."
+    "arguments; 3 not found; 4 Kafka or the index unavailable; 5 a write the fold refused; "
+    "70 an internal error (EVSCHED_DEBUG=1 shows its traceback); 130 interrupted."
 )
 
 
