@@ -250,3 +250,10 @@ async def test_an_undeclared_queue_is_a_422_and_nothing_is_written(api: Harness)
     assert api.log.records == []
     declared = await api.http.post("/v1/jobs", json={"task": "t", "queue": "mail"})
     assert declared.status_code == 201
+
+
+async def test_a_405_allows_every_method_of_the_path(api: Harness) -> None:
+    response = await api.http.post("/v1/schedules/s")
+    assert response.status_code == 405
+    assert response.headers["allow"] == "DELETE, GET, PUT"
+    assert (await api.http.delete("/v1/jobs")).headers["allow"] == "GET, POST"

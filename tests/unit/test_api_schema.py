@@ -1,5 +1,6 @@
 """Schemathesis against the OpenAPI document: generated requests, valid and not, never get a 5xx,
-and every response conforms to the document (status, content type, headers, body schema).
+and every response conforms to the document (status, content type, headers, body schema, the
+`Allow` of a 405).
 
 The API runs over the in-memory twins (the real fold and index, no broker), with a token, which
 the calls carry so writes get past auth and reach validation and the fold.
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
+    allow_header_conformance,
     content_type_conformance,
     negative_data_rejection,
     response_headers_conformance,
@@ -39,6 +41,7 @@ CHECKS = [
     response_headers_conformance,
     response_schema_conformance,
     negative_data_rejection,
+    allow_header_conformance,
 ]
 
 

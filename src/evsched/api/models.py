@@ -78,8 +78,16 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# In the OpenAPI document: delay_s and run_at are alternatives, so generated clients know it.
+_ONE_START = ConfigDict(
+    extra="forbid", json_schema_extra={"not": {"required": ["delay_s", "run_at"]}}
+)
+
+
 class EnqueueRequest(_Request):
     """A job of the task named ``task``; options left out take the task's or evsched's defaults."""
+
+    model_config = _ONE_START
 
     task: Annotated[Name, Field(examples=["emails.send"])]
     args: Args = Field(default_factory=list, examples=[["buyer@example.com"]])
@@ -98,6 +106,8 @@ class CancelRequest(_Request):
 
 
 class RequeueRequest(_Request):
+    model_config = _ONE_START
+
     reason: Reason = ""
     delay_s: Delay | None = None
     run_at: RunAt | None = None
