@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +146,22 @@ def test_no_option_takes_a_secret_value() -> None:
     assert "--token " not in result.output
     refused = CliRunner().invoke(cli(), ["api", "--token", "x"])
     assert refused.exit_code == 2
+
+
+def test_the_real_process_refuses_to_start_with_an_empty_token(tmp_path: Path) -> None:
+    """``EVSCHED_API_TOKEN=`` (as a compose file passes an unset variable) must not serve open."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVSCHED_API_")}
+    env["EVSCHED_API_TOKEN"] = ""
+    done = subprocess.run(
+        [sys.executable, "-m", "evsched", "api", "--data-dir", str(tmp_path), "--port", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: no write token: set EVSCHED_API_TOKEN (or --token-file, a file holding it), "
+        "or pass --no-auth to serve without authentication"
+    ]
