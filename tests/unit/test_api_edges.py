@@ -224,6 +224,7 @@ async def test_writes_to_a_frozen_broker_answer_202_unconfirmed_within_the_bound
             None,
         )
         assert response.headers["location"] == f"/v1/jobs/{accepted['id']}"
+        assert api.metrics.registry.get_sample_value("evsched_api_writes_unconfirmed_total") == 1
         # The send goes on: once the broker thaws, the job is written, and reads find it.
         log.thawed.set()
         deadline = time.monotonic() + 10
@@ -250,6 +251,7 @@ async def test_an_undeclared_queue_is_a_422_and_nothing_is_written(api: Harness)
     assert api.log.records == []
     declared = await api.http.post("/v1/jobs", json={"task": "t", "queue": "mail"})
     assert declared.status_code == 201
+    assert api.metrics.registry.get_sample_value("evsched_api_unknown_queue_refusals_total") == 2
 
 
 async def test_a_405_allows_every_method_of_the_path(api: Harness) -> None:

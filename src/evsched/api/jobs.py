@@ -62,7 +62,7 @@ async def enqueue(
     """Enqueue a job; answers once the broker acknowledged it and this replica applied it."""
     key = _utf8_header(idempotency_key, "Idempotency-Key")
     event = enqueue_event(ctx.client, body, key, ctx.writer.now_ms())
-    await require_declared(ctx.queues, event.queue)
+    await require_declared(ctx.queues, event.queue, ctx.metrics)
     entry = await ctx.writer.write(event, f"/v1/jobs/{event.job_id}")
     if entry.verdict is Verdict.CONFLICT:
         raise ApiError(

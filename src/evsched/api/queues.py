@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Protocol
 
+import structlog
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
@@ -19,7 +20,10 @@ from evsched.adapters.clock import monotonic_s
 from evsched.adapters.topics import Topics
 from evsched.api.errors import ApiError
 from evsched.errors import EvschedError
+from evsched.metrics import Metrics
 from evsched.settings import Settings
+
+log = structlog.get_logger("evsched.api")
 
 
 class QueueLookupError(EvschedError):
@@ -95,13 +99,18 @@ def undeclared(queue: str) -> str:
     )
 
 
-async def require_declared(catalog: QueueCatalog, queue: str) -> None:
-    """ApiError(422) naming ``queue`` unless it is declared; 503 when that cannot be told."""
+async def require_declared(catalog: QueueCatalog, queue: str, metrics: Metrics) -> None:
+    """ApiError(422) naming ``queue`` unless it is declared; 503 when that cannot be told.
+
+    Each refusal is counted and logged with the name, so attempts to invent queues show.
+    """
     try:
         known = await catalog.declared(queue)
     except QueueLookupError as exc:
         raise ApiError(503, "broker_unavailable", str(exc)) from exc
     if not known:
+        metrics.unknown_queue_refusals.inc()
+        log.info("unknown_queue_refused", queue=queue)
         raise ApiError(422, "unknown_queue", undeclared(queue), field="queue")
 
 

@@ -39,7 +39,7 @@ async def put_schedule(
     """Create or replace a schedule; a slot already fired never fires again."""
     existed = reader.schedule(ctx.replica, schedule_id) is not None
     event = schedule_event(ctx.client, schedule_id, body, ctx.writer.now_ms())
-    await require_declared(ctx.queues, event.template.queue)
+    await require_declared(ctx.queues, event.template.queue, ctx.metrics)
     entry = await ctx.writer.write(event, f"/v1/schedules/{schedule_id}")
     if entry.verdict is not Verdict.APPLIED:
         # The cron checks passed, so the fold refused the expression itself (no slot left).

@@ -103,6 +103,7 @@ class Writer:
         except PublishError as exc:
             raise ApiError(503, "broker_unavailable", str(exc)) from exc
         except TimeoutError:
+            self.metrics.writes_unconfirmed.inc()
             self._pending.add(send)
             send.add_done_callback(partial(_settled, self._pending, entity))
             raise NotYetApplied(entity, None, location) from None
