@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from evsched.errors import EvschedError
+
 DEFAULT_BROKER_PORT = 19092
 DEFAULT_CONTROLLER_PORT = 19093
 DEFAULT_BOOTSTRAP = f"127.0.0.1:{DEFAULT_BROKER_PORT}"
@@ -23,6 +25,10 @@ _SECURITY_ENV = {
 }
 # Options whose values never appear in a repr or a log line.
 _SECRET_OPTIONS = frozenset({"sasl_plain_password", "sasl_oauth_token_provider"})
+
+
+class SettingsError(EvschedError, ValueError):
+    """An ``EVSCHED_*`` variable holds what evsched cannot use; the message names it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,7 +55,7 @@ class Settings:
         return cls(
             bootstrap=env.get("EVSCHED_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP),
             namespace=env.get("EVSCHED_NAMESPACE", DEFAULT_NAMESPACE),
-            event_partitions=int(env.get("EVSCHED_EVENT_PARTITIONS", DEFAULT_EVENT_PARTITIONS)),
+            event_partitions=_partitions(env.get("EVSCHED_EVENT_PARTITIONS")),
             kafka_options=kafka_options(env),
         )
 
@@ -66,5 +72,20 @@ def kafka_options(env: Mapping[str, str]) -> dict[str, Any]:
     cafile = env.get("EVSCHED_KAFKA_SSL_CAFILE") or None
     tls = str(options.get("security_protocol", "")).upper() in {"SSL", "SASL_SSL"}
     if cafile is not None or tls:
-        options["ssl_context"] = ssl.create_default_context(cafile=cafile)
+        try:
+            options["ssl_context"] = ssl.create_default_context(cafile=cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise SettingsError(f"EVSCHED_KAFKA_SSL_CAFILE={cafile!r}: {exc}") from None
     return options
+
+
+def _partitions(text: str | None) -> int:
+    if text is None:
+        return DEFAULT_EVENT_PARTITIONS
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise SettingsError(f"EVSCHED_EVENT_PARTITIONS={text!r}: expected a positive integer")
+    return count

@@ -112,3 +112,21 @@ def test_an_interrupted_command_exits_130(
     result = runner.invoke(cli, ["jobs", "--offline", "--data-dir", str(replica_dir)])
     assert result.exit_code == 130
     assert result.output.strip() == "interrupted"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("EVSCHED_EVENT_PARTITIONS", "six"), ("EVSCHED_KAFKA_SSL_CAFILE", "/nonexistent/ca.pem")],
+)
+@pytest.mark.parametrize(
+    "args", [["jobs"], ["rebuild", "--data-dir", "{tmp}/r"], ["enqueue", "t", "--no-wait"]]
+)
+def test_a_bad_setting_is_one_line_naming_the_variable(
+    cli: typer.Typer, tmp_path: Path, variable: str, value: str, args: list[str]
+) -> None:
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    result = runner.invoke(cli, argv, env={variable: value, "COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert variable in result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)

@@ -17,7 +17,7 @@ from evsched.metrics import Metrics
 from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.replica import Replica
 from evsched.runtime.worker import load_app
-from evsched.settings import Settings
+from evsched.settings import Settings, SettingsError
 
 log = structlog.get_logger("evsched.api")
 
@@ -99,8 +99,12 @@ def api_command(
         raise typer.Exit(2) from None
     if no_auth:
         log.warning("api_auth_disabled", reason="--no-auth: anyone who reaches the port may write")
-    client = load_app(app) if app is not None else None
-    settings = client.settings if client is not None else Settings.from_env()
+    try:
+        client = load_app(app) if app is not None else None
+        settings = client.settings if client is not None else Settings.from_env()
+    except SettingsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     metrics = Metrics()
     replica = Replica(settings, data_dir, client_id="evsched-api", on_commit=metrics.observe_commit)
     api = create_app(

@@ -20,6 +20,7 @@ from evsched.settings import (
     DEFAULT_EVENT_PARTITIONS,
     DEFAULT_NAMESPACE,
     Settings,
+    SettingsError,
 )
 
 kafka_app = typer.Typer(
@@ -125,7 +126,10 @@ def topics(
 
     Connects with the TLS/SASL settings of ``EVSCHED_KAFKA_*``, as every evsched process does.
     """
-    security = Settings.from_env().kafka_options
+    try:
+        security = Settings.from_env().kafka_options
+    except SettingsError as error:
+        raise _fail(error) from None
     try:
         names = asyncio.run(
             ensure_topics(

@@ -135,9 +135,9 @@ def rebuild(
     offset -1 or more than --max-behind records behind the log end; each such partition is named.
     """
     _check_dirs(data_dir, live_dir, verify, replace)
-    settings = Settings.from_env()
 
     def main() -> ExitCode:
+        settings = Settings.from_env()
         # Outside any event loop: a rebuild in this process runs one of its own per partition.
         ends = asyncio.run(_log_ends(settings))
         targets = _targets(ends, live_dir if verify else None)

@@ -45,7 +45,7 @@ from evsched.operator.writes import (
     template_for,
 )
 from evsched.runtime.worker import load_app
-from evsched.settings import Settings
+from evsched.settings import Settings, SettingsError
 
 Wait = Annotated[
     bool,
@@ -78,7 +78,10 @@ RunAt = Annotated[
 
 
 def _app(app_ref: str | None) -> App:
-    return load_app(app_ref) if app_ref else App(Settings.from_env(), name="operator")
+    try:
+        return load_app(app_ref) if app_ref else App(Settings.from_env(), name="operator")
+    except SettingsError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 async def write(

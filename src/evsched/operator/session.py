@@ -32,7 +32,7 @@ from evsched.operator.replica_dir import (
     open_offline,
     refresh,
 )
-from evsched.settings import Settings
+from evsched.settings import Settings, SettingsError
 
 DEFAULT_DATA_DIR = Path("./evsched-data/replica")
 # Catch-ups shorter than this many records show no progress bar.
@@ -151,6 +151,9 @@ def guarded(main: Callable[[], ExitCode | None]) -> None:
     except OperatorError as exc:
         err.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
         raise typer.Exit(int(exc.code)) from None
+    except SettingsError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(int(ExitCode.USAGE)) from None
     except (EvschedError, KafkaError, OSError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc) or type(exc).__name__)}", soft_wrap=True)
         raise typer.Exit(int(ExitCode.UNAVAILABLE)) from None
