@@ -151,6 +151,16 @@ class Metrics:
             ["partition"],
             registry=r,
         )
+        self.writes_unconfirmed = PromCounter(
+            "evsched_api_writes_unconfirmed",
+            "API writes answered 202 unconfirmed: the broker did not acknowledge them in time.",
+            registry=r,
+        )
+        self.unknown_queue_refusals = PromCounter(
+            "evsched_api_unknown_queue_refusals",
+            "API writes refused because they named a queue that is not declared.",
+            registry=r,
+        )
         if job_counts:
             r.register(_JobsCollector(self.jobs))
 

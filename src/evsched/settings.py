@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from evsched.errors import EvschedError
 
 DEFAULT_BROKER_PORT = 19092
 DEFAULT_CONTROLLER_PORT = 19093
@@ -20,6 +23,12 @@ _SECURITY_ENV = {
     "EVSCHED_KAFKA_SASL_USERNAME": "sasl_plain_username",
     "EVSCHED_KAFKA_SASL_PASSWORD": "sasl_plain_password",
 }
+# Options whose values never appear in a repr or a log line.
+_SECRET_OPTIONS = frozenset({"sasl_plain_password", "sasl_oauth_token_provider"})
+
+
+class SettingsError(EvschedError, ValueError):
+    """An ``EVSCHED_*`` variable holds what evsched cannot use; the message names it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,22 +36,56 @@ class Settings:
     bootstrap: str = DEFAULT_BOOTSTRAP
     namespace: str = DEFAULT_NAMESPACE
     event_partitions: int = DEFAULT_EVENT_PARTITIONS
-    kafka_options: Mapping[str, Any] = field(default_factory=dict)
+    # Shown redacted by __repr__: it may hold the SASL password.
+    kafka_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def __repr__(self) -> str:
+        options = {
+            name: "***" if name in _SECRET_OPTIONS else value
+            for name, value in sorted(self.kafka_options.items())
+        }
+        return (
+            f"Settings(bootstrap={self.bootstrap!r}, namespace={self.namespace!r}, "
+            f"event_partitions={self.event_partitions!r}, kafka_options={options!r})"
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
-        options: dict[str, Any] = {
-            option: env[name] for name, option in _SECURITY_ENV.items() if env.get(name)
-        }
-        if env.get("EVSCHED_KAFKA_SSL_CAFILE"):
-            # Imported here: only TLS deployments pay for building an SSL context.
-            from aiokafka.helpers import create_ssl_context  # noqa: PLC0415
-
-            options["ssl_context"] = create_ssl_context(cafile=env["EVSCHED_KAFKA_SSL_CAFILE"])
         return cls(
             bootstrap=env.get("EVSCHED_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP),
             namespace=env.get("EVSCHED_NAMESPACE", DEFAULT_NAMESPACE),
-            event_partitions=int(env.get("EVSCHED_EVENT_PARTITIONS", DEFAULT_EVENT_PARTITIONS)),
-            kafka_options=options,
+            event_partitions=_partitions(env.get("EVSCHED_EVENT_PARTITIONS")),
+            kafka_options=kafka_options(env),
         )
+
+
+def kafka_options(env: Mapping[str, str]) -> dict[str, Any]:
+    """aiokafka's security options from ``EVSCHED_KAFKA_*``; TLS gets an SSL context.
+
+    Without ``EVSCHED_KAFKA_SSL_CAFILE`` a TLS protocol (SSL, SASL_SSL) verifies the broker
+    against the system's trust store, as any TLS client would.
+    """
+    options: dict[str, Any] = {
+        option: env[name] for name, option in _SECURITY_ENV.items() if env.get(name)
+    }
+    cafile = env.get("EVSCHED_KAFKA_SSL_CAFILE") or None
+    tls = str(options.get("security_protocol", "")).upper() in {"SSL", "SASL_SSL"}
+    if cafile is not None or tls:
+        try:
+            options["ssl_context"] = ssl.create_default_context(cafile=cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise SettingsError(f"EVSCHED_KAFKA_SSL_CAFILE={cafile!r}: {exc}") from None
+    return options
+
+
+def _partitions(text: str | None) -> int:
+    if text is None:
+        return DEFAULT_EVENT_PARTITIONS
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise SettingsError(f"EVSCHED_EVENT_PARTITIONS={text!r}: expected a positive integer")
+    return count

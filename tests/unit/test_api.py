@@ -209,7 +209,7 @@ async def test_a_write_the_replica_has_not_applied_in_time_is_202(api: Harness) 
     assert response.status_code == 202
     accepted = response.json()
     assert response.headers["location"] == f"/v1/jobs/{accepted['id']}"
-    assert (accepted["partition"], accepted["offset"]) == (0, 0)
+    assert (accepted["status"], accepted["partition"], accepted["offset"]) == ("acknowledged", 0, 0)
     api.replica.paused = False
     assert (await api.http.get(f"/v1/jobs/{accepted['id']}")).status_code == 200
 

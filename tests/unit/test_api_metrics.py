@@ -62,6 +62,8 @@ async def test_metrics_name_every_family(api: Harness) -> None:
         "evsched_enqueue_latency_seconds",
         "evsched_consumer_lag_records",
         "evsched_applied_offset",
+        "evsched_api_writes_unconfirmed_total",
+        "evsched_api_unknown_queue_refusals_total",
     ):
         assert f"# TYPE {name} " in text, name
 

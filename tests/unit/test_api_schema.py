@@ -1,5 +1,6 @@
 """Schemathesis against the OpenAPI document: generated requests, valid and not, never get a 5xx,
-and every response conforms to the document (status, content type, headers, body schema).
+and every response conforms to the document (status, content type, headers, body schema, the
+`Allow` of a 405).
 
 The API runs over the in-memory twins (the real fold and index, no broker), with a token, which
 the calls carry so writes get past auth and reach validation and the fold.
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
+    allow_header_conformance,
     content_type_conformance,
     negative_data_rejection,
     response_headers_conformance,
@@ -27,9 +29,10 @@ from schemathesis.specs.openapi.checks import (
 
 from evsched.adapters.topics import Topics
 from evsched.api import create_app
+from evsched.api.queues import FixedQueues
 from evsched.client import App
 from evsched.testing import MemoryLog
-from tests.unit.test_api_twin import SETTINGS, TOKEN, MemoryReplica
+from tests.unit.test_api_twin import QUEUES, SETTINGS, TOKEN, MemoryReplica
 
 CHECKS = [
     not_a_server_error,
@@ -38,6 +41,7 @@ CHECKS = [
     response_headers_conformance,
     response_schema_conformance,
     negative_data_rejection,
+    allow_header_conformance,
 ]
 
 
@@ -48,7 +52,14 @@ def api_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
     client = App(SETTINGS, log_factory=lambda: log)
     asyncio.run(replica.start())
     try:
-        yield create_app(SETTINGS, replica=replica, app=client, token=TOKEN, max_scan=200)
+        yield create_app(
+            SETTINGS,
+            replica=replica,
+            app=client,
+            token=TOKEN,
+            max_scan=200,
+            queues=FixedQueues(QUEUES),
+        )
     finally:
         asyncio.run(client.close())
         asyncio.run(replica.stop())
@@ -62,7 +73,9 @@ def _document() -> dict[str, Any]:
     log = MemoryLog()
     idle = MemoryReplica(log, Path("/nonexistent"), topic=Topics("apitest").events)
     client = App(SETTINGS, log_factory=lambda: log)
-    return create_app(SETTINGS, replica=idle, app=client, token=TOKEN).openapi()
+    return create_app(
+        SETTINGS, replica=idle, app=client, token=TOKEN, queues=FixedQueues(QUEUES)
+    ).openapi()
 
 
 schema = schemathesis.openapi.from_dict(_document())

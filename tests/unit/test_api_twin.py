@@ -20,6 +20,7 @@ from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka import Record
 from evsched.adapters.topics import Topics
 from evsched.api import create_app
+from evsched.api.queues import FixedQueues
 from evsched.client import App
 from evsched.core.events import Event, entity_id
 from evsched.metrics import Metrics
@@ -29,6 +30,8 @@ from evsched.testing import MemoryLog
 
 SETTINGS = Settings(namespace="apitest", event_partitions=1)
 TOKEN = "s3cret-token"
+# The queues the API's unit tests may name (declared: their dispatch topics would exist).
+QUEUES = ("default", "mail", "q", "q1", "q2")
 
 
 class MemoryReplica:
@@ -102,6 +105,7 @@ class Harness:
         self.replica = MemoryReplica(self.log, tmp / "replica", topic=Topics("apitest").events)
         self.client_app = options.pop("app", None) or App(SETTINGS, log_factory=lambda: self.log)
         self.metrics = Metrics()
+        options.setdefault("queues", FixedQueues(QUEUES))
         self.options = options
 
     async def __aenter__(self) -> Harness:

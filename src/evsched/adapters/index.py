@@ -143,6 +143,13 @@ class PartitionIndex:
     def undecodable(self) -> list[TimelineEntry]:
         return [avro.decode_timeline(_split_entry(v)[0]) for _, v in self._scan(UNDECODABLE)]
 
+    def undecodable_records(self, after: int = -1) -> Iterator[tuple[TimelineEntry, bytes]]:
+        """Undecodable records after offset ``after``, lazily in offset order, with their bytes."""
+        start = _U64.pack(after + 1) if after >= 0 else b""
+        for _, value in self._scan(UNDECODABLE, start):
+            entry, raw = _split_entry(value)
+            yield avro.decode_timeline(entry), raw
+
     def jobs(self, after: str | None = None) -> Iterator[JobState]:
         """Every job, lazily, in id byte order; only ids above ``after`` when given (paging)."""
         for _, value in self._scan(JOBS, _start_after(after)):

@@ -10,10 +10,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from evsched import __version__
-from evsched.api import jobs, reader, schedules, status
-from evsched.api.context import ApiContext
+from evsched.api import jobs, reader, schedules, status, undecodable
+from evsched.api.auth import Tokens
+from evsched.api.context import ApiContext, Reads
 from evsched.api.errors import BodyLimit, install_error_handlers
 from evsched.api.models import Accepted
+from evsched.api.queues import KafkaQueues, QueueCatalog
 from evsched.api.reader import ReplicaView
 from evsched.api.writes import NotYetApplied, Writer
 from evsched.client.app import App
@@ -27,8 +29,9 @@ Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 DESCRIPTION = """\
 HTTP access to evsched. Writes answer once the broker acknowledged them (acks=all) **and** this
 API's read replica has folded them, so the response carries the fold's verdict. Writes need
-`Authorization: Bearer <token>` when the API runs with a token; reads are open. Every error has
-the body `{"error": {"code", "message", "field"}}`.
+`Authorization: Bearer <token>` (the write token); reads need the read or the write token when
+the API guards reads, and are open otherwise. `/healthz`, `/readyz` and `/metrics` are always
+open. Every error has the body `{"error": {"code", "message", "field"}}`.
 """
 
 
@@ -38,6 +41,8 @@ def create_app(
     replica: ReplicaView,
     app: App | None = None,
     token: str | None = None,
+    tokens: Tokens | None = None,
+    queues: QueueCatalog | None = None,
     metrics: Metrics | None = None,
     start_replica: bool = False,
     wait_timeout_s: float = 10.0,
@@ -52,9 +57,16 @@ def create_app(
     ``app``'s task definitions, if any, lend their defaults and signature checks to enqueues of
     those names. With ``start_replica`` the app's lifespan starts and stops the replica (what
     ``evsched api`` does); otherwise the caller does. The client is closed at shutdown when
-    ``close_app`` (default: when it was made here). ``metrics`` is hooked to the replica's
-    commits unless the replica already calls it.
+    ``close_app`` (default: when it was made here). ``queues`` tells the declared queues
+    (default: those whose dispatch topic exists in the cluster). ``metrics`` is hooked to the
+    replica's commits unless the replica already calls it. ``tokens`` (or just a write
+    ``token``) guard the routes; neither: no authentication, which ``evsched api`` serves only
+    with ``--no-auth``.
     """
+    if tokens is None:
+        tokens = Tokens(write=token)  # an empty token is refused there, not taken for "no auth"
+    elif token is not None:
+        raise ValueError("pass token or tokens, not both")
     metrics = metrics if metrics is not None else Metrics()
     _hook(replica, metrics.observe_commit)
     client = app if app is not None else App(settings, name="api")
@@ -65,7 +77,8 @@ def create_app(
         client=client,
         metrics=metrics,
         writer=Writer(client, replica, metrics, wait_timeout_s),
-        token=token or None,
+        tokens=tokens,
+        queues=queues if queues is not None else KafkaQueues(settings),
         max_scan=max_scan,
         ready_max_lag=ready_max_lag,
         lag_timeout_s=lag_timeout_s,
@@ -81,8 +94,11 @@ def create_app(
     api.add_middleware(BodyLimit, limit=max_body_bytes)
     install_error_handlers(api)
     api.add_exception_handler(NotYetApplied, _accepted)
-    for module in (jobs, schedules, status):
-        api.include_router(module.router)
+    # Read routes declare (in OpenAPI too) the token they need only when reads are guarded.
+    guard = [Reads] if tokens.guard_reads else []
+    for router in (jobs.router, schedules.router, status.reads, undecodable.router):
+        api.include_router(router, dependencies=guard)
+    api.include_router(status.router)
     if replica.running:
         _seed(ctx)
     return api
@@ -96,7 +112,7 @@ def _lifespan(ctx: ApiContext, *, start_replica: bool, close_client: bool) -> Li
         if start_replica:
             await ctx.replica.start()
         _seed(ctx)
-        log.info("api_started", namespace=ctx.settings.namespace, writes_need_token=bool(ctx.token))
+        log.info("api_started", namespace=ctx.settings.namespace, tokens=repr(ctx.tokens))
         try:
             yield
         finally:
@@ -110,14 +126,25 @@ def _lifespan(ctx: ApiContext, *, start_replica: bool, close_client: bool) -> Li
 
 
 async def _accepted(_: Request, exc: Exception) -> JSONResponse:
-    """The write is durable but its verdict unknown yet: 202 and where to look for it."""
+    """The write's verdict is not known yet: 202, how far it got, and where to look for it."""
     assert isinstance(exc, NotYetApplied)
-    body = Accepted(
-        id=exc.entity,
-        partition=exc.appended.partition,
-        offset=exc.appended.offset,
-        message="acknowledged by the broker; this replica has not applied it yet",
-    )
+    if exc.appended is None:
+        body = Accepted(
+            id=exc.entity,
+            status="unconfirmed",
+            partition=None,
+            offset=None,
+            message="the broker has not acknowledged the write in time; it may still be "
+            "written: poll the Location, or retry with the same Idempotency-Key",
+        )
+    else:
+        body = Accepted(
+            id=exc.entity,
+            status="acknowledged",
+            partition=exc.appended.partition,
+            offset=exc.appended.offset,
+            message="acknowledged by the broker; this replica has not applied it yet",
+        )
     return JSONResponse(body.model_dump(), status_code=202, headers={"Location": exc.location})
 
 

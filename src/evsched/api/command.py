@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,12 +11,13 @@ import typer
 import uvicorn
 
 from evsched.api.app import create_app
+from evsched.api.auth import AuthConfigError, load_tokens
 from evsched.logging import configure_logging
 from evsched.metrics import Metrics
 from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.replica import Replica
 from evsched.runtime.worker import load_app
-from evsched.settings import Settings
+from evsched.settings import Settings, SettingsError
 
 log = structlog.get_logger("evsched.api")
 
@@ -28,13 +30,38 @@ def api_command(
         Path,
         typer.Option("--data-dir", envvar="EVSCHED_API_DATA_DIR", help="The replica's indexes."),
     ] = Path("./evsched-data/api"),
-    token: Annotated[
-        str | None,
+    token_file: Annotated[
+        Path | None,
         typer.Option(
-            envvar="EVSCHED_API_TOKEN",
-            help="Writes need 'Authorization: Bearer <token>'; reads stay open. Unset: no auth.",
+            "--token-file",
+            envvar="EVSCHED_API_TOKEN_FILE",
+            help="A file holding the write token (or set EVSCHED_API_TOKEN). Required unless "
+            "--no-auth.",
         ),
     ] = None,
+    read_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--read-token-file",
+            envvar="EVSCHED_API_READ_TOKEN_FILE",
+            help="A file holding a read-only token (or set EVSCHED_API_READ_TOKEN); reads then "
+            "need it or the write token.",
+        ),
+    ] = None,
+    auth_reads: Annotated[
+        bool,
+        typer.Option(
+            "--auth-reads", envvar="EVSCHED_API_AUTH_READS", help="Reads need a token too."
+        ),
+    ] = False,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            envvar="EVSCHED_API_NO_AUTH",
+            help="Serve without any authentication (local development only).",
+        ),
+    ] = False,
     app: Annotated[
         str | None,
         typer.Option(
@@ -59,15 +86,32 @@ def api_command(
 ) -> None:
     """Serve the HTTP API: enqueue, inspect, cancel, requeue, schedules, stats and metrics."""
     configure_logging(json=log_json)
-    client = load_app(app) if app is not None else None
-    settings = client.settings if client is not None else Settings.from_env()
+    try:
+        tokens = load_tokens(
+            os.environ,
+            token_file=token_file,
+            read_token_file=read_token_file,
+            auth_reads=auth_reads,
+            no_auth=no_auth,
+        )
+    except AuthConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if no_auth:
+        log.warning("api_auth_disabled", reason="--no-auth: anyone who reaches the port may write")
+    try:
+        client = load_app(app) if app is not None else None
+        settings = client.settings if client is not None else Settings.from_env()
+    except SettingsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     metrics = Metrics()
     replica = Replica(settings, data_dir, client_id="evsched-api", on_commit=metrics.observe_commit)
     api = create_app(
         settings,
         replica=replica,
         app=client,
-        token=token,
+        tokens=tokens,
         metrics=metrics,
         start_replica=True,
         close_app=True,

@@ -1,15 +1,17 @@
-"""What every request handler shares: the replica, the client, metrics, limits and the token."""
+"""What every request handler shares: the replica, the client, metrics, limits and the tokens."""
 
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from evsched.api.auth import Tokens
 from evsched.api.errors import ApiError
+from evsched.api.queues import QueueCatalog
 from evsched.api.reader import ReplicaView
 from evsched.api.writes import Writer
 from evsched.client.app import App
@@ -24,7 +26,8 @@ class ApiContext:
     client: App
     metrics: Metrics
     writer: Writer
-    token: str | None
+    tokens: Tokens = field(repr=False)
+    queues: QueueCatalog
     max_scan: int
     ready_max_lag: int
     lag_timeout_s: float
@@ -40,26 +43,44 @@ Ctx = Annotated[ApiContext, Depends(context)]
 
 _bearer = HTTPBearer(
     auto_error=False,
-    description="Writes need `Authorization: Bearer <token>` when the API has a token; "
-    "reads never do.",
+    description="Writes need `Authorization: Bearer <token>` (the write token). Reads need the "
+    "read or the write token when the API guards reads; otherwise they are open.",
 )
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def require_writer(
-    ctx: Ctx, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> None:
-    """401 without a bearer token, 403 with a wrong one; nothing to check when none is set."""
-    if ctx.token is None:
+def require_writer(ctx: Ctx, credentials: Credentials) -> None:
+    """401 without a bearer token, 403 with one that may not write; nothing when auth is off."""
+    write = ctx.tokens.write
+    if write is None:
         return
+    _check(credentials, (write,), "writes")
+
+
+def require_reader(ctx: Ctx, credentials: Credentials) -> None:
+    """401 without a bearer token, 403 with a wrong one; nothing when reads are open."""
+    if not ctx.tokens.guard_reads:
+        return
+    allowed = tuple(t for t in (ctx.tokens.write, ctx.tokens.read) if t is not None)
+    _check(credentials, allowed, "reads")
+
+
+def _check(
+    credentials: HTTPAuthorizationCredentials | None, allowed: tuple[str, ...], what: str
+) -> None:
     if credentials is None:
         raise ApiError(
             401,
             "unauthorized",
-            "writes need an Authorization: Bearer <token> header",
+            f"{what} need an Authorization: Bearer <token> header",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    if not hmac.compare_digest(credentials.credentials.encode(), ctx.token.encode()):
-        raise ApiError(403, "forbidden", "this bearer token may not write")
+    given = credentials.credentials.encode()
+    # Every token is compared, so the time taken does not tell which one came close.
+    matches = [hmac.compare_digest(given, token.encode()) for token in allowed]
+    if not any(matches):
+        raise ApiError(403, "forbidden", f"this bearer token is not valid for {what}")
 
 
 Writes = Depends(require_writer)
+Reads = Depends(require_reader)

@@ -19,6 +19,7 @@ from evsched.api.models import (
     Timeline,
     TimelineEvent,
 )
+from evsched.api.queues import require_declared
 from evsched.api.responses import READ, WRITE, Responses, error
 from evsched.api.writes import cancel_event, enqueue_event, requeue_event
 from evsched.client.validation import MAX_KEY_CHARS
@@ -48,18 +49,26 @@ async def enqueue(
     body: EnqueueRequest,
     response: Response,
     idempotency_key: Annotated[
-        str | None, Header(min_length=1, max_length=MAX_KEY_CHARS, alias="Idempotency-Key")
+        str | None,
+        Header(
+            min_length=1,
+            max_length=MAX_KEY_CHARS,
+            alias="Idempotency-Key",
+            description="UTF-8 text: the job id is derived from (queue, key) exactly as the "
+            "Python client derives it, so both make the same job.",
+        ),
     ] = None,
 ) -> Job:
     """Enqueue a job; answers once the broker acknowledged it and this replica applied it."""
-    event = enqueue_event(ctx.client, body, idempotency_key, ctx.writer.now_ms())
+    key = _utf8_header(idempotency_key, "Idempotency-Key")
+    event = enqueue_event(ctx.client, body, key, ctx.writer.now_ms())
+    await require_declared(ctx.queues, event.queue, ctx.metrics)
     entry = await ctx.writer.write(event, f"/v1/jobs/{event.job_id}")
     if entry.verdict is Verdict.CONFLICT:
         raise ApiError(
             409,
             "idempotency_conflict",
-            f"Idempotency-Key {idempotency_key!r} already made job {event.job_id} "
-            "with a different body",
+            f"Idempotency-Key {key!r} already made job {event.job_id} with a different body",
             field="Idempotency-Key",
         )
     state = _judged(ctx, event.job_id, entry)
@@ -149,6 +158,16 @@ async def requeue(ctx: Ctx, job_id: JobId, body: RequeueRequest | None = None) -
     event = requeue_event(job_id, body or RequeueRequest(), ctx.writer.now_ms())
     entry = await ctx.writer.write(event, f"/v1/jobs/{job_id}")
     return Job.of(_judged(ctx, job_id, entry))
+
+
+def _utf8_header(value: str | None, name: str) -> str | None:
+    """A header's text as UTF-8: HTTP hands header bytes over as latin-1, clients send UTF-8."""
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise ApiError(422, "validation_error", f"{name} is not UTF-8 text", field=name) from None
 
 
 def _found(ctx: Ctx, job_id: str) -> JobState:

@@ -37,10 +37,19 @@ class Cursor:
             partition, after = json.loads(raw)
         except (binascii.Error, ValueError, TypeError, RecursionError):
             raise _bad_cursor() from None
-        valid_after = after is None or isinstance(after, str)
+        valid_after = after is None or (isinstance(after, str) and _utf8(after))
         if not isinstance(partition, int) or isinstance(partition, bool) or not valid_after:
             raise _bad_cursor()
         return cls(partition, after)
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is UTF-8 encodable: JSON lets a cursor carry a lone surrogate."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _bad_cursor() -> ApiError:

@@ -6,7 +6,7 @@ Times are RFC 3339 in UTC on the wire; the index keeps epoch milliseconds.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -20,7 +20,7 @@ from pydantic import (
     StrictInt,
 )
 
-from evsched.client.payload import NotJson, decode_args, decode_json
+from evsched.client.payload import MAX_JSON_DEPTH, NotJson, decode_args, decode_json, deeper_than
 from evsched.client.validation import MAX_AHEAD, MAX_KEY_CHARS
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
@@ -45,6 +45,13 @@ def _utf8(value: Any) -> Any:
     return value
 
 
+def _shallow(value: Any) -> Any:
+    """Refuse JSON nested deeper than MAX_JSON_DEPTH, before anything walks it recursively."""
+    if deeper_than(value, MAX_JSON_DEPTH):
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
 def _rfc3339_text(value: Any) -> Any:
     """Times come as RFC 3339 strings only (not the epoch numbers pydantic would also take)."""
     if not isinstance(value, str):
@@ -56,8 +63,8 @@ Text = Annotated[str, AfterValidator(_utf8)]
 Name = Annotated[Text, Field(min_length=1, max_length=MAX_KEY_CHARS)]
 Queue = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
 Reason = Annotated[Text, Field(max_length=2_000)]
-Args = Annotated[list[JsonValue], AfterValidator(_utf8)]
-Kwargs = Annotated[dict[str, JsonValue], AfterValidator(_utf8)]
+Args = Annotated[list[JsonValue], AfterValidator(_utf8), BeforeValidator(_shallow)]
+Kwargs = Annotated[dict[str, JsonValue], AfterValidator(_utf8), BeforeValidator(_shallow)]
 Labels = Annotated[dict[str, str], AfterValidator(_utf8)]
 # Strict: a JSON boolean or string is not a number here, whatever Python would make of it.
 Priority = Annotated[StrictInt, Field(ge=-INT64_MAX, le=INT64_MAX)]
@@ -71,8 +78,16 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# In the OpenAPI document: delay_s and run_at are alternatives, so generated clients know it.
+_ONE_START = ConfigDict(
+    extra="forbid", json_schema_extra={"not": {"required": ["delay_s", "run_at"]}}
+)
+
+
 class EnqueueRequest(_Request):
     """A job of the task named ``task``; options left out take the task's or evsched's defaults."""
+
+    model_config = _ONE_START
 
     task: Annotated[Name, Field(examples=["emails.send"])]
     args: Args = Field(default_factory=list, examples=[["buyer@example.com"]])
@@ -91,6 +106,8 @@ class CancelRequest(_Request):
 
 
 class RequeueRequest(_Request):
+    model_config = _ONE_START
+
     reason: Reason = ""
     delay_s: Delay | None = None
     run_at: RunAt | None = None
@@ -143,7 +160,10 @@ class Job(BaseModel):
     status: Status
     task: str
     queue: str
-    args: list[JsonValue] | None = Field(description="None when not an evsched JSON document.")
+    args: list[JsonValue] | None = Field(
+        description="None when not an evsched JSON document, or nested deeper than "
+        f"{MAX_JSON_DEPTH} levels (a foreign producer's; the timeline still lists the job)."
+    )
     kwargs: dict[str, JsonValue] | None
     priority: int
     run_at: datetime
@@ -199,9 +219,12 @@ class Job(BaseModel):
 
 
 def _arguments(data: bytes) -> tuple[list[JsonValue] | None, dict[str, JsonValue] | None]:
+    """The job's args for a view; None for what is not JSON or nests too deep to render."""
     try:
         decoded = decode_args(data)
     except NotJson:
+        return None, None
+    if deeper_than(decoded.args, MAX_JSON_DEPTH) or deeper_than(decoded.kwargs, MAX_JSON_DEPTH):
         return None, None
     return list(decoded.args), decoded.kwargs
 
@@ -211,7 +234,7 @@ def _json(data: bytes | None) -> JsonValue | None:
         value: JsonValue = decode_json(data)
     except NotJson:
         return None
-    return value
+    return None if deeper_than(value, MAX_JSON_DEPTH) else value
 
 
 def _retry(policy: Any) -> dict[str, Any]:
@@ -313,11 +336,18 @@ class SchedulePage(BaseModel):
 
 
 class Accepted(BaseModel):
-    """Acknowledged by the broker, but not yet applied by this API's replica: poll for it."""
+    """The write's outcome is not known yet: poll ``Location`` for it.
+
+    ``status`` says how far it got: ``acknowledged`` (the broker has it at ``partition`` and
+    ``offset``; this replica has not applied it yet) or ``unconfirmed`` (the broker has not
+    acknowledged it within the timeout, e.g. it is unreachable; it may still be written, so retry
+    with the same Idempotency-Key rather than without one).
+    """
 
     id: str
-    partition: int
-    offset: int
+    status: Literal["acknowledged", "unconfirmed"]
+    partition: int | None
+    offset: int | None
     message: str
 
 

@@ -14,13 +14,20 @@ def error(description: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": description}
 
 
-READ: Responses = {422: error("Invalid parameters.")}
+READ: Responses = {
+    401: error("Reads are guarded and the request has no token."),
+    403: error("Wrong token."),
+    422: error("Invalid parameters."),
+}
 WRITE: Responses = {
-    202: {"model": Accepted, "description": "Acknowledged, not yet applied by this replica."},
+    202: {
+        "model": Accepted,
+        "description": "Not yet applied by this replica, or not yet acknowledged by the broker.",
+    },
     400: error("The body could not be read as UTF-8 JSON."),
     401: error("A token is configured and the request has none."),
     403: error("Wrong token."),
     413: error("Body too large."),
-    422: error("Invalid body or parameters."),
+    422: error("Invalid body or parameters, or a queue that is not declared."),
     503: error("The broker did not acknowledge the write."),
 }

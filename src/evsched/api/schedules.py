@@ -11,6 +11,7 @@ from evsched.api.context import Ctx, Writes
 from evsched.api.errors import ApiError
 from evsched.api.listing import Cursor, page
 from evsched.api.models import Schedule, SchedulePage, ScheduleRequest, Timeline, TimelineEvent
+from evsched.api.queues import require_declared
 from evsched.api.responses import READ, WRITE, Responses, error
 from evsched.api.writes import delete_schedule_event, schedule_event
 from evsched.client.validation import MAX_KEY_CHARS
@@ -38,6 +39,7 @@ async def put_schedule(
     """Create or replace a schedule; a slot already fired never fires again."""
     existed = reader.schedule(ctx.replica, schedule_id) is not None
     event = schedule_event(ctx.client, schedule_id, body, ctx.writer.now_ms())
+    await require_declared(ctx.queues, event.template.queue, ctx.metrics)
     entry = await ctx.writer.write(event, f"/v1/schedules/{schedule_id}")
     if entry.verdict is not Verdict.APPLIED:
         # The cron checks passed, so the fold refused the expression itself (no slot left).

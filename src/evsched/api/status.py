@@ -10,11 +10,13 @@ from evsched.api import reader
 from evsched.api.context import ApiContext, Ctx
 from evsched.api.errors import ApiError
 from evsched.api.models import Health, PartitionStats, QueueStats, Ready, Stats
-from evsched.api.responses import error
+from evsched.api.responses import READ, error
 from evsched.core.state import Status
 from evsched.errors import EvschedError
 
 router = APIRouter(tags=["operations"])
+# Probes and metrics stay open whatever the API's auth: orchestrators and scrapers carry no token.
+reads = APIRouter(tags=["operations"])
 
 
 @router.get("/healthz", response_model=Health)
@@ -46,7 +48,7 @@ async def readyz(ctx: Ctx) -> Ready:
     return Ready(status="ready", lag={str(p): n for p, n in sorted(lag.items())})
 
 
-@router.get("/v1/stats", response_model=Stats)
+@reads.get("/v1/stats", response_model=Stats, responses=READ)
 async def stats(ctx: Ctx) -> Stats:
     """Jobs by status and by queue, kept up to date from the fold (no scan per request)."""
     _seeded(ctx)

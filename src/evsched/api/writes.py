@@ -8,7 +8,11 @@ any other name is enqueued as given, on the body's queue (default ``default``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import asyncio
+from dataclasses import dataclass, field, replace
+from functools import partial
+
+import structlog
 
 from evsched.adapters.clock import monotonic_s
 from evsched.api.errors import ApiError
@@ -42,13 +46,19 @@ from evsched.errors import InvalidEnqueue, PublishError
 from evsched.metrics import Metrics
 
 SOURCE = "api"
+log = structlog.get_logger("evsched.api")
 
 
 class NotYetApplied(Exception):
-    """The broker acknowledged the write, but the replica did not apply it within the timeout."""
+    """The write's outcome is not known within the timeout.
 
-    def __init__(self, entity: str, appended: Appended, location: str) -> None:
-        super().__init__(f"{entity} written at p{appended.partition}@{appended.offset}")
+    ``appended`` is where the broker put it when it acknowledged it (the replica has not applied
+    it yet); None when the broker has not acknowledged it yet (it may still be written).
+    """
+
+    def __init__(self, entity: str, appended: Appended | None, location: str) -> None:
+        where = "unconfirmed" if appended is None else f"p{appended.partition}@{appended.offset}"
+        super().__init__(f"{entity} written: {where}")
         self.entity = entity
         self.appended = appended
         self.location = location
@@ -62,19 +72,23 @@ class Writer:
     replica: ReplicaView
     metrics: Metrics
     wait_timeout_s: float
+    # Sends that outlived their request: kept referenced until they end (and are logged).
+    _pending: set[asyncio.Future[Appended]] = field(default_factory=set)
 
     async def write(self, event: Event, location: str) -> TimelineEntry:
-        """The event's timeline entry once applied here; NotYetApplied past the timeout."""
+        """The event's timeline entry once applied here; NotYetApplied past the timeout.
+
+        The timeout bounds the whole write: a frozen broker gets a NotYetApplied without a
+        position, and the send goes on in the background (the producer retries it).
+        """
         started = monotonic_s()
-        try:
-            appended = await self.client.publish(event)
-        except PublishError as exc:
-            raise ApiError(503, "broker_unavailable", str(exc)) from exc
+        entity = entity_id(event)
+        appended = await self._publish(event, entity, location)
         if isinstance(event, JobEnqueued):
             self.metrics.enqueue_latency.observe(monotonic_s() - started)
-        entity = entity_id(event)
+        left = max(self.wait_timeout_s - (monotonic_s() - started), 0.001)
         try:
-            await self.replica.wait_for(appended.partition, appended.offset, self.wait_timeout_s)
+            await self.replica.wait_for(appended.partition, appended.offset, left)
         except TimeoutError:
             raise NotYetApplied(entity, appended, location) from None
         for entry in reversed(timeline(self.replica, entity)):
@@ -82,8 +96,39 @@ class Writer:
                 return entry
         raise RuntimeError(f"p{appended.partition}@{appended.offset} folded without an entry")
 
+    async def _publish(self, event: Event, entity: str, location: str) -> Appended:
+        send = asyncio.ensure_future(self.client.publish(event))
+        try:
+            return await asyncio.wait_for(asyncio.shield(send), self.wait_timeout_s)
+        except PublishError as exc:
+            raise ApiError(503, "broker_unavailable", str(exc)) from exc
+        except TimeoutError:
+            self.metrics.writes_unconfirmed.inc()
+            self._pending.add(send)
+            send.add_done_callback(partial(_settled, self._pending, entity))
+            raise NotYetApplied(entity, None, location) from None
+
     def now_ms(self) -> int:
         return self.client.clock.now_ms()
+
+
+def _settled(
+    pending: set[asyncio.Future[Appended]], entity: str, send: asyncio.Future[Appended]
+) -> None:
+    """Log how a send that outlived its request ended (the client was told "unconfirmed")."""
+    pending.discard(send)
+    if send.cancelled():
+        log.warning("unconfirmed_write_cancelled", entity=entity)
+    elif (error := send.exception()) is not None:
+        log.warning("unconfirmed_write_failed", entity=entity, error=repr(error))
+    else:
+        done = send.result()
+        log.info(
+            "unconfirmed_write_acknowledged",
+            entity=entity,
+            partition=done.partition,
+            offset=done.offset,
+        )
 
 
 # --- events from requests ----------------------------------------------------------------------

@@ -7,6 +7,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# The deepest nesting the HTTP and CLI edges accept in args, kwargs and labels, and the deepest
+# the API and CLI views render (what is deeper shows as not JSON): far above what any task needs,
+# far below where recursive encoders (pydantic's serializer, json.dumps) give up.
+MAX_JSON_DEPTH = 64
+
+
+def deeper_than(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` nests lists and objects more than ``limit`` levels (the outer one is 1).
+
+    Iterative, so a value nested far beyond the interpreter's recursion limit is measured too.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
 
 class NotJson(ValueError):
     """A value that has no canonical JSON form (an object, NaN, a non-string key...)."""
@@ -40,10 +65,13 @@ class Arguments:
 
 
 def decode_args(data: bytes) -> Arguments:
-    """The arguments in ``data``; raises NotJson when it is not an args document."""
+    """The arguments in ``data``; raises NotJson when it is not an args document.
+
+    JSON nested deeper than the interpreter can parse is NotJson too, not a RecursionError.
+    """
     try:
         document = json.loads(data)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise NotJson(f"args are not UTF-8 JSON: {exc}") from exc
     if not isinstance(document, dict):
         raise NotJson("args must be a JSON object with 'args' and 'kwargs'")
@@ -60,5 +88,5 @@ def decode_json(data: bytes | None) -> Any:
         return None
     try:
         return json.loads(data)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise NotJson(f"not UTF-8 JSON: {exc}") from exc

@@ -19,6 +19,8 @@ from evsched.settings import (
     DEFAULT_CONTROLLER_PORT,
     DEFAULT_EVENT_PARTITIONS,
     DEFAULT_NAMESPACE,
+    Settings,
+    SettingsError,
 )
 
 kafka_app = typer.Typer(
@@ -120,7 +122,14 @@ def topics(
     ] = DEFAULT_EVENT_PARTITIONS,
     replication_factor: Annotated[int, typer.Option("--replication-factor")] = 1,
 ) -> None:
-    """Create the namespace's topics; check that existing ones are configured as evsched needs."""
+    """Create the namespace's topics; check that existing ones are configured as evsched needs.
+
+    Connects with the TLS/SASL settings of ``EVSCHED_KAFKA_*``, as every evsched process does.
+    """
+    try:
+        security = Settings.from_env().kafka_options
+    except SettingsError as error:
+        raise _fail(error) from None
     try:
         names = asyncio.run(
             ensure_topics(
@@ -129,6 +138,7 @@ def topics(
                 event_partitions=partitions,
                 queues=queue or ["default"],
                 replication_factor=replication_factor,
+                **security,
             )
         )
     except TopicProvisioningError as error:

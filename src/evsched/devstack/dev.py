@@ -67,8 +67,19 @@ class DevStack:
         self._spawn(env, "node", "--data-dir", str(self.data_dir / "node"), "--node-id", "dev")
         self._spawn(env, "worker", "--app", self.app)
         api_dir = str(self.data_dir / "api")
+        # A local stack on loopback: no token unless the developer set one.
+        has_token = env.get("EVSCHED_API_TOKEN") or env.get("EVSCHED_API_TOKEN_FILE")
+        auth = [] if has_token else ["--no-auth"]
         self._spawn(
-            env, "api", "--app", self.app, "--data-dir", api_dir, "--port", str(self.api_port)
+            env,
+            "api",
+            "--app",
+            self.app,
+            "--data-dir",
+            api_dir,
+            "--port",
+            str(self.api_port),
+            *auth,
         )
         self._explain(bootstrap)
         if self.demo:

@@ -6,11 +6,19 @@ from __future__ import annotations
 import typer
 
 # Modules only: the commands' names (export, rebuild, replay) are also names of submodules.
-from evsched.operator import cmd_export, cmd_read, cmd_rebuild, cmd_replay, cmd_write
+from evsched.operator import (
+    cmd_export,
+    cmd_read,
+    cmd_rebuild,
+    cmd_replay,
+    cmd_undecodable,
+    cmd_write,
+)
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 a check failed (replay diverged, rebuild digests differ); 2 bad "
-    "arguments; 3 not found; 4 Kafka or the index unavailable; 5 a write the fold refused."
+    "arguments; 3 not found; 4 Kafka or the index unavailable; 5 a write the fold refused; "
+    "70 an internal error (EVSCHED_DEBUG=1 shows its traceback); 130 interrupted."
 )
 
 
@@ -41,6 +49,7 @@ def register(app: typer.Typer) -> None:
         ("export", cmd_export.export),
         ("rebuild", cmd_rebuild.rebuild),
         ("replay", cmd_replay.replay),
+        ("undecodable", cmd_undecodable.undecodable),
     ):
         app.command(name, epilog=EXIT_CODES_HELP)(command)
     app.add_typer(dlq_app(), name="dlq", epilog=EXIT_CODES_HELP)

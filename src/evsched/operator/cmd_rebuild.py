@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from rich.table import Table
 
 from evsched.adapters import kafka
 from evsched.adapters.topics import Topics, partition_count
+from evsched.operator import rebuild_dirs
 from evsched.operator.exits import ExitCode
 from evsched.operator.live_index import live_state
 from evsched.operator.rebuild import (
@@ -27,11 +27,14 @@ from evsched.operator.rebuild import (
     fold_rate,
     rebuild_all,
 )
-from evsched.operator.render import emit_json, out
+from evsched.operator.render import emit_json, err, out
 from evsched.operator.session import Json, guarded, progress_bar
 from evsched.settings import Settings
 
 DEFAULT_REBUILD_DIR = Path("./evsched-data/rebuild")
+# How far (in records) a live index may trail the log end and still be compared: a running node
+# is always a little behind, and transaction markers take offsets too.
+DEFAULT_MAX_BEHIND = 1_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +43,7 @@ class Target:
 
     partition: int
     until: int
+    log_end: int
     live: tuple[int, str] | None = None
 
 
@@ -58,6 +62,11 @@ def _check_dirs(data_dir: Path, live_dir: Path | None, verify: bool, replace: bo
         raise typer.BadParameter(
             f"{data_dir} is not empty (add --replace to delete it first)", param_hint="--data-dir"
         )
+    if replace:
+        try:
+            rebuild_dirs.check_replaceable(data_dir)
+        except rebuild_dirs.NotOurs as exc:
+            raise typer.BadParameter(f"refusing to delete: {exc}", param_hint="--replace") from None
 
 
 async def _log_ends(settings: Settings) -> dict[int, int]:
@@ -80,7 +89,7 @@ def _targets(ends: dict[int, int], live_dir: Path | None) -> list[Target]:
     for partition, end in sorted(ends.items()):
         live = live_state(live_dir, partition) if live_dir is not None else None
         until = live[0] if live is not None else end - 1
-        targets.append(Target(partition=partition, until=until, live=live))
+        targets.append(Target(partition=partition, until=until, log_end=end, live=live))
     return targets
 
 
@@ -96,8 +105,21 @@ def rebuild(
         Path | None, typer.Option("--live-dir", help="A node's --data-dir (opened read-only).")
     ] = None,
     replace: Annotated[
-        bool, typer.Option("--replace", help="Delete what --data-dir holds first.")
+        bool,
+        typer.Option(
+            "--replace",
+            help="Delete --data-dir first; only a directory an earlier rebuild made, "
+            "with no index open in another process.",
+        ),
     ] = False,
+    max_behind: Annotated[
+        int,
+        typer.Option(
+            "--max-behind",
+            min=0,
+            help="--verify fails for a live index more records than this behind the log end.",
+        ),
+    ] = DEFAULT_MAX_BEHIND,
     processes: Annotated[
         int, typer.Option("--processes", min=1, help="Partitions rebuilt at once.")
     ] = os.cpu_count() or 1,
@@ -108,21 +130,25 @@ def rebuild(
 ) -> None:
     """Fold the whole log into fresh indexes, one per partition; --verify compares digests.
 
-    Ends with ``digest_match=<true|false> events_per_s=<N>`` (exit 1 on a mismatch).
+    Ends with ``digest_match=<true|false> events_per_s=<N>``. --verify exits 1 on a digest
+    mismatch, and when it compared nothing for a partition whose live index exists but is at
+    offset -1 or more than --max-behind records behind the log end; each such partition is named.
     """
     _check_dirs(data_dir, live_dir, verify, replace)
-    settings = Settings.from_env()
 
     def main() -> ExitCode:
+        settings = Settings.from_env()
         # Outside any event loop: a rebuild in this process runs one of its own per partition.
         ends = asyncio.run(_log_ends(settings))
         targets = _targets(ends, live_dir if verify else None)
         if replace:
-            shutil.rmtree(data_dir, ignore_errors=True)
+            rebuild_dirs.replace(data_dir)
+        rebuild_dirs.mark(data_dir)
         plans = [_plan(settings, t, data_dir, batch_records) for t in targets]
         started = time.perf_counter()
         results = _run_plans(plans, processes, quiet=as_json)
-        return _report(targets, results, time.perf_counter() - started, verify, as_json)
+        seconds = time.perf_counter() - started
+        return _report(targets, results, seconds, max_behind if verify else None, as_json)
 
     guarded(main)
 
@@ -161,63 +187,115 @@ def _report(
     targets: list[Target],
     results: list[PartitionResult],
     seconds: float,
-    verify: bool,
+    max_behind: int | None,
     as_json: bool,
 ) -> ExitCode:
+    """Print the outcome; with ``max_behind`` (--verify), whether every comparison held."""
+    verify = max_behind is not None
     by_partition = {t.partition: t for t in targets}
-    events = sum(r.events for r in results)
-    rate = fold_rate(results)
+    problems = {
+        r.partition: problem
+        for r in results
+        if verify and (problem := _problem(r, by_partition[r.partition], max_behind)) is not None
+    }
     compared = [r for r in results if by_partition[r.partition].live is not None]
-    matched = verify and bool(compared) and all(_matches(r, by_partition) for r in compared)
+    matched = verify and bool(compared) and not problems
+    rate = fold_rate(results)
     if as_json:
-        document = {
-            "events": events,
-            "events_per_s": rate,
-            "events_per_cpu_s": cpu_rate(results),
-            "wall_s": round(seconds, 3),
-            "digest_match": matched if verify else None,
-            "partitions": [_partition_json(r, by_partition[r.partition].live) for r in results],
-        }
-        emit_json(document)
+        emit_json(_document(by_partition, results, seconds, problems, matched if verify else None))
     else:
         out.print(_table(by_partition, results, verify))
+        for partition, problem in sorted(problems.items()):
+            err.print(f"[red]partition {partition}:[/red] {problem}")
+        if verify and not compared:
+            err.print("[red]no partition compared:[/red] --live-dir holds no partition index")
         if verify:
             out.print(f"digest_match={'true' if matched else 'false'} events_per_s={rate}")
         else:
-            out.print(f"events={events} events_per_s={rate}")
+            out.print(f"events={sum(r.events for r in results)} events_per_s={rate}")
     return ExitCode.FAILED if verify and not matched else ExitCode.OK
 
 
-def _matches(result: PartitionResult, targets: dict[int, Target]) -> bool:
-    return (result.applied_offset, result.digest) == targets[result.partition].live
+def _problem(result: PartitionResult, target: Target, max_behind: int | None) -> str | None:
+    """Why this partition's comparison does not hold, or None when it does (or has no live)."""
+    if target.live is None or max_behind is None:
+        return None
+    live_offset, live_digest = target.live
+    last = target.log_end - 1
+    if live_offset < 0 and last >= 0:
+        return f"the live index is at offset -1 (log end {target.log_end}): nothing compared"
+    behind = last - live_offset
+    if behind > max_behind:
+        return (
+            f"the live index (offset {live_offset}) is {behind} records behind the log end "
+            f"{target.log_end}, more than --max-behind {max_behind}"
+        )
+    if (result.applied_offset, result.digest) != (live_offset, live_digest):
+        return (
+            f"digests differ at offset {live_offset}: rebuilt {result.digest[:16]} "
+            f"(offset {result.applied_offset}), live {live_digest[:16]}"
+        )
+    return None
 
 
-def _partition_json(result: PartitionResult, live: tuple[int, str] | None) -> dict[str, Any]:
+def _document(
+    targets: dict[int, Target],
+    results: list[PartitionResult],
+    seconds: float,
+    problems: dict[int, str],
+    matched: bool | None,
+) -> dict[str, Any]:
+    return {
+        "events": sum(r.events for r in results),
+        "events_per_s": fold_rate(results),
+        "events_per_cpu_s": cpu_rate(results),
+        "wall_s": round(seconds, 3),
+        "digest_match": matched,
+        "partitions": [
+            _partition_json(r, targets[r.partition], problems.get(r.partition)) for r in results
+        ],
+    }
+
+
+def _partition_json(result: PartitionResult, target: Target, problem: str | None) -> dict[str, Any]:
+    live = target.live
     return {
         "partition": result.partition,
         "events": result.events,
         "applied_offset": result.applied_offset,
         "digest": result.digest,
+        "log_end": target.log_end,
         "fold_s": round(result.fold_s, 3),
         "digest_s": round(result.digest_s, 3),
         "live_applied_offset": None if live is None else live[0],
         "live_digest": None if live is None else live[1],
+        "compared": live is not None,
+        "problem": problem,
     }
 
 
 def _table(targets: dict[int, Target], results: list[PartitionResult], verify: bool) -> Table:
-    table = Table("p", "events", "applied offset", "digest", "live", "match")
+    table = Table(
+        "p", "events", "log end", "applied offset", "digest", "live offset", "live", "match"
+    )
     for r in results:
-        live = targets[r.partition].live
+        target = targets[r.partition]
+        live = target.live
         if not verify:
             match = ""
         elif live is None:
             match = "[dim]no live index[/dim]"
         else:
             same = (r.applied_offset, r.digest) == live
-            match = "[green]yes[/green]" if same else f"[red]no[/red] (live at {live[0]})"
-        live_text = "" if live is None else live[1][:16]
+            match = "[green]yes[/green]" if same else "[red]no[/red]"
         table.add_row(
-            str(r.partition), str(r.events), str(r.applied_offset), r.digest[:16], live_text, match
+            str(r.partition),
+            str(r.events),
+            str(target.log_end),
+            str(r.applied_offset),
+            r.digest[:16],
+            "" if live is None else str(live[0]),
+            "" if live is None else live[1][:16],
+            match,
         )
     return table

@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from evsched.adapters.clock import now_ms
+from evsched.api.queues import KafkaQueues, undeclared
 from evsched.client import App
 from evsched.client.validation import SOURCE, EnqueueOptions, check_id, new_id, resolve_run_at
 from evsched.core.events import Event, JobCancelled, JobRequeued, ScheduleDeleted
@@ -44,7 +45,7 @@ from evsched.operator.writes import (
     template_for,
 )
 from evsched.runtime.worker import load_app
-from evsched.settings import Settings
+from evsched.settings import Settings, SettingsError
 
 Wait = Annotated[
     bool,
@@ -77,7 +78,10 @@ RunAt = Annotated[
 
 
 def _app(app_ref: str | None) -> App:
-    return load_app(app_ref) if app_ref else App(Settings.from_env(), name="operator")
+    try:
+        return load_app(app_ref) if app_ref else App(Settings.from_env(), name="operator")
+    except SettingsError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 async def write(
@@ -162,10 +166,17 @@ def enqueue(
     replica_options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
 
     async def main() -> ExitCode:
+        await require_declared(app, event.queue)
         judged = await write(app, [(event.job_id, event)], replica_options, wait=wait)
         return report(judged, as_json)
 
     run(main)
+
+
+async def require_declared(app: App, queue: str) -> None:
+    """A usage error unless ``queue`` is declared (its dispatch topic exists)."""
+    if not await KafkaQueues(app.settings, timeout_s=10.0).declared(queue):
+        raise OperatorError(ExitCode.USAGE, undeclared(queue))
 
 
 def _checked_id(job_id: str) -> str:
@@ -313,6 +324,7 @@ def schedules_upsert(
     options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
 
     async def main() -> ExitCode:
+        await require_declared(app, event.template.queue)
         judged = await write(app, [(schedule_id, event)], options, wait=wait)
         return report(judged, as_json)
 

@@ -22,6 +22,9 @@ class ExitCode(enum.IntEnum):
     # A write was acknowledged by the broker, but the fold did not apply it (rejected, stale,
     # conflict); the verdict and its reason are printed.
     REFUSED = 5
+    # A fault of evsched's own (a bug, or a record it could not handle): one line on stderr;
+    # EVSCHED_DEBUG=1 lets the traceback through. 70 is sysexits' EX_SOFTWARE.
+    INTERNAL = 70
 
 
 class OperatorError(EvschedError):

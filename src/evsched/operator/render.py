@@ -15,6 +15,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from evsched.client.payload import MAX_JSON_DEPTH, deeper_than
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 from evsched.operator.audit import Audit
 from evsched.operator.readings import iso
@@ -48,13 +49,20 @@ def emit_json(document: Any) -> None:
 
 
 def payload(data: bytes | None) -> Any:
-    """Stored bytes as JSON when they are JSON (args, results, checkpoints), else base64."""
+    """Stored bytes as JSON when they are JSON (args, results, checkpoints), else base64.
+
+    JSON nested deeper than MAX_JSON_DEPTH (a foreign producer's) is shown as base64 too: the
+    renderers walk values recursively.
+    """
     if data is None:
         return None
     try:
-        return json.loads(data)
-    except (UnicodeDecodeError, ValueError):
+        value = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return {"base64": base64.b64encode(data).decode()}
+    if deeper_than(value, MAX_JSON_DEPTH):
+        return {"base64": base64.b64encode(data).decode()}
+    return value
 
 
 def plain(value: Any, name: str = "") -> Any:

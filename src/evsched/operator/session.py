@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from evsched.operator.replica_dir import (
     open_offline,
     refresh,
 )
-from evsched.settings import Settings
+from evsched.settings import Settings, SettingsError
 
 DEFAULT_DATA_DIR = Path("./evsched-data/replica")
 # Catch-ups shorter than this many records show no progress bar.
@@ -148,13 +149,37 @@ def guarded(main: Callable[[], ExitCode | None]) -> None:
     try:
         code = main()
     except OperatorError as exc:
-        err.print(f"[red]error:[/red] {escape(exc.message)}")
+        err.print(f"[red]error:[/red] {escape(exc.message)}", soft_wrap=True)
         raise typer.Exit(int(exc.code)) from None
+    except SettingsError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(int(ExitCode.USAGE)) from None
     except (EvschedError, KafkaError, OSError) as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc) or type(exc).__name__)}")
+        err.print(f"[red]error:[/red] {escape(str(exc) or type(exc).__name__)}", soft_wrap=True)
         raise typer.Exit(int(ExitCode.UNAVAILABLE)) from None
+    except KeyboardInterrupt:
+        err.print("[red]interrupted[/red]")
+        raise typer.Exit(130) from None
+    except Exception as exc:
+        # An operator gets one line, not a traceback, whatever went wrong (A.1 of issue 9).
+        if os.environ.get("EVSCHED_DEBUG"):
+            raise
+        err.print(f"[red]error:[/red] {_internal(exc)}", soft_wrap=True)
+        raise typer.Exit(int(ExitCode.INTERNAL)) from None
     if code not in (None, ExitCode.OK):
         raise typer.Exit(int(code))
+
+
+def _internal(exc: Exception) -> str:
+    kind = type(exc)
+    name = (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    text = " ".join(str(exc).split())[:300]
+    detail = f"{name}: {text}" if text else name
+    return f"internal error ({escape(detail)}); EVSCHED_DEBUG=1 shows the traceback"
 
 
 async def _call(main: Callable[[], Awaitable[ExitCode | None]]) -> ExitCode | None:

@@ -16,6 +16,7 @@ from typing import Any
 import typer
 
 from evsched.client import App
+from evsched.client.payload import MAX_JSON_DEPTH, deeper_than
 from evsched.client.transport import Appended
 from evsched.client.validation import (
     EnqueueOptions,
@@ -71,10 +72,12 @@ def _json(text: str | None, field: str, kind: type[Any], shape: str) -> Any:
         return None
     try:
         value = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise bad(field, f"not JSON ({exc}); expected {shape}") from None
     if not isinstance(value, kind):
         raise bad(field, f"expected {shape}, got {type(value).__name__}")
+    if deeper_than(value, MAX_JSON_DEPTH):
+        raise bad(field, f"nested deeper than {MAX_JSON_DEPTH} levels")
     return value
 
 
