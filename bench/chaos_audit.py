@@ -191,6 +191,19 @@ class Auditor:
         job.event_ids.add(event.event_id)
         self._step(job_id, job, event, record)
 
+    def is_terminal(self, job_id: str) -> bool:
+        job = self.jobs.get(job_id)
+        return job is not None and job.status in TERMINAL
+
+    def done_after(self, job_ids: Iterable[str]) -> list[int]:
+        """Enqueue-to-success milliseconds (log times) of those of ``job_ids`` that succeeded."""
+        jobs = [self.jobs.get(j) for j in job_ids]
+        return [
+            j.done_at - j.enqueued_at
+            for j in jobs
+            if j is not None and j.status == SUCCEEDED and j.done_at is not None
+        ]
+
     def effects(self, ids: Iterable[EffectId]) -> Auditor:
         self.published.update(ids)
         return self

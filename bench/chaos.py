@@ -1,0 +1,407 @@
+"""Chaos soak: many jobs under kills, freezes, a broker restart and hostile records, then an audit.
+
+Not a test: it soaks and reports. On a broker of its own (free loopback ports, never a shared
+one) it starts ``--nodes`` nodes and ``--workers`` workers (bench/chaos_cluster.py) and offers
+``--jobs`` jobs at ``--rate``/s (open loop; a share fails transiently, a share for good;
+bench/chaos_app.py). While the load runs it SIGKILLs a node every ``--node-kill-every-s`` (back
+after ``--node-down-s``), SIGKILLs a worker every ``--worker-kill-every-s`` (replaced at once),
+SIGSTOPs a worker for ``--freeze-s`` (past its ``--lease-s``) every ``--freeze-every-s``, SIGKILLs
+the broker once at ``--broker-kill-at`` of the load and starts it again after
+``--broker-down-s``, and every ``--hostile-every-s`` writes hostile records as a foreign producer
+(bench/chaos_hostile.py). A 0 interval turns a fault off.
+
+Then it waits until every acknowledged job is terminal, or nothing moved for ``--settle-s``;
+stops the engine; reads the effects topic; runs ``evsched rebuild --verify`` against each node's
+data dir; and audits (bench/chaos_audit.py: an independent model, not the fold, fed from the
+events topic while the soak runs). The last line is ``key=value`` pairs: lost, dup_successes,
+dup_effects, stale_effects, missing_effects, dead_unstarted, unstarted_expiries, late_starts,
+starts_after_terminal, undecodable vs injected_garbage, digest_match, node/worker stall p50/max
+(seconds), and enqueue-to-done p50/p99/max of succeeded jobs.
+
+Run from the repo: ``.venv/bin/python bench/chaos.py --jobs 5000 --rate 50``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from chaos_app import define
+from chaos_audit import Auditor, LogRecord
+from chaos_cluster import Soak, now_ms
+from chaos_hostile import KINDS, Hostile
+from e2e import node_caught_up, pct
+from evsched.adapters.avro import decode_event
+from evsched.adapters.topics import Topics, ensure_topics
+from evsched.client import App, Task
+from evsched.errors import DecodeError
+
+ENQUEUE_TIMEOUT_S = 30.0
+
+
+class Follower:
+    """Reads the events topic from its start while the soak runs; feeds each record to the audit."""
+
+    def __init__(self, soak: Soak, auditor: Auditor) -> None:
+        self.soak, self.auditor = soak, auditor
+        self.topic = Topics(soak.namespace).events
+        self.tps = [TopicPartition(self.topic, p) for p in range(soak.args.partitions)]
+        self.consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.soak.bootstrap,
+            isolation_level="read_committed",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=100,
+            max_partition_fetch_bytes=8 << 20,
+        )
+        await self.consumer.start()
+        self.consumer.assign(self.tps)
+        await self.consumer.seek_to_beginning(*self.tps)
+
+    async def stop(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.stop()
+
+    async def read(self, timeout_ms: int = 500) -> int:
+        """Feed what arrived; the number of records fed."""
+        assert self.consumer is not None
+        batches = await self.consumer.getmany(timeout_ms=timeout_ms, max_records=20_000)
+        fed = 0
+        for raws in batches.values():
+            for raw in raws:
+                self.auditor.feed(LogRecord(raw.partition, raw.offset, raw.timestamp, _decode(raw)))
+                fed += 1
+        return fed
+
+    async def follow(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.read()
+            except Exception as exc:  # the broker is down for a while: keep following
+                print(f"follower: {exc!r}")
+                await asyncio.sleep(1)
+
+    async def catch_up(self) -> None:
+        """Read up to the current end of every partition."""
+        assert self.consumer is not None
+        ends = await self.consumer.end_offsets(self.tps)
+        while [tp for tp in self.tps if await self.consumer.position(tp) < ends[tp]]:
+            await self.read(200)
+
+
+def _decode(raw: Any) -> Any:
+    try:
+        return decode_event(raw.value or b"")
+    except DecodeError:
+        return None
+
+
+async def read_effects(soak: Soak) -> list[tuple[str, int, int]]:
+    """(job id, token, effect index) of every committed record of the effects topic."""
+    topic = Topics(soak.namespace).effects
+    consumer = AIOKafkaConsumer(bootstrap_servers=soak.bootstrap, isolation_level="read_committed")
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        if not partitions:
+            await consumer.topics()  # refresh metadata once
+            partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        found: list[tuple[str, int, int]] = []
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            batches = await consumer.getmany(timeout_ms=200, max_records=20_000)
+            found += [_effect_id(r) for rs in batches.values() for r in rs]
+        return found
+    finally:
+        await consumer.stop()
+
+
+def _effect_id(record: Any) -> tuple[str, int, int]:
+    headers = {k: v for k, v in record.headers or ()}
+    return (
+        headers["evsched-job-id"].decode(),
+        int(headers["evsched-token"]),
+        int(headers["evsched-effect-index"]),
+    )
+
+
+# --- load and faults --------------------------------------------------------------------------
+
+
+async def offer(tasks: dict[str, Task], args: argparse.Namespace, acked: set[str]) -> int:
+    """Open-loop load of ``--jobs`` at ``--rate``; acknowledged ids go to ``acked``; failures."""
+    failures = 0
+    running: set[asyncio.Task[None]] = set()
+
+    async def one(i: int) -> None:
+        nonlocal failures
+        share = (i * 7919 % 1000) / 1000  # spread the kinds evenly over the run
+        if share < args.broken_share:
+            call = tasks["broken"].enqueue()
+        elif share < args.broken_share + args.flaky_share:
+            call = tasks["flaky"].enqueue(1 + i % 2)
+        else:
+            call = tasks["noop"].enqueue()
+        try:
+            acked.add(await asyncio.wait_for(call, ENQUEUE_TIMEOUT_S))
+        except Exception:  # not acknowledged: not owed (the broker may be down)
+            failures += 1
+
+    t0 = time.perf_counter()
+    for i in range(args.jobs):
+        wait = t0 + i / args.rate - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        job = asyncio.create_task(one(i))
+        running.add(job)
+        job.add_done_callback(running.discard)
+    if running:
+        await asyncio.gather(*running)
+    return failures
+
+
+async def every(
+    period_s: float, action: Callable[[], Awaitable[None]], stop: asyncio.Event
+) -> None:
+    """Run ``action`` every ``period_s`` (first after one period) until ``stop``; 0: never."""
+    if period_s <= 0:
+        return
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), period_s)
+        if stop.is_set():
+            return
+        await action()
+
+
+async def once_at(
+    delay_s: float, action: Callable[[], Awaitable[None]], stop: asyncio.Event
+) -> None:
+    if delay_s < 0:
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), delay_s)
+    if not stop.is_set():
+        await action()
+
+
+async def watch_logs(soak: Soak, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        soak.poll_logs()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
+def fault_loops(soak: Soak, hostile: Hostile, stop: asyncio.Event) -> list[asyncio.Task[None]]:
+    a = soak.args
+    load_s = a.jobs / a.rate
+    loops = [
+        every(a.node_kill_every_s, soak.kill_node, stop),
+        every(a.worker_kill_every_s, soak.kill_worker, stop),
+        every(a.freeze_every_s, soak.freeze_worker, stop),
+        every(a.hostile_every_s, hostile.round, stop),
+        once_at(a.broker_kill_at * load_s if a.broker_kill_at >= 0 else -1, soak.kill_broker, stop),
+    ]
+    return [asyncio.create_task(loop) for loop in loops]
+
+
+async def drain(soak: Soak, follower: Follower, auditor: Auditor, acked: set[str]) -> int:
+    """Wait until every acknowledged job is terminal, or nothing moved for ``--settle-s``."""
+    a = soak.args
+    deadline = time.monotonic() + a.drain_timeout_s
+    last, still_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        await follower.read(500)
+        pending = sum(1 for j in acked if not auditor.is_terminal(j))
+        if pending == 0:
+            return 0
+        if pending != last:
+            last, still_since = pending, time.monotonic()
+            print(f"drain: {pending} acknowledged jobs not terminal yet")
+        elif time.monotonic() - still_since > a.settle_s:
+            return pending
+    return last
+
+
+async def nodes_caught_up(soak: Soak, timeout_s: float) -> bool:
+    """Whether the nodes committed to the log end (they have published every effect)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await node_caught_up(soak):
+            return True
+        await asyncio.sleep(1)
+    return False
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+async def soak_run(soak: Soak) -> dict[str, Any]:
+    a = soak.args
+    await ensure_topics(
+        soak.bootstrap, soak.namespace, event_partitions=a.partitions, queues=["default"]
+    )
+    soak.start_engine()
+    acked: set[str] = set()
+    hostile = Hostile(soak.bootstrap, soak.namespace, kinds=tuple(a.hostile), seed=a.seed)
+    auditor = Auditor(acknowledged=acked, injected=hostile.injected)
+    follower = Follower(soak, auditor)
+    await follower.start()
+    await hostile.start()
+    stop_faults, stop_follow = asyncio.Event(), asyncio.Event()
+    background = [
+        asyncio.create_task(follower.follow(stop_follow)),
+        asyncio.create_task(watch_logs(soak, stop_follow)),
+    ]
+    client = App(soak.settings, name="chaos-client")
+    started = time.monotonic()
+    try:
+        async with client:
+            loops = fault_loops(soak, hostile, stop_faults)
+            failed = await offer(define(client), a, acked)
+            stop_faults.set()
+            await asyncio.gather(*loops)
+        load_s = time.monotonic() - started
+        stop_follow.set()
+        await asyncio.gather(*background)
+        pending = await drain(soak, follower, auditor, acked)
+        caught_up = await nodes_caught_up(soak, 60)
+        await follower.catch_up()
+        effects = await read_effects(soak)
+    finally:
+        await hostile.stop()
+        await follower.stop()
+    soak.stop_engine()
+    auditor.injected_garbage = hostile.sent["garbage"]
+    auditor.effects(effects)
+    findings = auditor.findings(soak.faults)
+    _print_samples(findings)
+    rebuilt = soak.rebuild_verify()
+    return {
+        "jobs": a.jobs,
+        "enqueue_failed": failed,
+        "load_s": round(load_s, 1),
+        **findings.figures(),
+        "pending_at_end": pending,
+        "nodes_caught_up": caught_up,
+        **_rebuild_figures(rebuilt),
+        **_done_figures(auditor, acked),
+        **{k: soak.counts.get(k, 0) for k in _FAULT_COUNTS},
+        **{f"hostile_{k}": v for k, v in sorted(hostile.sent.items())},
+    }
+
+
+_FAULT_COUNTS = (
+    "node_kills",
+    "worker_kills",
+    "worker_freezes",
+    "broker_kills",
+    "partition_step_failures",
+)
+
+
+def _rebuild_figures(results: list[dict[str, Any]]) -> dict[str, Any]:
+    errors = [r["error"] for r in results if "error" in r]
+    compared = [r for r in results if "error" not in r]
+    for error in errors:
+        print(f"rebuild: {error}")
+    mismatched = [r for r in compared if not r["match"]]
+    for r in mismatched:
+        print(f"rebuild: node {r['node']} p{r['partition']} differs at offset {r['offset']}")
+    match = bool(compared) and not errors and not mismatched
+    return {
+        "digest_match": str(match).lower(),
+        "rebuild_compared": len(compared),
+        "rebuild_mismatched": len(mismatched),
+        "rebuild_errors": len(errors),
+    }
+
+
+def _done_figures(auditor: Auditor, acked: set[str]) -> dict[str, Any]:
+    waits = [s / 1000 for s in auditor.done_after(acked)]
+    return {
+        "done_p50_s": round(pct(waits, 50), 2),
+        "done_p99_s": round(pct(waits, 99), 2),
+        "done_max_s": round(max(waits), 2) if waits else "nan",
+    }
+
+
+def _print_samples(findings: Any) -> None:
+    for name in ("lost", "duplicate_successes", "stale_effects", "dead_unstarted"):
+        sample = getattr(findings, name)[:5]
+        if sample:
+            print(f"{name}: {len(getattr(findings, name))}, e.g. {sample}")
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = p.add_argument
+    add("--jobs", type=int, default=5_000)
+    add("--rate", type=float, default=50.0, help="jobs offered per second")
+    add("--nodes", type=int, default=2)
+    add("--workers", type=int, default=3)
+    add("--concurrency", type=int, default=20)
+    add("--partitions", type=int, default=6)
+    add("--max-in-flight", type=int, default=1_000, help="passed to the nodes")
+    add("--lease-s", type=float, default=5.0, help="workers' run lease")
+    add("--dispatch-timeout-s", type=float, default=5.0, help="nodes' time for a worker to start")
+    add("--node-kill-every-s", type=float, default=60.0)
+    add("--node-down-s", type=float, default=5.0)
+    add("--worker-kill-every-s", type=float, default=10.0)
+    add("--freeze-every-s", type=float, default=30.0)
+    add("--freeze-s", type=float, default=12.0, help="longer than --lease-s")
+    add("--broker-kill-at", type=float, default=0.5, help="share of the load; negative: never")
+    add("--broker-down-s", type=float, default=10.0)
+    add("--hostile-every-s", type=float, default=20.0)
+    add("--hostile", type=_kinds, default=list(KINDS), help=f"comma-separated of {KINDS}")
+    add("--flaky-share", type=float, default=0.1, help="jobs failing their first attempts")
+    add("--broken-share", type=float, default=0.02, help="jobs failing for good")
+    add("--settle-s", type=float, default=120.0, help="give up when nothing moved this long")
+    add("--drain-timeout-s", type=float, default=1_800.0)
+    add("--seed", type=int, default=1)
+    add("--keep", action="store_true", help="keep the run directory (logs, indexes)")
+    return p.parse_args(argv)
+
+
+def _kinds(text: str) -> list[str]:
+    kinds = [k for k in text.split(",") if k]
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown hostile kinds {sorted(unknown)}")
+    return kinds
+
+
+def main() -> None:
+    args = parse()
+    run_dir = Path(tempfile.mkdtemp(prefix="evsched-chaos-"))
+    soak = Soak(args, run_dir)
+    soak.rng.seed(args.seed)
+    started = now_ms()
+    try:
+        soak.start_broker()
+        print(f"namespace {soak.namespace} on {soak.bootstrap}, logs in {run_dir}", flush=True)
+        figures = asyncio.run(soak_run(soak))
+    finally:
+        soak.stop()
+        if not args.keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    figures["wall_s"] = round((now_ms() - started) / 1000, 1)
+    print(" ".join(f"{k}={v}" for k, v in figures.items()))
+
+
+if __name__ == "__main__":
+    main()
