@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import shutil
 import tempfile
 import time
@@ -202,6 +203,7 @@ async def once_at(
 async def watch_logs(soak: Soak, stop: asyncio.Event) -> None:
     while not stop.is_set():
         soak.poll_logs()
+        soak.revive()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
 
@@ -262,11 +264,9 @@ async def soak_run(soak: Soak) -> dict[str, Any]:
     follower = Follower(soak, auditor)
     await follower.start()
     await hostile.start()
-    stop_faults, stop_follow = asyncio.Event(), asyncio.Event()
-    background = [
-        asyncio.create_task(follower.follow(stop_follow)),
-        asyncio.create_task(watch_logs(soak, stop_follow)),
-    ]
+    stop_faults, stop_follow, stop_watch = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    following = asyncio.create_task(follower.follow(stop_follow))
+    watching = asyncio.create_task(watch_logs(soak, stop_watch))
     client = App(soak.settings, name="chaos-client")
     started = time.monotonic()
     try:
@@ -277,8 +277,10 @@ async def soak_run(soak: Soak) -> dict[str, Any]:
             await asyncio.gather(*loops)
         load_s = time.monotonic() - started
         stop_follow.set()
-        await asyncio.gather(*background)
+        await following
         pending = await drain(soak, follower, auditor, acked)
+        stop_watch.set()
+        await watching
         caught_up = await nodes_caught_up(soak, 60)
         await follower.catch_up()
         effects = await read_effects(soak)
@@ -310,6 +312,7 @@ _FAULT_COUNTS = (
     "worker_kills",
     "worker_freezes",
     "broker_kills",
+    "unexpected_exits",
     "partition_step_failures",
 )
 
@@ -387,6 +390,8 @@ def _kinds(text: str) -> list[str]:
 
 def main() -> None:
     args = parse()
+    # aiokafka logs every failed connection while the broker is down: the soak counts instead.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     run_dir = Path(tempfile.mkdtemp(prefix="evsched-chaos-"))
     soak = Soak(args, run_dir)
     soak.rng.seed(args.seed)

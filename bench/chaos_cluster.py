@@ -43,6 +43,7 @@ class Soak(Cluster):
     rng: random.Random = field(default_factory=random.Random)
     _generation: int = 0
     _frozen: set[int] = field(default_factory=set)
+    _killed: set[int] = field(default_factory=set)
 
     def start_broker(self) -> None:
         self.broker = LocalBroker(self.run_dir / "broker", free_port(), free_port())
@@ -51,7 +52,7 @@ class Soak(Cluster):
 
     def spawn_node(self, i: int) -> Proc:
         command = [_script("evsched"), "node", "--data-dir", str(self.node_dir(i))]
-        command += ["--node-id", f"n{i}", "--dispatch-timeout", str(self.args.dispatch_timeout_s)]
+        command += ["--node-id", f"n{i}", "--dispatch-timeout-s", str(self.args.dispatch_timeout_s)]
         command += ["--max-in-flight", str(self.args.max_in_flight)]
         return self._spawn_proc(f"node-{i}", command)
 
@@ -92,6 +93,15 @@ class Soak(Cluster):
                 elif event == "partition_step_failed":
                     self._count("partition_step_failures")
 
+    def revive(self) -> None:
+        """Start again a node or worker that exited by itself (not one we killed): counted."""
+        for group, spawn in ((self.nodes, self.spawn_node), (self.workers, self.spawn_worker)):
+            for i, proc in enumerate(group):
+                if proc.popen.poll() is not None and proc.pid not in self._killed:
+                    print(f"{proc.name} exited by itself ({proc.popen.returncode}): restarted")
+                    self._count("unexpected_exits")
+                    group[i] = spawn(i + 1)
+
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
 
@@ -101,6 +111,7 @@ class Soak(Cluster):
         proc = self.nodes[i]
         self.poll_logs()
         partitions = frozenset(self.owned[proc.name])
+        self._killed.add(proc.pid)
         _kill(proc)
         self.faults.append(Fault("node", now_ms(), partitions=partitions))
         self._count("node_kills")
@@ -113,6 +124,7 @@ class Soak(Cluster):
         i = self.rng.randrange(len(self.workers))
         proc = self.workers[i]
         worker_id = worker_id_of(proc)
+        self._killed.add(proc.pid)
         _kill(proc)
         self._frozen.discard(proc.pid)
         self.faults.append(Fault("worker", now_ms(), worker_id=worker_id))
@@ -195,6 +207,7 @@ def _compared(node: int, partition: dict[str, Any]) -> dict[str, Any]:
 
 
 def _kill(proc: Proc) -> None:
+    """SIGKILL ``proc`` (ours, by pid) and reap it."""
     if proc.popen.poll() is None:
         proc.popen.send_signal(signal.SIGKILL)
     proc.popen.wait(30)
