@@ -42,7 +42,7 @@ from chaos_cluster import Soak, now_ms
 from chaos_hostile import KINDS, Hostile
 from e2e import node_caught_up, pct
 from evsched.adapters.avro import decode_event
-from evsched.adapters.topics import Topics, ensure_topics
+from evsched.adapters.topics import Topics, ensure_topics, partition_count
 from evsched.client import App, Task
 from evsched.errors import DecodeError
 
@@ -111,14 +111,11 @@ def _decode(raw: Any) -> Any:
 async def read_effects(soak: Soak) -> list[tuple[str, int, int]]:
     """(job id, token, effect index) of every committed record of the effects topic."""
     topic = Topics(soak.namespace).effects
+    count = await partition_count(soak.bootstrap, topic)
     consumer = AIOKafkaConsumer(bootstrap_servers=soak.bootstrap, isolation_level="read_committed")
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        if not partitions:
-            await consumer.topics()  # refresh metadata once
-            partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        tps = [TopicPartition(topic, p) for p in range(count)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
