@@ -40,7 +40,7 @@ from chaos_app import define
 from chaos_audit import Auditor, LogRecord
 from chaos_cluster import Soak, now_ms
 from chaos_hostile import KINDS, Hostile
-from e2e import node_caught_up, pct
+from e2e import node_caught_up, pct, wait_for
 from evsched.adapters.avro import decode_event
 from evsched.adapters.topics import Topics, ensure_topics, partition_count
 from evsched.client import App, Task
@@ -218,6 +218,17 @@ def fault_loops(soak: Soak, hostile: Hostile, stop: asyncio.Event) -> list[async
     return [asyncio.create_task(loop) for loop in loops]
 
 
+async def warm_up(soak: Soak, tasks: dict[str, Task], auditor: Auditor) -> None:
+    """Before any fault: every partition owned and a few jobs done (not counted in the audit)."""
+    await wait_for(soak, soak.all_owned, 300, "nodes to own every partition")
+    warm = [await tasks["noop"].enqueue() for _ in range(10 * soak.args.workers)]
+    deadline = time.monotonic() + 300
+    while not all(auditor.is_terminal(j) for j in warm):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the warm-up jobs did not finish in 300 s")
+        await asyncio.sleep(0.2)  # the follower feeds the auditor meanwhile
+
+
 async def drain(soak: Soak, follower: Follower, auditor: Auditor, acked: set[str]) -> int:
     """Wait until every acknowledged job is terminal, or nothing moved for ``--settle-s``."""
     a = soak.args
@@ -265,9 +276,10 @@ async def soak_run(soak: Soak) -> dict[str, Any]:
     following = asyncio.create_task(follower.follow(stop_follow))
     watching = asyncio.create_task(watch_logs(soak, stop_watch))
     client = App(soak.settings, name="chaos-client")
-    started = time.monotonic()
     try:
         async with client:
+            await warm_up(soak, define(client), auditor)
+            started = time.monotonic()
             loops = fault_loops(soak, hostile, stop_faults)
             failed = await offer(define(client), a, acked)
             stop_faults.set()

@@ -54,7 +54,10 @@ class LogRecord:
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """A kill: a node's (with the events partitions it owned) or a worker's (with its id)."""
+    """A kill: a node's (with the events partitions it owned) or a worker's.
+
+    ``worker_id`` is what the killed worker's ids start with (its host and pid).
+    """
 
     kind: str  # "node" or "worker"
     at_ms: int
@@ -354,7 +357,8 @@ class Auditor:
         waits = []
         for job in self.jobs.values():
             for attempt in job.attempts.values():
-                held = attempt.worker_id == fault.worker_id and attempt.started_at <= fault.at_ms
+                mine = attempt.worker_id.startswith(fault.worker_id)
+                held = mine and attempt.started_at <= fault.at_ms
                 if held and (attempt.ended_at is None or attempt.ended_at >= fault.at_ms):
                     later = [t for t in job.completions if t >= fault.at_ms]
                     if later:

@@ -15,6 +15,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -123,7 +124,7 @@ class Soak(Cluster):
         """SIGKILL a worker (frozen or not) and start a fresh one in its place."""
         i = self.rng.randrange(len(self.workers))
         proc = self.workers[i]
-        worker_id = worker_id_of(proc)
+        worker_id = worker_id_prefix(proc)
         self._killed.add(proc.pid)
         _kill(proc)
         self._frozen.discard(proc.pid)
@@ -213,14 +214,6 @@ def _kill(proc: Proc) -> None:
     proc.popen.wait(30)
 
 
-def worker_id_of(proc: Proc) -> str:
-    """The worker id a worker process logged at start (empty if it has not logged it yet)."""
-    with proc.log_path.open("rb") as f:
-        head = f.read(1 << 20)
-    for raw in head.splitlines():
-        if b'"worker_started"' in raw:
-            try:
-                return str(json.loads(raw).get("worker_id", ""))
-            except ValueError:
-                return ""
-    return ""
+def worker_id_prefix(proc: Proc) -> str:
+    """What every worker id of this process starts with (``default_worker_id``: host-pid-hex)."""
+    return f"{socket.gethostname()}-{proc.pid}-"
