@@ -278,10 +278,11 @@ async def soak_run(soak: Soak) -> dict[str, Any]:
     client = App(soak.settings, name="chaos-client")
     try:
         async with client:
-            await warm_up(soak, define(client), auditor)
+            tasks = define(client)
+            await warm_up(soak, tasks, auditor)
             started = time.monotonic()
             loops = fault_loops(soak, hostile, stop_faults)
-            failed = await offer(define(client), a, acked)
+            failed = await offer(tasks, a, acked)
             stop_faults.set()
             await asyncio.gather(*loops)
         load_s = time.monotonic() - started
