@@ -67,9 +67,18 @@ class Fault:
 
 @dataclass(slots=True)
 class _Attempt:
-    worker_id: str
-    started_at: int
+    leased_at: int
+    started_at: int | None = None
+    worker_id: str = ""
     ended_at: int | None = None
+
+    def in_flight(self, at: int, worker_prefix: str) -> bool:
+        """Leased and not started at ``at``, or running then on a worker named ``worker_prefix``."""
+        if self.leased_at > at or (self.ended_at is not None and self.ended_at < at):
+            return False
+        if self.started_at is None or self.started_at > at:
+            return True
+        return self.worker_id.startswith(worker_prefix)
 
 
 @dataclass(slots=True)
@@ -81,13 +90,11 @@ class _Job:
     token: int = 0
     attempt: int = 0
     lease_until: int | None = None
-    starts: int = 0
     done_at: int | None = None
     event_ids: set[str] = field(default_factory=set)
     deadlines: dict[int, int] = field(default_factory=dict)  # token -> start deadline
-    attempts: dict[int, _Attempt] = field(default_factory=dict)  # token -> started attempt
-    # Log times of applied outcomes: a success, a failure, or the expiry that killed the job.
-    completions: list[int] = field(default_factory=list)
+    attempts: dict[int, _Attempt] = field(default_factory=dict)  # token -> applied lease
+    starts: list[int] = field(default_factory=list)  # log times of applied starts
 
 
 @dataclass(slots=True)
@@ -228,7 +235,7 @@ class Auditor:
             case LeaseExpired() if self._live(job, event.token):
                 if job.lease_until is None or at >= job.lease_until:
                     self.unstarted_expiries += job.status == LEASED
-                    self._retry_or_die(job, retryable=True, at=at, outcome=False)
+                    self._retry_or_die(job, retryable=True, at=at)
             case _:
                 pass
 
@@ -244,6 +251,7 @@ class Auditor:
         job.status, job.token, job.attempt = LEASED, event.token, event.attempt
         job.lease_until = record.log_at + event.lease_ms
         job.deadlines[event.token] = job.lease_until
+        job.attempts[event.token] = _Attempt(record.log_at)
         self.leases_by_partition.setdefault(record.partition, []).append(record.log_at)
 
     def _started(self, job: _Job, event: AttemptStarted, at: int) -> None:
@@ -253,8 +261,9 @@ class Auditor:
         self.starts_after_terminal += job.status in TERMINAL
         if job.status == LEASED and event.token == job.token:
             job.status, job.lease_until = RUNNING, at + event.lease_ms
-            job.starts += 1
-            job.attempts[event.token] = _Attempt(event.worker_id, at)
+            job.starts.append(at)
+            attempt = job.attempts[event.token]
+            attempt.started_at, attempt.worker_id = at, event.worker_id
 
     def _running(
         self,
@@ -271,21 +280,19 @@ class Auditor:
         elif isinstance(event, AttemptFailed):
             self._retry_or_die(job, retryable=event.retryable, at=at)
 
-    def _retry_or_die(self, job: _Job, *, retryable: bool, at: int, outcome: bool = True) -> None:
+    def _retry_or_die(self, job: _Job, *, retryable: bool, at: int) -> None:
         if retryable and job.attempt < job.max_attempts:
-            self._close_attempt(job, at, outcome=outcome)
+            self._close_attempt(job, at)
             job.status, job.lease_until = SCHEDULED, None
         else:
             self._end(job, DEAD, at)
 
     def _end(self, job: _Job, status: str, at: int) -> None:
-        self._close_attempt(job, at, outcome=True)
+        self._close_attempt(job, at)
         job.status, job.lease_until, job.done_at = status, None, at
 
     @staticmethod
-    def _close_attempt(job: _Job, at: int, *, outcome: bool) -> None:
-        if outcome:
-            job.completions.append(at)
+    def _close_attempt(job: _Job, at: int) -> None:
         attempt = job.attempts.get(job.token)
         if attempt is not None and attempt.ended_at is None:
             attempt.ended_at = at
@@ -307,7 +314,7 @@ class Auditor:
             found.succeeded += job.status == SUCCEEDED
             found.dead += job.status == DEAD
             found.cancelled += job.status == CANCELLED
-            if job.status == DEAD and job.starts == 0:
+            if job.status == DEAD and not job.starts:
                 found.dead_unstarted.append(job_id)
         self._audit_effects(found)
         found.stalls = self.stalls(faults)
@@ -335,8 +342,9 @@ class Auditor:
 
         A node kill: per partition it owned, the time from the kill to the partition's next
         lease (its scheduler is back), the largest over those partitions. A worker kill: per
-        attempt it was running, the time from the kill to that job's next outcome (a later
-        attempt's, after the lease expired), the largest over those attempts.
+        job in flight at the kill (leased and not yet started anywhere, or running on the killed
+        worker), the time from the kill to the job's next start (or to its death, when it never
+        started again), the largest over those jobs.
         """
         out: dict[str, list[float]] = {"node": [], "worker": []}
         for fault in faults:
@@ -355,12 +363,13 @@ class Auditor:
 
     def _worker_waits(self, fault: Fault) -> list[int]:
         waits = []
+        at = fault.at_ms
         for job in self.jobs.values():
-            for attempt in job.attempts.values():
-                mine = attempt.worker_id.startswith(fault.worker_id)
-                held = mine and attempt.started_at <= fault.at_ms
-                if held and (attempt.ended_at is None or attempt.ended_at >= fault.at_ms):
-                    later = [t for t in job.completions if t >= fault.at_ms]
-                    if later:
-                        waits.append(min(later) - fault.at_ms)
+            if not any(a.in_flight(at, fault.worker_id) for a in job.attempts.values()):
+                continue
+            later = [t for t in job.starts if t >= at]
+            if not later and job.status == DEAD and job.done_at is not None:
+                later = [job.done_at]
+            if later:
+                waits.append(min(later) - at)
         return waits

@@ -226,14 +226,25 @@ def test_a_node_kill_stalls_its_partitions_until_their_next_lease() -> None:
     assert stalls["node"] == [7.001]
 
 
-def test_a_worker_kill_stalls_the_attempts_it_ran_until_their_next_outcome() -> None:
-    log = Log().enqueue("a", 0).lease("a", 1, 1, 10).start("a", 1, 20, worker="w9")
-    log.expire("a", 1, 5_100).lease("a", 2, 2, 6_000).start("a", 2, 6_010, worker="w2")
-    log.succeed("a", 2, 7_000).done("b", 1, 100)
+def test_a_worker_kill_stalls_the_jobs_in_flight_until_they_start_again() -> None:
+    log = Log().enqueue("a", 0).lease("a", 1, 1, 10).start("a", 1, 20, worker="w9-1")
+    log.expire("a", 1, 5_100).lease("a", 2, 2, 6_000).start("a", 2, 6_010, worker="w2-1")
+    log.succeed("a", 2, 7_000)
+    # b was leased before the kill and started after it, elsewhere: it waited too.
+    log.enqueue("b", 900).lease("b", 1, 1, 950).start("b", 1, 3_000, worker="w2-1")
+    log.succeed("b", 1, 3_001)
+    # c ran on another worker, d finished before the kill: neither was held up.
+    log.enqueue("c", 900).lease("c", 1, 1, 950).start("c", 1, 960, worker="w2-1")
+    log.succeed("c", 1, 9_000).done("d", 1, 100)
     auditor = chaos_audit.Auditor(acknowledged=set()).feed_all(log.records)
-    faults = [Fault("worker", 1_000, worker_id="w9"), Fault("worker", 1_000, worker_id="w5")]
-    stalls = auditor.stalls(faults)
-    assert stalls["worker"] == [6.0]
+    faults = [Fault("worker", 1_000, worker_id="w9-"), Fault("worker", 8_000, worker_id="w5-")]
+    assert auditor.stalls(faults)["worker"] == [5.01]
     figures = auditor.findings(faults).figures()
-    assert figures["worker_stalls_measured"] == 1 and figures["worker_stall_max_s"] == 6.0
+    assert figures["worker_stalls_measured"] == 1 and figures["worker_stall_max_s"] == 5.01
     assert figures["node_stall_p50_s"] == "nan"
+
+
+def test_a_job_in_flight_that_never_starts_again_stalls_until_it_dies() -> None:
+    log = Log().enqueue("a", 0, max_attempts=1).lease("a", 1, 1, 10).expire("a", 1, 4_000)
+    auditor = chaos_audit.Auditor(acknowledged=set()).feed_all(log.records)
+    assert auditor.stalls([Fault("worker", 1_000, worker_id="w9-")])["worker"] == [3.0]
