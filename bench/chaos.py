@@ -272,46 +272,53 @@ async def soak_run(soak: Soak) -> dict[str, Any]:
     follower = Follower(soak, auditor)
     await follower.start()
     await hostile.start()
-    stop_faults, stop_follow, stop_watch = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    stop_follow, stop_watch = asyncio.Event(), asyncio.Event()
     following = asyncio.create_task(follower.follow(stop_follow))
     watching = asyncio.create_task(watch_logs(soak, stop_watch))
-    client = App(soak.settings, name="chaos-client")
     try:
-        async with client:
-            tasks = define(client)
-            await warm_up(soak, tasks, auditor)
-            started = time.monotonic()
-            loops = fault_loops(soak, hostile, stop_faults)
-            failed = await offer(tasks, a, acked)
-            stop_faults.set()
-            await asyncio.gather(*loops)
-        load_s = time.monotonic() - started
+        async with App(soak.settings, name="chaos-client") as client:
+            run = await load(soak, client, hostile, auditor, acked)
         stop_follow.set()
         await following
-        pending = await drain(soak, follower, auditor, acked)
+        run["pending_at_end"] = await drain(soak, follower, auditor, acked)
         stop_watch.set()
         await watching
-        caught_up = await nodes_caught_up(soak, 60)
+        run["nodes_caught_up"] = await nodes_caught_up(soak, 60)
         await follower.catch_up()
-        effects = await read_effects(soak)
+        auditor.effects(await read_effects(soak))
     finally:
         await hostile.stop()
         await follower.stop()
     soak.stop_engine()
     auditor.injected_garbage = hostile.sent["garbage"]
-    auditor.effects(effects)
+    return figures(soak, auditor, hostile, run)
+
+
+async def load(
+    soak: Soak, client: App, hostile: Hostile, auditor: Auditor, acked: set[str]
+) -> dict[str, Any]:
+    """Warm up, then offer the jobs while the faults run; what the load phase measured."""
+    tasks = define(client)
+    await warm_up(soak, tasks, auditor)
+    started = time.monotonic()
+    stop_faults = asyncio.Event()
+    loops = fault_loops(soak, hostile, stop_faults)
+    failed = await offer(tasks, soak.args, acked)
+    stop_faults.set()
+    await asyncio.gather(*loops)
+    return {"enqueue_failed": failed, "load_s": round(time.monotonic() - started, 1)}
+
+
+def figures(soak: Soak, auditor: Auditor, hostile: Hostile, run: dict[str, Any]) -> dict[str, Any]:
+    """The audit, the rebuild check and the counts, as one flat mapping for the last line."""
     findings = auditor.findings(soak.faults)
     _print_samples(findings)
-    rebuilt = soak.rebuild_verify()
     return {
-        "jobs": a.jobs,
-        "enqueue_failed": failed,
-        "load_s": round(load_s, 1),
+        "jobs": soak.args.jobs,
+        **run,
         **findings.figures(),
-        "pending_at_end": pending,
-        "nodes_caught_up": caught_up,
-        **_rebuild_figures(rebuilt),
-        **_done_figures(auditor, acked),
+        **_rebuild_figures(soak.rebuild_verify()),
+        **_done_figures(auditor, auditor.acknowledged),
         **{k: soak.counts.get(k, 0) for k in _FAULT_COUNTS},
         **{f"hostile_{k}": v for k, v in sorted(hostile.sent.items())},
     }
@@ -355,9 +362,9 @@ def _done_figures(auditor: Auditor, acked: set[str]) -> dict[str, Any]:
 
 def _print_samples(findings: Any) -> None:
     for name in ("lost", "duplicate_successes", "stale_effects", "dead_unstarted"):
-        sample = getattr(findings, name)[:5]
+        sample = [repr(item)[:80] for item in getattr(findings, name)[:5]]
         if sample:
-            print(f"{name}: {len(getattr(findings, name))}, e.g. {sample}")
+            print(f"{name}: {len(getattr(findings, name))}, e.g. {', '.join(sample)}")
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -215,7 +215,8 @@ class Auditor:
         ]
 
     def effects(self, ids: Iterable[EffectId]) -> Auditor:
-        self.published.update(ids)
+        """Count the published effects, but those of forged jobs (their runs are not audited)."""
+        self.published.update(e for e in ids if e[0] not in self.injected)
         return self
 
     def _step(self, job_id: str, job: _Job, event: Event, record: LogRecord) -> None:

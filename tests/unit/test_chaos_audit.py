@@ -214,7 +214,9 @@ def test_undecodable_records_and_injected_jobs() -> None:
     found = audit(log, {"a"}, [("a", 1, 0)], injected={"forged"}, injected_garbage=2).findings()
     figures = found.figures()
     assert figures["undecodable"] == figures["injected_garbage"] == 2
-    assert "forged" not in audit(log, set(), [], injected={"forged"}).jobs
+    auditor = audit(log, set(), [("forged", 1, 0)], injected={"forged"})
+    assert "forged" not in auditor.jobs
+    assert auditor.findings().stale_effects == []
 
 
 def test_a_node_kill_stalls_its_partitions_until_their_next_lease() -> None:
