@@ -229,7 +229,7 @@ def figures(
         "jobs": soak.args.jobs,
         **run,
         **findings.figures(),
-        **_rebuild_figures(soak.rebuild_verify(), ends),
+        **rebuild_figures(soak.rebuild_verify(), ends),
         **_done_figures(auditor, auditor.acknowledged),
         **{k: soak.counts.get(k, 0) for k in _FAULT_COUNTS},
         **{f"hostile_{k}": v for k, v in sorted(hostile.sent.items())},
@@ -246,7 +246,7 @@ _FAULT_COUNTS = (
 )
 
 
-def _rebuild_figures(results: list[dict[str, Any]], ends: dict[int, int]) -> dict[str, Any]:
+def rebuild_figures(results: list[dict[str, Any]], ends: dict[int, int]) -> dict[str, Any]:
     errors = [r["error"] for r in results if "error" in r]
     compared = [r for r in results if "error" not in r]
     for error in errors:

@@ -19,7 +19,8 @@ from evsched.core.events import (
     LeaseRenewed,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+# Appended, not prepended: bench/ holds modules (fold.py, audit.py) that must shadow nothing.
+sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 chaos_audit: Any = importlib.import_module("chaos_audit")
 LogRecord, Fault = chaos_audit.LogRecord, chaos_audit.Fault
 
