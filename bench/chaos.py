@@ -292,6 +292,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = p.add_argument
     add("--jobs", type=int, default=5_000)
+    add("--duration-s", type=float, help="offer jobs this long instead (--jobs = rate x duration)")
     add("--rate", type=float, default=50.0, help="jobs offered per second")
     add("--nodes", type=int, default=2)
     add("--workers", type=int, default=3)
@@ -315,7 +316,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--drain-timeout-s", type=float, default=1_800.0)
     add("--seed", type=int, default=1)
     add("--keep", action="store_true", help="keep the run directory (logs, indexes)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.duration_s is not None:
+        args.jobs = max(1, int(args.rate * args.duration_s))
+    return args
 
 
 def _kinds(text: str) -> list[str]:

@@ -51,6 +51,11 @@ def test_partitions_no_index_reached_are_named(capsys: pytest.CaptureFixture[str
     assert "p0 reached the log end (60 of 100)" in out and "p1" in out
 
 
+def test_a_duration_sets_the_number_of_jobs() -> None:
+    assert chaos.parse(["--rate", "60", "--duration-s", "120"]).jobs == 7_200
+    assert chaos.parse(["--jobs", "300"]).jobs == 300
+
+
 def test_hostile_kinds_are_checked() -> None:
     assert chaos.parse(["--hostile", "garbage,overflow"]).hostile == ["garbage", "overflow"]
     with pytest.raises(argparse.ArgumentTypeError, match="unknown hostile kinds"):
