@@ -2,23 +2,25 @@
 
 Not a test: it soaks and reports. On a broker of its own (free loopback ports, never a shared
 one) it starts ``--nodes`` nodes and ``--workers`` workers (bench/chaos_cluster.py) and offers
-``--jobs`` jobs at ``--rate``/s (open loop; a share fails transiently, a share for good;
-bench/chaos_app.py). While the load runs it SIGKILLs a node every ``--node-kill-every-s`` (back
-after ``--node-down-s``), SIGKILLs a worker every ``--worker-kill-every-s`` (replaced at once),
-SIGSTOPs a worker for ``--freeze-s`` (past its ``--lease-s``) every ``--freeze-every-s``, SIGKILLs
-the broker once at ``--broker-kill-at`` of the load and starts it again after
-``--broker-down-s``, and every ``--hostile-every-s`` writes hostile records as a foreign producer
-(bench/chaos_hostile.py). A 0 interval turns a fault off.
+``--jobs`` jobs (or ``--duration-s`` of them) at ``--rate``/s, open loop; a share fails
+transiently, a share for good (bench/chaos_app.py). While the load runs it SIGKILLs a node
+every ``--node-kill-every-s`` (back after ``--node-down-s``), SIGKILLs a worker every
+``--worker-kill-every-s`` (replaced at once), SIGSTOPs a worker for ``--freeze-s`` (past its
+``--lease-s``) every ``--freeze-every-s``, SIGKILLs the broker once at ``--broker-kill-at`` of
+the load and starts it again after ``--broker-down-s``, and every ``--hostile-every-s`` writes
+hostile records as a foreign producer (bench/chaos_hostile.py). A 0 interval turns a fault off.
 
 Then it waits until every acknowledged job is terminal, or nothing moved for ``--settle-s``;
 stops the engine; reads the effects topic; runs ``evsched rebuild --verify`` against each node's
 data dir; and audits (bench/chaos_audit.py: an independent model, not the fold, fed from the
 events topic while the soak runs). The last line is ``key=value`` pairs: lost, dup_successes,
 dup_effects, stale_effects, missing_effects, dead_unstarted, unstarted_expiries, late_starts,
-starts_after_terminal, undecodable vs injected_garbage, digest_match, node/worker stall p50/max
-(seconds), and enqueue-to-done p50/p99/max of succeeded jobs.
+starts_after_terminal, undecodable vs injected_garbage, digest_match (with rebuild_errors and
+live_behind: partitions no node index reached), node/worker stall p50/max (seconds), and
+enqueue-to-done p50/p99/max of succeeded jobs; docs/benchmarks.md ("Chaos soak") defines each.
 
-Run from the repo: ``.venv/bin/python bench/chaos.py --jobs 5000 --rate 50``.
+Run from the repo: ``PYTHONPATH=$PWD/src .venv/bin/python bench/chaos.py --jobs 5000 --rate 50``
+(nodes and workers inherit ``PYTHONPATH``; ``--keep`` keeps their logs and indexes).
 """
 
 from __future__ import annotations
