@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import traceback
 from collections import deque
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,17 +27,32 @@ from evsched.adapters import kafka
 from evsched.adapters.clock import monotonic_s, now_ms
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka import Record
-from evsched.adapters.topics import Topics, ensure_topics
+from evsched.adapters.topics import TopicMisconfigured, TopicRefused, Topics, ensure_topics
 from evsched.core.planner import PlannerLimits
 from evsched.metrics import Metrics, NodeInstruments, serve_metrics
+from evsched.runtime.budget import QueueBudget
 from evsched.runtime.gc_policy import tune_for_folding
+from evsched.runtime.health import NodeHealth
 from evsched.runtime.partition import OwnedPartition, open_index
+from evsched.runtime.startup import until_broker
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.node")
 
-# How long a partition that failed to open waits before the poll loop tries it again.
-ORPHAN_RETRY_S = 2.0
+# How long one try at provisioning the base topics may take before it is retried.
+PROVISION_TIMEOUT_S = 10.0
+
+# The group's failure detection: a node killed without leaving the group is noticed after
+# session_timeout_ms, and its partitions move to the others. The broker's minimum is 6 s
+# (group.min.session.timeout.ms); heartbeats go twice as often as Kafka's rule of thumb, so a
+# survivor hears of the rebalance within a second. Live members get rebalance_timeout_ms to
+# rejoin (closing their partitions first). A SIGKILLed node's partitions stall for less than
+# 10 s (tests/integration/test_engine_takeover.py measures it).
+GROUP_TIMEOUTS = {
+    "session_timeout_ms": 6_000,
+    "heartbeat_interval_ms": 1_000,
+    "rebalance_timeout_ms": 10_000,
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,18 +92,14 @@ class Node:
         self._fenced: set[int] = set()  # fenced since the last assignment: not ours to reopen
         self._retry_at: dict[int, float] = {}
         self._rebalancing = False  # between the group's revoke and assign callbacks
+        self.budget = QueueBudget()  # --max-in-flight and --max-unstarted hold per node
+        self.health = NodeHealth(None if metrics is None else metrics.node.failing)
         self.log = log.bind(node_id=config.node_id)
 
     async def run(self, stop: asyncio.Event) -> None:
-        consumer = kafka.consumer(
-            self.config.settings,
-            group_id=self.config.group_id,
-            client_id=f"evsched-node-{self.config.node_id}",
-            max_poll_records=self.config.max_records,
-        )
-        self._consumer = consumer
-        consumer.subscribe([self.topics.events], listener=_Listener(self))
-        await consumer.start()
+        consumer = await until_broker(self._start_consumer, what="events consumer", stop=stop)
+        if consumer is None:
+            return  # stopped before the broker answered
         self.log.info("node_started", group_id=self.config.group_id)
         try:
             while not stop.is_set():
@@ -97,6 +109,24 @@ class Node:
                 await self._close_all()
             await consumer.stop()
             self.log.info("node_stopped")
+
+    async def _start_consumer(self) -> AIOKafkaConsumer:
+        consumer = kafka.consumer(
+            self.config.settings,
+            group_id=self.config.group_id,
+            client_id=f"evsched-node-{self.config.node_id}",
+            max_poll_records=self.config.max_records,
+            **GROUP_TIMEOUTS,
+        )
+        consumer.subscribe([self.topics.events], listener=_Listener(self))
+        try:
+            await consumer.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+            raise
+        self._consumer = consumer
+        return consumer
 
     async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
         """Fetch, and hand each partition's records to its runner; never waits for a step."""
@@ -137,11 +167,18 @@ class Node:
                 continue
             if self._retry_at.get(partition, 0.0) > now:
                 continue
-            self._retry_at[partition] = now + ORPHAN_RETRY_S
+            self._retry_at[partition] = now + self.health.retry_in_s(partition)
             try:
                 await self._open(consumer, self._seek_to_index(consumer, partition))
             except Exception as exc:
-                self.log.warning("partition_open_failed", partition=partition, error=repr(exc))
+                self._open_failed(partition, exc)
+
+    def _open_failed(self, partition: int, exc: Exception) -> None:
+        # Left unowned (and paused): the poll loop retries it, later each time.
+        failures = self.health.failed(partition, f"open failed: {exc!r}")
+        self.log.warning(
+            "partition_open_failed", partition=partition, error=repr(exc), failures=failures
+        )
 
     async def _run_partition(self, consumer: AIOKafkaConsumer, runner: PartitionRunner) -> None:
         """Step one partition whenever it has records or its next wake time comes.
@@ -162,6 +199,7 @@ class Node:
                 now = now_ms()
                 if owner.has_work(records, now):
                     await owner.step(records, now, position)
+                    self.health.stepped(owner.partition)
         except IllegalStateError:
             return  # revoked while we fetched; the listener closes it
         except ProducerFenced:
@@ -175,9 +213,23 @@ class Node:
         except Exception as exc:
             # Anything else (broker trouble, a producer that must be recreated): drop the
             # partition's in-memory work; _adopt_orphans reopens it from its index, which
-            # stays consistent with the log.
-            self.log.warning("partition_step_failed", partition=owner.partition, error=repr(exc))
+            # stays consistent with the log, after a wait that grows while it keeps failing.
+            failures = self.health.failed(owner.partition, f"step failed: {exc!r}")
+            self.log.warning(
+                "partition_step_failed",
+                partition=owner.partition,
+                error=repr(exc),
+                failures=failures,
+                retry_in_s=self.health.retry_in_s(owner.partition),
+            )
+            self._retry_at[owner.partition] = monotonic_s() + self.health.retry_in_s(
+                owner.partition
+            )
             self._dropped("error")
+            # The exception's frames may hold index handles (a scan, a write batch): RocksDB
+            # would keep its lock and the reopen fail with "No locks available".
+            traceback.clear_frames(exc.__traceback__)
+            del exc
             await self._drop(runner)
 
     def _dropped(self, reason: str) -> None:
@@ -192,24 +244,45 @@ class Node:
             wait_ms = min(wait_ms, wake - now_ms())
         return max(0, wait_ms) / 1000
 
-    async def ensure_queues(self, queues: set[str]) -> None:
-        """Create dispatch topics for queues this node has not sent to yet."""
+    async def ensure_queues(self, queues: set[str]) -> Mapping[str, str]:
+        """Create dispatch topics for queues this node has not sent to yet.
+
+        Returns the queues whose topic was refused (misconfigured, not creatable), with the
+        reason: their decisions are quarantined. Raises when the broker cannot be asked.
+        """
         if queues <= self._known_queues:
-            return
+            return {}
         async with self._queues_lock:  # partitions step concurrently: provision once
-            await self._ensure_queues(queues - self._known_queues)
+            new = queues - self._known_queues
+            if not new:
+                return {}
+            try:
+                await self._ensure_queues(new)
+            except (TopicMisconfigured, TopicRefused):
+                return await self._ensure_each(new)  # find the culprits, create the others
+            self._known_queues |= new
+            return {}
+
+    async def _ensure_each(self, queues: set[str]) -> dict[str, str]:
+        refused: dict[str, str] = {}
+        for queue in sorted(queues):
+            try:
+                await self._ensure_queues({queue})
+            except (TopicMisconfigured, TopicRefused) as exc:
+                refused[queue] = str(exc)
+            else:
+                self._known_queues.add(queue)
+        return refused
 
     async def _ensure_queues(self, queues: set[str]) -> None:
-        if queues:
-            settings = self.config.settings
-            await ensure_topics(
-                settings.bootstrap,
-                settings.namespace,
-                event_partitions=settings.event_partitions,
-                queues=sorted(queues),
-                **dict(settings.kafka_options),
-            )
-            self._known_queues |= queues
+        settings = self.config.settings
+        await ensure_topics(
+            settings.bootstrap,
+            settings.namespace,
+            event_partitions=settings.event_partitions,
+            queues=sorted(queues),
+            **dict(settings.kafka_options),
+        )
 
     # --- ownership ---------------------------------------------------------------------------
 
@@ -219,6 +292,8 @@ class Node:
         self._generation += 1
         self._fenced.clear()
         self._retry_at.clear()
+        partitions = list(partitions)
+        self.health.assigned(partitions)
         # Seek every partition to its index before anything awaits, and hold its fetches until
         # it is open: a fetch from the group's committed offset must never reach the fold first.
         indexes = []
@@ -230,23 +305,23 @@ class Node:
             try:
                 indexes.append(self._seek_to_index(consumer, partition))
             except Exception as exc:
-                # Its index cannot be opened: left unowned; the poll loop retries it.
-                self.log.warning("partition_open_failed", partition=partition, error=repr(exc))
+                self._open_failed(partition, exc)
         for index in indexes:
             try:
                 await self._open(consumer, index)
             except Exception as exc:
-                # Left paused and unowned: the poll loop retries it (see _adopt_orphans).
-                self.log.warning(
-                    "partition_open_failed", partition=index.partition, error=repr(exc)
-                )
+                self._open_failed(index.partition, exc)
 
     def _seek_to_index(self, consumer: AIOKafkaConsumer, partition: int) -> PartitionIndex:
         """Open the partition's index, pause its fetches and seek past the index (no await)."""
         tp = TopicPartition(self.topics.events, partition)
         index = open_index(self.config.data_dir, partition)
-        consumer.pause(tp)
-        consumer.seek(tp, index.applied_offset() + 1)
+        try:
+            consumer.pause(tp)
+            consumer.seek(tp, index.applied_offset() + 1)
+        except BaseException:
+            index.close()  # else its lock stays held and every reopen fails
+            raise
         return index
 
     async def revoke(self, partitions: Iterable[int]) -> None:
@@ -269,17 +344,40 @@ class Node:
             client_id=f"evsched-node-{self.config.node_id}-p{partition}",
             transactional_id=self.config.transactional_id(partition),
         )
+        owner: OwnedPartition | None = None
         try:
             # Starting the producer bumps the transactional epoch: a zombie owner is fenced here.
             await producer.start()
             committed = await consumer.committed(tp)
             end = (await consumer.end_offsets([tp]))[tp]
-        except Exception:
-            index.close()
+            owner = self._owner(index, producer, committed, end)
+            runner = PartitionRunner(owner, consumer)
+            consumer.seek(tp, runner.fetched_to)
+            consumer.resume(tp)
+        except BaseException:
+            # Whatever failed, the index is closed (its lock released) before a retry reopens it.
+            if owner is None:
+                index.close()
+            else:
+                owner.close()  # leaves the node's budget too
             with contextlib.suppress(Exception):
                 await producer.stop()
             raise
-        owner = OwnedPartition(
+        self.owned[partition] = runner
+        runner.start(self._run_partition(consumer, runner))
+        self.log.info(
+            "partition_assigned",
+            partition=partition,
+            resume_offset=owner.resume_offset,
+            committed=committed,
+            end_offset=end,
+        )
+
+    def _owner(
+        self, index: PartitionIndex, producer: AIOKafkaProducer, committed: int | None, end: int
+    ) -> OwnedPartition:
+        metrics = self.metrics
+        return OwnedPartition(
             index=index,
             topics=self.topics,
             producer=producer,
@@ -289,20 +387,9 @@ class Node:
             committed=committed,
             end_offset=end,
             ensure_queues=self.ensure_queues,
-            on_commit=None if self.metrics is None else self.metrics.folded.observe_commit,
-            instruments=None if self.metrics is None else self.metrics.node.partition(partition),
-        )
-        runner = PartitionRunner(owner, consumer)
-        consumer.seek(tp, runner.fetched_to)
-        consumer.resume(tp)
-        self.owned[partition] = runner
-        runner.start(self._run_partition(consumer, runner))
-        self.log.info(
-            "partition_assigned",
-            partition=partition,
-            resume_offset=owner.resume_offset,
-            committed=committed,
-            end_offset=end,
+            on_commit=None if metrics is None else metrics.folded.observe_commit,
+            instruments=None if metrics is None else metrics.node.partition(index.partition),
+            budget=self.budget,
         )
 
     async def _drop(self, runner: PartitionRunner) -> None:
@@ -426,22 +513,38 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 async def serve_node(config: NodeConfig) -> None:
-    """Provision the base topics, run the node until SIGTERM or SIGINT, then close cleanly."""
-    settings = config.settings
-    await ensure_topics(
-        settings.bootstrap,
-        settings.namespace,
-        event_partitions=settings.event_partitions,
-        queues=[],
-        **dict(settings.kafka_options),
-    )
-    tune_for_folding()
-    metrics = None
-    if config.metrics_port is not None:
-        metrics = NodeMetrics.create()
-        serve_metrics(metrics.folded.registry, config.metrics_port, config.metrics_addr)
+    """Provision the base topics, run the node until SIGTERM or SIGINT, then close cleanly.
+
+    Waits for an unreachable broker (retrying with a growing wait); raises TopicMisconfigured
+    or TopicRefused when the base topics exist but cannot be used as they are.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await Node(config, metrics).run(stop)
+    metrics = None if config.metrics_port is None else NodeMetrics.create()
+    node = Node(config, metrics)
+    if metrics is not None:
+        assert config.metrics_port is not None
+        serve_metrics(
+            metrics.folded.registry,
+            config.metrics_port,
+            config.metrics_addr,
+            readiness=node.health.readiness,
+        )
+    settings = config.settings
+
+    async def provision() -> list[str]:
+        return await ensure_topics(
+            settings.bootstrap,
+            settings.namespace,
+            event_partitions=settings.event_partitions,
+            queues=[],
+            timeout_s=PROVISION_TIMEOUT_S,
+            **dict(settings.kafka_options),
+        )
+
+    if await until_broker(provision, what="base topics", stop=stop) is None:
+        return
+    tune_for_folding()
+    await node.run(stop)

@@ -9,12 +9,11 @@ the index never holds a decision or an effect the log does not.
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiokafka import AIOKafkaProducer
@@ -26,9 +25,11 @@ from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka import Record
 from evsched.adapters.topics import Topics
 from evsched.core import planner
-from evsched.core.events import Event, entity_id
+from evsched.core.events import Event, JobEnqueued, entity_id
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import JobState, ScheduleState, Status
+from evsched.runtime.budget import QueueBudget, QueueLoad
+from evsched.runtime.outbox import EnsureQueues, Outgoing, Quarantine, transact
 from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
 
 if TYPE_CHECKING:
@@ -43,16 +44,6 @@ PENDING_TIMEOUT_S = 15.0
 # of their own: their consumer offset rides on the partition's next transaction, or goes out alone
 # once it has waited this long.
 OFFSET_COMMIT_INTERVAL_MS = 500
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Outgoing:
-    topic: str
-    key: bytes
-    value: bytes
-    partition: int | None = None
-    headers: tuple[tuple[str, bytes], ...] = ()
-    queue: str | None = None  # set on dispatch records: their topic must exist first
 
 
 @dataclass(slots=True)
@@ -89,6 +80,10 @@ class Pending:
             if queue is not None:
                 self.leases_by_queue[queue] -= 1
 
+    def forget(self, entity: str) -> None:
+        """Drop the pending decisions about ``entity`` (they were not sent)."""
+        self.settle({e for e, (ent, _) in self.by_event.items() if ent == entity}, float("-inf"))
+
 
 def open_index(data_dir: Path, partition: int) -> PartitionIndex:
     """The partition's index under ``data_dir``; refuses one built by another fold version."""
@@ -117,10 +112,11 @@ class OwnedPartition:
         limits: planner.PlannerLimits,
         committed: int | None,
         end_offset: int,
-        ensure_queues: Callable[[set[str]], Awaitable[None]],
+        ensure_queues: EnsureQueues,
         scan_limit: int = 1_000,
         on_commit: CommitHook | None = None,
         instruments: PartitionInstruments | None = None,
+        budget: QueueBudget | None = None,
     ) -> None:
         partition = index.partition
         self.partition = partition
@@ -149,6 +145,20 @@ class OwnedPartition:
         self.uncommitted_since: int | None = None
         self.stats: Counter[str] = Counter()
         self.log = log.bind(partition=partition)
+        self.quarantine = Quarantine(partition, instruments)
+        # The node's per-queue limits are shared by all its partitions (None: this one alone).
+        self.budget = budget
+        if budget is not None:
+            budget.join(partition, self)
+
+    def load(self) -> QueueLoad:
+        """This partition's jobs against the per-queue limits, its pending leases included."""
+        in_flight = dict(self.projector.in_flight)
+        unstarted = dict(self.projector.unstarted)
+        for queue, count in self.pending.leases_by_queue.items():
+            in_flight[queue] = in_flight.get(queue, 0) + count
+            unstarted[queue] = unstarted.get(queue, 0) + count
+        return QueueLoad(in_flight=in_flight, unstarted=unstarted)
 
     @property
     def resume_offset(self) -> int:
@@ -197,16 +207,26 @@ class OwnedPartition:
         # from records (after a crash the new owner folds them back before deciding anything),
         # so their transactions need no offset; offsets alone go out every so often.
         with_offset = bool(folded.effects) or self._offset_due(now)
-        self._count(steps=1, records=len(records), decisions=len(decisions))
+        self._count(steps=1, records=len(records))
         if outgoing or with_offset:
-            await self._transact(outgoing, offset if with_offset else None)
+            sent = await transact(
+                self.producer,
+                outgoing,
+                offset=(self.tp, offset, self.group_id) if with_offset else None,
+                quarantine=self.quarantine,
+                ensure_queues=self.ensure_queues,
+            )
             self._count(transactions=1, effects=len(folded.effects))
+            decisions = [o for o in sent if o.decision is not None]
+        for entity in self.quarantine.take_fresh():
+            self.pending.forget(entity)
         if with_offset:
             self.committed_to = offset
             self.uncommitted_since = None
         # Written after the transaction only: the index may run ahead of the group's offset by
         # records that sent nothing (refolding them sends nothing either), never by an effect.
         self.projector.commit(folded)
+        self._count(decisions=len(decisions))
         self.wake_at = self._next_wake(now, saturated=len(decisions) >= self.scan_limit)
         return len(decisions)
 
@@ -238,63 +258,68 @@ class OwnedPartition:
         ]
         return min(times) if times else None
 
-    async def _transact(self, outgoing: list[Outgoing], next_offset: int | None) -> None:
-        queues = {o.queue for o in outgoing if o.queue is not None}
-        if queues:
-            await self.ensure_queues(queues)
-        async with self.producer.transaction():
-            acks: list[Awaitable[object]] = [
-                await self.producer.send(
-                    o.topic, o.value, key=o.key, partition=o.partition, headers=list(o.headers)
-                )
-                for o in outgoing
-            ]
-            if next_offset is not None:
-                # The offset commit goes out while the records are in flight (one round trip
-                # less per step); the transaction commits once both are acknowledged.
-                acks.append(
-                    self.producer.send_offsets_to_transaction({self.tp: next_offset}, self.group_id)
-                )
-            # Every ack is awaited (a zombie's fenced transaction fails them all: none is left
-            # unretrieved); the first failure aborts the transaction.
-            for outcome in await asyncio.gather(*acks, return_exceptions=True):
-                if isinstance(outcome, BaseException):
-                    raise outcome
-
     def _plan(self, folded: Folded, now: int) -> list[Outgoing]:
         deadline = monotonic_s() + PENDING_TIMEOUT_S
         out: list[Outgoing] = []
         for lease in self._plan_leases(folded, now):
-            out.append(self._event(lease.event))
-            out.append(self._dispatch(lease))
-            queue = lease.dispatch.queue
-            self.pending.add(lease.event.event_id, lease.event.job_id, queue, deadline)
+            job_id = lease.event.job_id
+            if records := self._encode(job_id, self._lease_records, lease):
+                out += records
+                self.pending.add(lease.event.event_id, job_id, lease.dispatch.queue, deadline)
         expiring = self._jobs(self.index.expired_lease_ids(now, self.scan_limit), folded)
         for expiry in planner.plan_expiries(expiring, now=now, source=self.source):
-            out.append(self._event(expiry))
-            self.pending.add(expiry.event_id, expiry.job_id, None, deadline)
+            if records := self._encode(expiry.job_id, self._events, expiry):
+                out += records
+                self.pending.add(expiry.event_id, expiry.job_id, None, deadline)
         schedules = self._due_schedules(folded, now)
         for fired, enqueued in planner.plan_fires(schedules, now=now, source=self.source):
-            out.append(self._event(fired))
-            out.append(self._event(enqueued, own_partition=False))
-            self.pending.add(fired.event_id, fired.schedule_id, None, deadline)
+            if records := self._encode(fired.schedule_id, self._events, fired, enqueued):
+                out += records
+                self.pending.add(fired.event_id, fired.schedule_id, None, deadline)
         return out
+
+    def _lease_records(self, lease: planner.Lease) -> list[Outgoing]:
+        # The dispatch record goes first: if it is refused, its lease is never sent either.
+        return [self._dispatch(lease), self._event(lease.event)]
+
+    def _events(self, *events: Event) -> list[Outgoing]:
+        """Decision events: on this partition, except a cron fire's job (keyed by its own id)."""
+        return [self._event(e, own_partition=not isinstance(e, JobEnqueued)) for e in events]
+
+    def _encode(
+        self, entity: str, build: Callable[..., list[Outgoing]], *args: Any
+    ) -> list[Outgoing]:
+        """One decision's records, tagged with ``entity``; none (quarantined) if they can't be made.
+
+        Nothing a record holds may stop the partition: whatever the fold let through that cannot
+        be encoded or named as a topic is this decision's failure only.
+        """
+        try:
+            return [replace(o, decision=entity) for o in build(*args)]
+        except Exception as exc:
+            self.quarantine.add(entity, "encode", repr(exc))
+            return []
 
     def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
         ids = self.index.due_job_ids(now, self.scan_limit)
         ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
         candidates = [s for s in self._jobs(ids, folded) if s.run_at <= now]
-        in_flight = dict(self.projector.in_flight)
-        for queue, count in self.pending.leases_by_queue.items():
-            in_flight[queue] = in_flight.get(queue, 0) + count
+        load = self.load() if self.budget is None else self.budget.total()
         return planner.plan_leases(
-            candidates, in_flight, now=now, limits=self.limits, source=self.source
+            candidates,
+            load.in_flight,
+            unstarted=load.unstarted,
+            now=now,
+            limits=self.limits,
+            source=self.source,
         )
 
     def _jobs(self, ids: Sequence[str], folded: Folded) -> list[JobState]:
         found: dict[str, JobState] = {}
         for job_id in ids:
             if job_id in found or job_id in self.pending.entities:
+                continue
+            if self.quarantine.holds(job_id):
                 continue
             state = self.projector.job(job_id, folded)
             if state is not None:
@@ -306,7 +331,8 @@ class OwnedPartition:
         found: dict[str, ScheduleState] = {}
         for sid in ids:
             state = self.projector.schedule(sid, folded)
-            if sid not in self.pending.entities and state is not None:
+            held = sid in self.pending.entities or self.quarantine.holds(sid)
+            if not held and state is not None:
                 found[sid] = state
         return list(found.values())
 
@@ -327,6 +353,8 @@ class OwnedPartition:
         )
 
     def close(self) -> None:
+        if self.budget is not None:
+            self.budget.leave(self.partition, self)
         self.index.close()
 
 

@@ -1,0 +1,50 @@
+"""A node's per-queue lease budget, shared by all the partitions it owns.
+
+``--max-in-flight`` and ``--max-unstarted`` are limits per queue, not per partition: every owned
+partition reports its leased, running and pending jobs here, and plans its leases against the sum.
+Partitions plan on the one event loop without an await between reading the sum and recording
+their new leases, so the limits hold exactly within a node. Across nodes each has its own budget.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLoad:
+    """Jobs per queue counting against the limits: leased or running, and leased but unstarted."""
+
+    in_flight: Mapping[str, int]
+    unstarted: Mapping[str, int]
+
+
+class LoadSource(Protocol):
+    def load(self) -> QueueLoad: ...
+
+
+class QueueBudget:
+    """The partitions of one node, each reporting its own load."""
+
+    def __init__(self) -> None:
+        self._members: dict[int, LoadSource] = {}
+
+    def join(self, partition: int, source: LoadSource) -> None:
+        self._members[partition] = source
+
+    def leave(self, partition: int, source: LoadSource) -> None:
+        # Only the member that joined leaves: a partition reopened meanwhile keeps its place.
+        if self._members.get(partition) is source:
+            del self._members[partition]
+
+    def total(self) -> QueueLoad:
+        in_flight: Counter[str] = Counter()
+        unstarted: Counter[str] = Counter()
+        for source in self._members.values():
+            member = source.load()
+            in_flight.update(member.in_flight)
+            unstarted.update(member.unstarted)
+        return QueueLoad(in_flight=dict(in_flight), unstarted=dict(unstarted))
