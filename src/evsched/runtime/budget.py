@@ -23,7 +23,12 @@ class QueueLoad:
 
 
 class LoadSource(Protocol):
+    # Due jobs were left unleased at its last plan because a queue had no room.
+    blocked: bool
+
     def load(self) -> QueueLoad: ...
+
+    def wake(self) -> None: ...
 
 
 class QueueBudget:
@@ -39,6 +44,17 @@ class QueueBudget:
         # Only the member that joined leaves: a partition reopened meanwhile keeps its place.
         if self._members.get(partition) is source:
             del self._members[partition]
+            self.freed(source)
+
+    def freed(self, by: LoadSource) -> None:
+        """``by`` made room: wake the partitions whose due jobs wait for it.
+
+        A blocked partition has nothing of its own to wake it (its jobs are not the ones that
+        finished), so without this it would wait for its next record.
+        """
+        for source in list(self._members.values()):
+            if source is not by and source.blocked:
+                source.wake()
 
     def total(self) -> QueueLoad:
         in_flight: Counter[str] = Counter()

@@ -119,13 +119,14 @@ class Node:
             **GROUP_TIMEOUTS,
         )
         consumer.subscribe([self.topics.events], listener=_Listener(self))
+        self._consumer = consumer  # the group may assign partitions before start() returns
         try:
             await consumer.start()
         except BaseException:
+            self._consumer = None
             with contextlib.suppress(Exception):
                 await consumer.stop()
             raise
-        self._consumer = consumer
         return consumer
 
     async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
@@ -352,6 +353,7 @@ class Node:
             end = (await consumer.end_offsets([tp]))[tp]
             owner = self._owner(index, producer, committed, end)
             runner = PartitionRunner(owner, consumer)
+            owner.on_wake = runner.kick
             consumer.seek(tp, runner.fetched_to)
             consumer.resume(tp)
         except BaseException:
@@ -482,6 +484,10 @@ class PartitionRunner:
                 async with asyncio.timeout(timeout_s):
                     await self._kick.wait()
         self._kick.clear()
+
+    def kick(self) -> None:
+        """Step soon, even without records (another partition made room in a queue)."""
+        self._kick.set()
 
     def close(self) -> None:
         self.closing = True

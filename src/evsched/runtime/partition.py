@@ -148,8 +148,20 @@ class OwnedPartition:
         self.quarantine = Quarantine(partition, instruments)
         # The node's per-queue limits are shared by all its partitions (None: this one alone).
         self.budget = budget
+        self.blocked = False  # due jobs left unleased at the last plan: no room in their queue
+        self.woken = False  # another partition made room since the last step
+        self.on_wake: Callable[[], None] | None = None  # the runner's kick
         if budget is not None:
             budget.join(partition, self)
+
+    def wake(self) -> None:
+        self.woken = True
+        if self.on_wake is not None:
+            self.on_wake()
+
+    def _held(self) -> int:
+        load = self.load()
+        return sum(load.in_flight.values()) + sum(load.unstarted.values())
 
     def load(self) -> QueueLoad:
         """This partition's jobs against the per-queue limits, its pending leases included."""
@@ -177,6 +189,7 @@ class OwnedPartition:
         return (
             bool(records)
             or not self.caught_up
+            or self.woken
             or (self.wake_at is not None and now >= self.wake_at)
         )
 
@@ -185,6 +198,8 @@ class OwnedPartition:
 
         ``position`` is the consumer's next fetch offset, past any transaction markers.
         """
+        self.woken = False
+        held = self._held() if self.budget is not None else 0
         gap = [r for r in records if r.offset < self.replay_until]
         fresh = [r for r in records if r.offset >= self.replay_until]
         if gap:
@@ -227,6 +242,8 @@ class OwnedPartition:
         # records that sent nothing (refolding them sends nothing either), never by an effect.
         self.projector.commit(folded)
         self._count(decisions=len(decisions))
+        if self.budget is not None and self._held() < held:
+            self.budget.freed(self)
         self.wake_at = self._next_wake(now, saturated=len(decisions) >= self.scan_limit)
         return len(decisions)
 
@@ -305,7 +322,7 @@ class OwnedPartition:
         ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
         candidates = [s for s in self._jobs(ids, folded) if s.run_at <= now]
         load = self.load() if self.budget is None else self.budget.total()
-        return planner.plan_leases(
+        leases = planner.plan_leases(
             candidates,
             load.in_flight,
             unstarted=load.unstarted,
@@ -313,6 +330,8 @@ class OwnedPartition:
             limits=self.limits,
             source=self.source,
         )
+        self.blocked = len(leases) < sum(1 for s in candidates if s.status is Status.SCHEDULED)
+        return leases
 
     def _jobs(self, ids: Sequence[str], folded: Folded) -> list[JobState]:
         found: dict[str, JobState] = {}
