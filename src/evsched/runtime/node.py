@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import traceback
 from collections import deque
@@ -340,15 +341,10 @@ class Node:
     async def _open(self, consumer: AIOKafkaConsumer, index: PartitionIndex) -> None:
         partition = index.partition
         tp = TopicPartition(self.topics.events, partition)
-        producer = kafka.producer(
-            self.config.settings,
-            client_id=f"evsched-node-{self.config.node_id}-p{partition}",
-            transactional_id=self.config.transactional_id(partition),
-        )
+        producer: AIOKafkaProducer | None = None
         owner: OwnedPartition | None = None
         try:
-            # Starting the producer bumps the transactional epoch: a zombie owner is fenced here.
-            await producer.start()
+            producer = await self._start_producer(partition)
             committed = await consumer.committed(tp)
             end = (await consumer.end_offsets([tp]))[tp]
             owner = self._owner(index, producer, committed, end)
@@ -362,8 +358,9 @@ class Node:
                 index.close()
             else:
                 owner.close()  # leaves the node's budget too
-            with contextlib.suppress(Exception):
-                await producer.stop()
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    await producer.stop()
             raise
         self.owned[partition] = runner
         runner.start(self._run_partition(consumer, runner))
@@ -374,6 +371,21 @@ class Node:
             committed=committed,
             end_offset=end,
         )
+
+    async def _start_producer(self, partition: int) -> AIOKafkaProducer:
+        """The partition's transactional producer, started: this fences any older one."""
+        producer = kafka.producer(
+            self.config.settings,
+            client_id=f"evsched-node-{self.config.node_id}-p{partition}",
+            transactional_id=self.config.transactional_id(partition),
+        )
+        try:
+            await producer.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            raise
+        return producer
 
     def _owner(
         self, index: PartitionIndex, producer: AIOKafkaProducer, committed: int | None, end: int
@@ -392,6 +404,7 @@ class Node:
             on_commit=None if metrics is None else metrics.folded.observe_commit,
             instruments=None if metrics is None else metrics.node.partition(index.partition),
             budget=self.budget,
+            new_producer=functools.partial(self._start_producer, index.partition),
         )
 
     async def _drop(self, runner: PartitionRunner) -> None:

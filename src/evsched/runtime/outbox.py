@@ -46,9 +46,9 @@ RECORD_REFUSED: tuple[type[BaseException], ...] = (
     KafkaTimeoutError,  # send() gave up waiting for the topic's metadata
 )
 
-# Transactions tried per step while records are refused; each failed try quarantines at least one
-# decision, so a step never loops.
-TRANSACTION_TRIES = 3
+# Transactions tried per step while records are refused; each failed try finds or quarantines at
+# least one culprit, so a step never loops.
+TRANSACTION_TRIES = 5
 
 # Ensures the dispatch topics of ``queues`` exist; returns the queues refused, with the reason.
 EnsureQueues = Callable[[set[str]], Awaitable[Mapping[str, str]]]
@@ -81,6 +81,8 @@ class Quarantine:
         self.hold_s = hold_s
         self._until: dict[str, float] = {}
         self.fresh: set[str] = set()  # added since the caller last took them
+        # Decisions that shared a batch the broker refused: sent one by one to find the culprit.
+        self.suspects: set[str] = set()
 
     def holds(self, entity: str) -> bool:
         until = self._until.get(entity)
@@ -93,6 +95,7 @@ class Quarantine:
 
     def add(self, entity: str, stage: str, reason: str) -> None:
         """Hold ``entity``'s decisions back; ``stage`` is encode, topic or send."""
+        self.suspects.discard(entity)
         self._until[entity] = monotonic_s() + self.hold_s
         self.fresh.add(entity)
         log.warning(
@@ -106,6 +109,15 @@ class Quarantine:
         if self.instruments is not None:
             self.instruments.quarantined(stage).inc()
 
+    def first_release_ms(self, now: int) -> int | None:
+        """When the first held decision may be planned again, as an epoch-ms time."""
+        clock = monotonic_s()
+        for entity in [e for e, until in self._until.items() if until <= clock]:
+            del self._until[entity]  # released: planned again like any job
+        if not self._until:
+            return None
+        return now + max(0, int((min(self._until.values()) - clock) * 1000))
+
     def take_fresh(self) -> set[str]:
         fresh, self.fresh = self.fresh, set()
         return fresh
@@ -115,11 +127,25 @@ class Quarantine:
 
 
 class _Refused(Exception):
-    """Records of these decisions were refused; the transaction is aborted and retried."""
+    """Records of these decisions were refused; the transaction is aborted and retried.
 
-    def __init__(self, reasons: Mapping[str, str]) -> None:
+    ``exact`` when each decision's own record was refused; otherwise the broker refused a batch
+    that held them all, and only one of them may be at fault.
+    """
+
+    def __init__(self, reasons: Mapping[str, str], *, exact: bool, spoiled: bool) -> None:
         super().__init__(f"{len(reasons)} decisions refused")
         self.reasons = dict(reasons)
+        self.exact = exact or len(reasons) == 1
+        self.spoiled = spoiled  # by the broker: the producer's sequence numbers are broken
+
+
+class ProducerSpoiled(Exception):
+    """The broker refused a batch: the idempotent producer must be replaced before a retry.
+
+    (Its sequence numbers count the refused batch; the next send would fail with
+    OutOfOrderSequenceNumber.) The culprits are already quarantined or marked as suspects.
+    """
 
 
 async def transact(
@@ -145,13 +171,18 @@ async def transact(
     records = [o for o in outgoing if o.decision is None or not quarantine.holds(o.decision)]
     for attempt in range(1, TRANSACTION_TRIES + 1):
         try:
-            await _send_all(producer, records, offset)
+            await _send_all(producer, records, offset, quarantine.suspects)
         except _Refused as exc:
-            for decision, reason in exc.reasons.items():
-                quarantine.add(decision, "send", reason)
-            records = [o for o in records if o.decision not in exc.reasons]
             if attempt == TRANSACTION_TRIES:
                 raise RuntimeError(f"records refused in {attempt} transactions in a row") from exc
+            if exc.exact:
+                for decision, reason in exc.reasons.items():
+                    quarantine.add(decision, "send", reason)
+                records = [o for o in records if o.decision not in exc.reasons]
+            else:
+                quarantine.suspects |= exc.reasons.keys()
+            if exc.spoiled:
+                raise ProducerSpoiled(str(exc)) from exc
             continue
         return records
     raise AssertionError("unreachable")  # pragma: no cover
@@ -161,36 +192,74 @@ async def _send_all(
     producer: AIOKafkaProducer,
     records: Sequence[Outgoing],
     offset: tuple[TopicPartition, int, str] | None,
+    suspects: set[str],
 ) -> None:
-    refused: dict[str, str] = {}
     async with producer.transaction():
-        acks: list[tuple[Outgoing | None, Awaitable[object]]] = []
+        # Suspects go first, each in a batch of its own: the first one refused is the culprit
+        # (and the transaction, now failed, is aborted at once).
         for o in records:
-            if o.decision in refused:
-                continue
-            try:
-                ack = await producer.send(
-                    o.topic, o.value, key=o.key, partition=o.partition, headers=list(o.headers)
-                )
-            except RECORD_REFUSED as exc:
-                if o.decision is None:
-                    raise
-                refused[o.decision] = repr(exc)
-                continue
-            acks.append((o, ack))
-        if offset is not None:
-            # The offset commit goes out while the records are in flight (one round trip less
-            # per step); the transaction commits once both are acknowledged.
-            tp, next_offset, group_id = offset
-            acks.append((None, producer.send_offsets_to_transaction({tp: next_offset}, group_id)))
-        # Every ack is awaited (a zombie's fenced transaction fails them all: none is left
-        # unretrieved); a failure aborts the transaction.
-        outcomes = await asyncio.gather(*(ack for _, ack in acks), return_exceptions=True)
-        for (sent, _), outcome in zip(acks, outcomes, strict=True):
-            if not isinstance(outcome, BaseException):
-                continue
-            if sent is None or sent.decision is None or not isinstance(outcome, RECORD_REFUSED):
-                raise outcome
-            refused[sent.decision] = repr(outcome)
-        if refused:
-            raise _Refused(refused)
+            if o.decision in suspects:
+                try:
+                    await (await _send(producer, o))
+                except RECORD_REFUSED as exc:
+                    raise _Refused({o.decision: repr(exc)}, exact=True, spoiled=True) from None
+        rest = [o for o in records if o.decision not in suspects]
+        await _send_batched(producer, rest, offset)
+
+
+async def _send_batched(
+    producer: AIOKafkaProducer,
+    records: Sequence[Outgoing],
+    offset: tuple[TopicPartition, int, str] | None,
+) -> None:
+    refused: dict[str, str] = {}  # by send() itself: about this record alone
+    acks: list[tuple[Outgoing | None, Awaitable[object]]] = []
+    for o in records:
+        if o.decision in refused:
+            continue
+        try:
+            acks.append((o, await _send(producer, o)))
+        except RECORD_REFUSED as exc:
+            if o.decision is None:
+                raise
+            refused[o.decision] = repr(exc)
+    if offset is not None:
+        # The offset commit goes out while the records are in flight (one round trip less per
+        # step); the transaction commits once both are acknowledged.
+        tp, next_offset, group_id = offset
+        acks.append((None, producer.send_offsets_to_transaction({tp: next_offset}, group_id)))
+    # Every ack is awaited (a zombie's fenced transaction fails them all: none is left
+    # unretrieved); a failure aborts the transaction.
+    outcomes = await asyncio.gather(*(ack for _, ack in acks), return_exceptions=True)
+    in_batch = _refused_acks([sent for sent, _ in acks], outcomes)
+    if in_batch:
+        raise _Refused(in_batch, exact=False, spoiled=True)
+    if refused:
+        raise _Refused(refused, exact=True, spoiled=False)
+
+
+def _refused_acks(sent: Sequence[Outgoing | None], outcomes: Sequence[object]) -> dict[str, str]:
+    """Decisions whose records the broker refused; raises any other failure.
+
+    Once a batch is refused, the producer's later batches to that partition fail too (out of
+    sequence): collateral, retried with a new producer, never the cause of a failed step.
+    """
+    refused: dict[str, str] = {}
+    other: BaseException | None = None
+    for o, outcome in zip(sent, outcomes, strict=True):
+        if not isinstance(outcome, BaseException):
+            continue
+        if o is not None and o.decision is not None and isinstance(outcome, RECORD_REFUSED):
+            refused[o.decision] = repr(outcome)
+        elif other is None:
+            other = outcome
+    if other is not None and not refused:
+        raise other
+    return refused
+
+
+async def _send(producer: AIOKafkaProducer, o: Outgoing) -> Awaitable[object]:
+    ack: Awaitable[object] = await producer.send(
+        o.topic, o.value, key=o.key, partition=o.partition, headers=list(o.headers)
+    )
+    return ack

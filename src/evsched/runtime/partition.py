@@ -9,8 +9,9 @@ the index never holds a decision or an effect the log does not.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,14 @@ from evsched.core.events import Event, JobEnqueued, entity_id
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import JobState, ScheduleState, Status
 from evsched.runtime.budget import QueueBudget, QueueLoad
-from evsched.runtime.outbox import EnsureQueues, Outgoing, Quarantine, transact
+from evsched.runtime.outbox import (
+    TRANSACTION_TRIES,
+    EnsureQueues,
+    Outgoing,
+    ProducerSpoiled,
+    Quarantine,
+    transact,
+)
 from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
 
 if TYPE_CHECKING:
@@ -117,12 +125,14 @@ class OwnedPartition:
         on_commit: CommitHook | None = None,
         instruments: PartitionInstruments | None = None,
         budget: QueueBudget | None = None,
+        new_producer: Callable[[], Awaitable[AIOKafkaProducer]] | None = None,
     ) -> None:
         partition = index.partition
         self.partition = partition
         self.tp = TopicPartition(topics.events, partition)
         self.topics = topics
         self.producer = producer
+        self.new_producer = new_producer  # a fresh producer with the same transactional id
         self.group_id = group_id
         self.source = f"node-{node_id}"
         self.limits = limits
@@ -224,12 +234,8 @@ class OwnedPartition:
         with_offset = bool(folded.effects) or self._offset_due(now)
         self._count(steps=1, records=len(records))
         if outgoing or with_offset:
-            sent = await transact(
-                self.producer,
-                outgoing,
-                offset=(self.tp, offset, self.group_id) if with_offset else None,
-                quarantine=self.quarantine,
-                ensure_queues=self.ensure_queues,
+            sent = await self._send(
+                outgoing, (self.tp, offset, self.group_id) if with_offset else None
             )
             self._count(transactions=1, effects=len(folded.effects))
             decisions = [o for o in sent if o.decision is not None]
@@ -246,6 +252,28 @@ class OwnedPartition:
             self.budget.freed(self)
         self.wake_at = self._next_wake(now, saturated=len(decisions) >= self.scan_limit)
         return len(decisions)
+
+    async def _send(
+        self, outgoing: list[Outgoing], offset: tuple[TopicPartition, int, str] | None
+    ) -> list[Outgoing]:
+        """One transaction; after a refused batch, again with a new producer, without culprits."""
+        for _ in range(TRANSACTION_TRIES):
+            try:
+                return await transact(
+                    self.producer,
+                    outgoing,
+                    offset=offset,
+                    quarantine=self.quarantine,
+                    ensure_queues=self.ensure_queues,
+                )
+            except ProducerSpoiled:
+                if self.new_producer is None:
+                    raise
+                with contextlib.suppress(Exception):
+                    await self.producer.stop()
+                # Same transactional id: the new producer's epoch aborts the old transaction.
+                self.producer = await self.new_producer()
+        raise RuntimeError(f"records refused in {TRANSACTION_TRIES} transactions in a row")
 
     def _count(self, **counts: int) -> None:
         self.stats.update(counts)
@@ -269,6 +297,7 @@ class OwnedPartition:
             for t in (
                 self.index.next_due_at(after=now),
                 self.pending.first_deadline_ms(now),
+                self.quarantine.first_release_ms(now),
                 flush,
             )
             if t is not None
