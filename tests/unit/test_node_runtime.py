@@ -64,6 +64,9 @@ class Producer:
     async def send_offsets_to_transaction(self, *_: object) -> None:
         return None
 
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0}
+
 
 async def no_new_topics(queues: set[str]) -> Mapping[str, str]:
     return {}

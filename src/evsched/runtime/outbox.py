@@ -46,6 +46,9 @@ RECORD_REFUSED: tuple[type[BaseException], ...] = (
     KafkaTimeoutError,  # send() gave up waiting for the topic's metadata
 )
 
+# How long a step waits for a dispatch topic's metadata before quarantining its decisions.
+METADATA_WAIT_S = 10.0
+
 # Transactions tried per step while records are refused; each failed try finds or quarantines at
 # least one culprit, so a step never loops.
 TRANSACTION_TRIES = 5
@@ -161,8 +164,7 @@ async def transact(
     ``offset`` is (events partition, next offset, group id). Raises on anything that is not one
     decision's fault: the caller fails the step and nothing of it is committed.
     """
-    queues = {o.queue for o in outgoing if o.queue is not None}
-    refused = await ensure_queues(queues) if queues else {}
+    refused = await _unusable_queues(producer, outgoing, ensure_queues)
     for o in outgoing:
         if o.queue is None or o.queue not in refused or o.decision is None:
             continue
@@ -186,6 +188,25 @@ async def transact(
             continue
         return records
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _unusable_queues(
+    producer: AIOKafkaProducer, outgoing: Sequence[Outgoing], ensure_queues: EnsureQueues
+) -> dict[str, str]:
+    """Queues whose dispatch topic can't be used now (refused, or no metadata), with the reason."""
+    topics = {o.queue: o.topic for o in outgoing if o.queue is not None}
+    refused = dict(await ensure_queues(set(topics))) if topics else {}
+    waits: tuple[type[BaseException], ...] = (TimeoutError, *RECORD_REFUSED)
+    for queue, topic in topics.items():
+        if queue in refused:
+            continue
+        # Before the transaction, not inside it: a topic just created may take a moment to reach
+        # the producer's metadata, and send() would wait for it holding the step.
+        try:
+            await asyncio.wait_for(producer.partitions_for(topic), METADATA_WAIT_S)
+        except waits as exc:
+            refused[queue] = f"no metadata for {topic} after {METADATA_WAIT_S} s: {exc!r}"
+    return refused
 
 
 async def _send_all(
