@@ -17,7 +17,8 @@ from evsched.devstack.dev import DevStack
 from evsched.logging import configure_logging
 from evsched.metrics import MetricsAddr, metrics_port_option
 from evsched.operator import register as register_operator_commands
-from evsched.runtime.node import NodeConfig, serve_node
+from evsched.runtime.node import NodeConfig
+from evsched.runtime.node_process import serve_node
 from evsched.runtime.worker import worker_command
 from evsched.settings import Settings
 

@@ -10,13 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import signal
 import traceback
-from collections import deque
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -27,21 +24,18 @@ from aiokafka.structs import TopicPartition
 from evsched.adapters import kafka
 from evsched.adapters.clock import monotonic_s, now_ms
 from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka import Record
-from evsched.adapters.topics import TopicMisconfigured, TopicRefused, Topics, ensure_topics
+from evsched.adapters.topics import Topics
 from evsched.core.planner import PlannerLimits
-from evsched.metrics import Metrics, NodeInstruments, serve_metrics
+from evsched.metrics import Metrics, NodeInstruments
 from evsched.runtime.budget import QueueBudget
-from evsched.runtime.gc_policy import tune_for_folding
+from evsched.runtime.dispatch_topics import QueueTopics
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.partition import OwnedPartition, open_index
+from evsched.runtime.runner import PartitionRunner
 from evsched.runtime.startup import until_broker
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.node")
-
-# How long one try at provisioning the base topics may take before it is retried.
-PROVISION_TIMEOUT_S = 10.0
 
 # The group's failure detection: a node killed without leaving the group is noticed after
 # session_timeout_ms, and its partitions move to the others. The broker's minimum is 6 s
@@ -86,8 +80,7 @@ class Node:
         if metrics is not None:  # read at scrape time
             metrics.node.owned.set_function(lambda: len(self.owned))
         self._lock = asyncio.Lock()
-        self._known_queues: set[str] = set()
-        self._queues_lock = asyncio.Lock()
+        self.queue_topics = QueueTopics(config.settings)
         self._consumer: AIOKafkaConsumer | None = None
         self._generation = 0  # bumped on every assignment change
         self._fenced: set[int] = set()  # fenced since the last assignment: not ours to reopen
@@ -246,46 +239,6 @@ class Node:
             wait_ms = min(wait_ms, wake - now_ms())
         return max(0, wait_ms) / 1000
 
-    async def ensure_queues(self, queues: set[str]) -> Mapping[str, str]:
-        """Create dispatch topics for queues this node has not sent to yet.
-
-        Returns the queues whose topic was refused (misconfigured, not creatable), with the
-        reason: their decisions are quarantined. Raises when the broker cannot be asked.
-        """
-        if queues <= self._known_queues:
-            return {}
-        async with self._queues_lock:  # partitions step concurrently: provision once
-            new = queues - self._known_queues
-            if not new:
-                return {}
-            try:
-                await self._ensure_queues(new)
-            except (TopicMisconfigured, TopicRefused):
-                return await self._ensure_each(new)  # find the culprits, create the others
-            self._known_queues |= new
-            return {}
-
-    async def _ensure_each(self, queues: set[str]) -> dict[str, str]:
-        refused: dict[str, str] = {}
-        for queue in sorted(queues):
-            try:
-                await self._ensure_queues({queue})
-            except (TopicMisconfigured, TopicRefused) as exc:
-                refused[queue] = str(exc)
-            else:
-                self._known_queues.add(queue)
-        return refused
-
-    async def _ensure_queues(self, queues: set[str]) -> None:
-        settings = self.config.settings
-        await ensure_topics(
-            settings.bootstrap,
-            settings.namespace,
-            event_partitions=settings.event_partitions,
-            queues=sorted(queues),
-            **dict(settings.kafka_options),
-        )
-
     # --- ownership ---------------------------------------------------------------------------
 
     async def assign(self, partitions: Iterable[int]) -> None:
@@ -400,7 +353,7 @@ class Node:
             limits=self.config.limits,
             committed=committed,
             end_offset=end,
-            ensure_queues=self.ensure_queues,
+            ensure_queues=self.queue_topics.ensure,
             on_commit=None if metrics is None else metrics.folded.observe_commit,
             instruments=None if metrics is None else metrics.node.partition(index.partition),
             budget=self.budget,
@@ -437,76 +390,6 @@ class NodeMetrics:
         return cls(folded=folded, node=NodeInstruments(folded.registry))
 
 
-class PartitionRunner:
-    """An owned partition's inbox of fetched records and the task that steps it.
-
-    The poll loop feeds records in; the runner takes them out. A partition whose inbox grows past
-    ``backlog`` is paused at the consumer until its runner catches up, so a slow partition holds
-    back only its own fetches and memory stays bounded.
-    """
-
-    def __init__(self, owner: OwnedPartition, consumer: AIOKafkaConsumer, backlog: int = 8_000):
-        self.owner = owner
-        self.consumer = consumer
-        self.backlog = backlog
-        self.inbox: deque[Record] = deque()
-        # The offset after the last record fed: where fetching resumes after a rebalance.
-        self.fetched_to = owner.resume_offset
-        self.closing = False
-        self.paused = False
-        self._kick = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        if owner.instruments is not None:  # read at scrape time, nothing on the fetch path
-            owner.instruments.inbox.set_function(lambda: 0 if self.closing else len(self.inbox))
-
-    def start(self, run: Coroutine[Any, Any, None]) -> None:
-        self._task = asyncio.create_task(run, name=f"evsched-partition-{self.owner.partition}")
-
-    async def stopped(self) -> None:
-        """Close, and wait until a step in flight has finished its transaction."""
-        self.close()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    def feed(self, records: list[Record]) -> None:
-        fresh = [r for r in records if r.offset >= self.fetched_to]
-        if not fresh or self.closing:
-            return
-        self.inbox.extend(fresh)
-        self.fetched_to = fresh[-1].offset + 1
-        self._kick.set()
-        if len(self.inbox) >= self.backlog and not self.paused:
-            self.consumer.pause(self.owner.tp)
-            self.paused = True
-
-    def take(self, limit: int) -> list[Record]:
-        count = min(limit, len(self.inbox))
-        records = [self.inbox.popleft() for _ in range(count)]
-        if self.inbox:
-            self._kick.set()  # more to do right away
-        if self.paused and len(self.inbox) < self.backlog // 2 and not self.closing:
-            self.paused = False
-            with contextlib.suppress(IllegalStateError):  # revoked meanwhile: nothing to resume
-                self.consumer.resume(self.owner.tp)
-        return records
-
-    async def wait(self, timeout_s: float) -> None:
-        """Until records arrive, the runner is closed, or ``timeout_s`` passes."""
-        if not self._kick.is_set() and timeout_s > 0:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):
-                    await self._kick.wait()
-        self._kick.clear()
-
-    def kick(self) -> None:
-        """Step soon, even without records (another partition made room in a queue)."""
-        self._kick.set()
-
-    def close(self) -> None:
-        self.closing = True
-        self._kick.set()
-
-
 async def _stop_producer(producer: AIOKafkaProducer) -> None:
     await producer.stop()
 
@@ -529,41 +412,3 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
                 await self.node.assign(tp.partition for tp in assigned)
             finally:
                 self.node._rebalancing = False
-
-
-async def serve_node(config: NodeConfig) -> None:
-    """Provision the base topics, run the node until SIGTERM or SIGINT, then close cleanly.
-
-    Waits for an unreachable broker (retrying with a growing wait); raises TopicMisconfigured
-    or TopicRefused when the base topics exist but cannot be used as they are.
-    """
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    metrics = None if config.metrics_port is None else NodeMetrics.create()
-    node = Node(config, metrics)
-    if metrics is not None:
-        assert config.metrics_port is not None
-        serve_metrics(
-            metrics.folded.registry,
-            config.metrics_port,
-            config.metrics_addr,
-            readiness=node.health.readiness,
-        )
-    settings = config.settings
-
-    async def provision() -> list[str]:
-        return await ensure_topics(
-            settings.bootstrap,
-            settings.namespace,
-            event_partitions=settings.event_partitions,
-            queues=[],
-            timeout_s=PROVISION_TIMEOUT_S,
-            **dict(settings.kafka_options),
-        )
-
-    if await until_broker(provision, what="base topics", stop=stop) is None:
-        return
-    tune_for_folding()
-    await node.run(stop)
