@@ -138,7 +138,7 @@ async def test_a_decision_that_cannot_be_encoded_is_quarantined(
     owner.close()
 
 
-async def test_the_budget_is_shared_by_partitions_and_room_made_wakes_the_blocked(
+async def test_the_budget_is_shared_by_partitions_and_full_queues_serve_them_in_turn(
     tmp_path: Path,
 ) -> None:
     budget = QueueBudget()
@@ -160,17 +160,20 @@ async def test_the_budget_is_shared_by_partitions_and_room_made_wakes_the_blocke
         for p in (0, 1)
     ]
     woken: list[int] = []
-    owners[0].on_wake = lambda: woken.append(0)
-    await owners[0].step([enqueued(o, f"a{o}", "q") for o in range(2)], 2_000, 2)
+    for p, owner in enumerate(owners):
+        owner.on_wake = lambda p=p: woken.append(p)  # type: ignore[misc]
+    await owners[0].step([enqueued(o, f"a{o}", "q") for o in range(5)], 2_000, 5)
     await owners[1].step([enqueued(o, f"b{o}", "q") for o in range(2)], 2_000, 2)
-    # 2 leases on partition 0 leave room for 1 on partition 1, not 2.
+    # 3 leases on partition 0 fill the queue: partition 1 waits, and is first in line.
     assert budget.total() == QueueLoad(in_flight={"q": 3}, unstarted={"q": 3})
-    assert owners[1].blocked and not owners[0].blocked
-    owners[1].blocked, owners[0].blocked = False, True
-    owners[1].close()  # its lease leaves the budget: partition 0 is told there is room
-    assert woken == [0] and owners[0].woken
-    assert budget.total() == QueueLoad(in_flight={"q": 2}, unstarted={"q": 2})
+    assert budget.not_my_turn(0) == {"q"} and budget.not_my_turn(1) == set()
+    # Partition 0 gives its leases up (closed): the first in line is woken and leases both.
     owners[0].close()
+    assert woken == [1] and owners[1].woken
+    await owners[1].step([], 2_001, 2)
+    assert budget.total() == QueueLoad(in_flight={"q": 2}, unstarted={"q": 2})
+    assert budget.not_my_turn(1) == set()  # nothing left waiting: no line
+    owners[1].close()
 
 
 def test_health_names_failing_partitions_and_backs_off() -> None:

@@ -158,7 +158,6 @@ class OwnedPartition:
         self.quarantine = Quarantine(partition, instruments)
         # The node's per-queue limits are shared by all its partitions (None: this one alone).
         self.budget = budget
-        self.blocked = False  # due jobs left unleased at the last plan: no room in their queue
         self.woken = False  # another partition made room since the last step
         self.on_wake: Callable[[], None] | None = None  # the runner's kick
         if budget is not None:
@@ -221,6 +220,8 @@ class OwnedPartition:
                 "records_folded", first=fresh[0].offset, last=fresh[-1].offset, count=len(fresh)
             )
         self.pending.settle(folded.seen_event_ids, monotonic_s())
+        # Folded completions and starts free room that other partitions may be waiting for.
+        freed = self.budget is not None and self._held() < held
         self.caught_up = self.caught_up or position >= self.end_offset
         decisions = self._plan(folded, now) if self.caught_up else []
         outgoing = [_effect_record(self.topics, e) for e in folded.effects] + decisions
@@ -248,8 +249,8 @@ class OwnedPartition:
         # records that sent nothing (refolding them sends nothing either), never by an effect.
         self.projector.commit(folded)
         self._count(decisions=len(decisions))
-        if self.budget is not None and self._held() < held:
-            self.budget.freed(self)
+        if self.budget is not None and freed:
+            self.budget.freed(self.partition)
         self.wake_at = self._next_wake(now, saturated=len(decisions) >= self.scan_limit)
         return len(decisions)
 
@@ -350,8 +351,24 @@ class OwnedPartition:
         ids = self.index.due_job_ids(now, self.scan_limit)
         ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
         candidates = [s for s in self._jobs(ids, folded) if s.run_at <= now]
-        load = self.load() if self.budget is None else self.budget.total()
-        leases = planner.plan_leases(
+        if self.budget is None:
+            return self._lease(candidates, self.load(), now)
+        load = self.budget.total()
+        in_flight = dict(load.in_flight)
+        for queue in self.budget.not_my_turn(self.partition):
+            in_flight[queue] = self.limits.max_in_flight_per_queue  # full for us, for now
+        leases = self._lease(candidates, QueueLoad(in_flight, load.unstarted), now)
+        leased = {lease.event.job_id for lease in leases}
+        left = {
+            s.queue for s in candidates if s.status is Status.SCHEDULED and s.job_id not in leased
+        }
+        self.budget.waited(
+            self.partition, blocked=left, leased={lease.dispatch.queue for lease in leases}
+        )
+        return leases
+
+    def _lease(self, candidates: list[JobState], load: QueueLoad, now: int) -> list[planner.Lease]:
+        return planner.plan_leases(
             candidates,
             load.in_flight,
             unstarted=load.unstarted,
@@ -359,8 +376,6 @@ class OwnedPartition:
             limits=self.limits,
             source=self.source,
         )
-        self.blocked = len(leases) < sum(1 for s in candidates if s.status is Status.SCHEDULED)
-        return leases
 
     def _jobs(self, ids: Sequence[str], folded: Folded) -> list[JobState]:
         found: dict[str, JobState] = {}
