@@ -14,7 +14,7 @@ from typing import Any, cast
 import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 from aiokafka.structs import TopicPartition
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -293,3 +293,41 @@ async def test_a_replica_partition_whose_fold_fails_is_retried_and_the_loop_live
         await task
     for projector in replica.projectors.values():
         projector.index.close()
+
+
+class FailingFetches:
+    """A started consumer whose first fetch fails; the second stops the node."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop_event = stop
+        self.fetches = 0
+        self.stopped = False
+
+    async def getmany(self, **_: object) -> dict[TopicPartition, list[Any]]:
+        self.fetches += 1
+        if self.fetches == 1:
+            raise KafkaConnectionError("broker went away")
+        self.stop_event.set()
+        return {}
+
+    def assignment(self) -> set[TopicPartition]:
+        return set()
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_a_failed_fetch_does_not_end_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stop = asyncio.Event()
+    consumer = FailingFetches(stop)
+    node = Node(NodeConfig(settings=Settings(namespace="ns"), node_id="n", data_dir=tmp_path))
+
+    async def start() -> FailingFetches:
+        return consumer
+
+    monkeypatch.setattr(node, "_start_consumer", start)
+    monkeypatch.setattr("evsched.runtime.node.POLL_RETRY_S", 0.01)
+    await asyncio.wait_for(node.run(stop), 10)
+    assert consumer.fetches == 2 and consumer.stopped

@@ -37,6 +37,9 @@ from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.node")
 
+# How long the poll loop waits after a fetch failed before it fetches again.
+POLL_RETRY_S = 1.0
+
 # The group's failure detection: a node killed without leaving the group is noticed after
 # session_timeout_ms, and its partitions move to the others. The broker's minimum is 6 s
 # (group.min.session.timeout.ms); heartbeats go twice as often as Kafka's rule of thumb, so a
@@ -97,7 +100,14 @@ class Node:
         self.log.info("node_started", group_id=self.config.group_id)
         try:
             while not stop.is_set():
-                await self._poll_once(consumer)
+                try:
+                    await self._poll_once(consumer)
+                except kafka.KafkaError as exc:
+                    # The consumer retries connections itself; an error that still reaches us
+                    # (an authorization, a broker answer it gave up on) must not end the node.
+                    self.log.warning("poll_failed", error=repr(exc), retry_in_s=POLL_RETRY_S)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), POLL_RETRY_S)
         finally:
             async with self._lock:
                 await self._close_all()
