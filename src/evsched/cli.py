@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from evsched.adapters.topics import TopicMisconfigured, TopicRefused
 from evsched.api.command import api_command
 from evsched.core.planner import PlannerLimits
 from evsched.devstack.cli import kafka_app
@@ -16,7 +17,8 @@ from evsched.devstack.dev import DevStack
 from evsched.logging import configure_logging
 from evsched.metrics import MetricsAddr, metrics_port_option
 from evsched.operator import register as register_operator_commands
-from evsched.runtime.node import NodeConfig, serve_node
+from evsched.runtime.node import NodeConfig
+from evsched.runtime.node_process import serve_node
 from evsched.runtime.worker_kafka import load_dispatch_key, worker_command
 from evsched.settings import Settings
 
@@ -38,8 +40,19 @@ def node(
         str | None, typer.Option("--node-id", help="Stable name in logs and event sources.")
     ] = None,
     max_in_flight: Annotated[
-        int, typer.Option("--max-in-flight", min=1, help="Leased + running jobs per queue.")
+        int,
+        typer.Option(
+            "--max-in-flight", min=1, help="Leased + running jobs per queue, on this node."
+        ),
     ] = 1_000,
+    max_unstarted: Annotated[
+        int,
+        typer.Option(
+            "--max-unstarted",
+            min=1,
+            help="Leased jobs no worker has started yet, per queue, on this node (backpressure).",
+        ),
+    ] = 100,
     dispatch_timeout_s: Annotated[
         float, typer.Option("--dispatch-timeout-s", min=0.1, help="Time for a worker to start.")
     ] = 30.0,
@@ -57,12 +70,18 @@ def node(
         limits=PlannerLimits(
             dispatch_timeout_ms=int(dispatch_timeout_s * 1000),
             max_in_flight_per_queue=max_in_flight,
+            max_unstarted_per_queue=max_unstarted,
         ),
         metrics_port=metrics_port,
         metrics_addr=metrics_addr,
         dispatch_key=dispatch_key,
     )
-    asyncio.run(serve_node(config))
+    try:
+        asyncio.run(serve_node(config))
+    except (TopicMisconfigured, TopicRefused) as exc:
+        # An operator's fix, not a bug: one line naming the topic and the setting.
+        typer.echo(f"evsched node: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from socketserver import ThreadingMixIn
 from typing import Annotated, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import structlog
 import typer
@@ -24,7 +26,7 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     generate_latest,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -214,6 +216,8 @@ class PartitionInstruments:
     decisions: Any
     effects: Any
     inbox: Any
+    # Decisions held back (``quarantined(stage).inc()``): encode, topic or send.
+    quarantined: Any
 
 
 class NodeInstruments:
@@ -254,6 +258,20 @@ class NodeInstruments:
             registry=registry,
         )
 
+        self.quarantined = PromCounter(
+            "evsched_node_decisions_quarantined",
+            "Decisions held back because they could not be encoded (encode), their dispatch "
+            "topic could not be created (topic) or a record was refused (send).",
+            ["partition", "stage"],
+            registry=registry,
+        )
+        self.failing = Gauge(
+            "evsched_node_partition_failing",
+            "1 while an assigned partition is not running: its last step or open failed.",
+            ["partition"],
+            registry=registry,
+        )
+
     def partition(self, partition: int) -> PartitionInstruments:
         label = str(partition)
         return PartitionInstruments(
@@ -263,6 +281,7 @@ class NodeInstruments:
             decisions=self.decisions.labels(label),
             effects=self.effects.labels(label),
             inbox=self.inbox.labels(label),
+            quarantined=lambda stage: self.quarantined.labels(label, stage),
         )
 
 
@@ -351,10 +370,52 @@ def add_process_collectors(registry: CollectorRegistry) -> None:
             continue
 
 
-def serve_metrics(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> Any:
-    """Expose ``registry`` over HTTP on a daemon thread (for processes without the API), with the
-    process's own ``process_*`` and ``python_*`` metrics."""
+# ``/readyz``: (ready, text); a process without one is ready while it serves.
+Readiness = Callable[[], tuple[bool, str]]
+
+
+def serve_metrics(
+    registry: CollectorRegistry,
+    port: int,
+    addr: str = "127.0.0.1",
+    readiness: Readiness | None = None,
+) -> Any:
+    """Expose ``registry`` on ``/metrics`` and ``readiness`` on ``/readyz``, on a daemon thread.
+
+    For processes without the API (nodes, workers). The registry also gets the process and
+    Python collectors (``process_*``, ``python_*``) that the default registry would have.
+    """
     add_process_collectors(registry)
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
-    log.info("metrics_serving", addr=addr, port=port)
+    server = make_server(
+        addr,
+        port,
+        _http_app(registry, readiness),
+        server_class=_ThreadingServer,
+        handler_class=_QuietHandler,
+    )
+    threading.Thread(target=server.serve_forever, name="evsched-metrics", daemon=True).start()
+    log.info("metrics_serving", addr=addr, port=port, paths=["/metrics", "/readyz"])
     return server
+
+
+def _http_app(registry: CollectorRegistry, readiness: Readiness | None) -> Any:
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") != "/readyz":
+            return metrics_app(environ, start_response)
+        ready, text = (True, "ready") if readiness is None else readiness()
+        status = "200 OK" if ready else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [text.encode() + b"\n"]
+
+    return app
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not worth a log line each."""

@@ -10,8 +10,8 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from evsched.adapters.kafka import Record
-from evsched.runtime.node import PartitionRunner
 from evsched.runtime.partition import OwnedPartition
+from evsched.runtime.runner import PartitionRunner
 
 TP = TopicPartition("ns.events", 3)
 

@@ -92,3 +92,25 @@ def test_no_fire_before_the_slot_nor_for_deleted_schedules() -> None:
 def test_external_idempotency_key_is_stable_per_job() -> None:
     assert external_idempotency_key("j1") == external_idempotency_key("j1")
     assert external_idempotency_key("j1") != external_idempotency_key("j2")
+
+
+def test_leases_stop_at_the_unstarted_limit_while_running_jobs_do_not_count() -> None:
+    limits = planner.PlannerLimits(max_in_flight_per_queue=100, max_unstarted_per_queue=3)
+    jobs = [job(f"j{i}") for i in range(10)]
+    # 50 running, 1 leased but not started: two more leases, then the queue waits for workers.
+    leases = planner.plan_leases(
+        jobs, {"q": 51}, unstarted={"q": 1}, now=1_000, limits=limits, source="n"
+    )
+    assert [lease.event.job_id for lease in leases] == ["j0", "j1"]
+    none = planner.plan_leases(
+        jobs, {"q": 3}, unstarted={"q": 3}, now=1_000, limits=limits, source="n"
+    )
+    assert none == []
+
+
+def test_the_unstarted_limit_is_per_queue_and_has_a_documented_default() -> None:
+    assert planner.PlannerLimits().max_unstarted_per_queue == 100
+    limits = planner.PlannerLimits(max_unstarted_per_queue=1)
+    jobs = [job("a"), job("b"), job("c", queue="other"), job("d", queue="other")]
+    leases = planner.plan_leases(jobs, {}, unstarted={}, now=1_000, limits=limits, source="n")
+    assert [lease.event.job_id for lease in leases] == ["a", "c"]

@@ -40,6 +40,10 @@ class Mismatch:
         )
 
 
+class TopicRefused(TopicProvisioningError):
+    """The broker refused to create a topic (its name, a policy, an authorization)."""
+
+
 class TopicMisconfigured(TopicProvisioningError):
     """An existing topic is configured differently from what evsched needs; it is never used so."""
 
@@ -232,7 +236,7 @@ async def _create_missing(
         # Another process may have created it meanwhile; it gets checked like any existing topic.
         if result["error_code"] != 0 and error is not TopicAlreadyExistsError:
             detail = result.get("error_message") or error.__name__
-            raise TopicProvisioningError(f"creating topic {result['topic']!r} failed: {detail}")
+            raise TopicRefused(f"creating topic {result['topic']!r} failed: {detail}")
 
 
 async def _observe_when_visible(

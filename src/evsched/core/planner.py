@@ -14,10 +14,17 @@ from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlannerLimits:
-    """``dispatch_timeout_ms``: how long a leased job may wait for a worker to start it."""
+    """How far the scheduler may run ahead of the workers, per queue.
+
+    ``dispatch_timeout_ms``: how long a leased job may wait for a worker to start it.
+    ``max_in_flight_per_queue``: leased plus running jobs. ``max_unstarted_per_queue``: leased jobs
+    no worker has started yet (backpressure: under a backlog jobs stay scheduled instead of
+    waiting out their dispatch timeout in a dispatch topic).
+    """
 
     dispatch_timeout_ms: int = 30_000
     max_in_flight_per_queue: int = 1_000
+    max_unstarted_per_queue: int = 100
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,19 +42,30 @@ def plan_leases(
     candidates: Iterable[JobState],
     in_flight: Mapping[str, int],
     *,
+    unstarted: Mapping[str, int] | None = None,
     now: int,
     limits: PlannerLimits,
     source: str,
 ) -> list[Lease]:
-    """Lease due scheduled jobs in priority order while their queue has room."""
+    """Lease due scheduled jobs in priority order while their queue has room.
+
+    A queue has room while both its leased-or-running jobs (``in_flight``) and its leased jobs
+    no worker started yet (``unstarted``) are under their limits; each lease granted here counts
+    against both.
+    """
     used = dict(in_flight)
+    waiting = dict(unstarted or {})
     leases: list[Lease] = []
     for state in sorted(candidates, key=due_order):
         if state.status is not Status.SCHEDULED or state.run_at > now:
             continue
-        if used.get(state.queue, 0) >= limits.max_in_flight_per_queue:
+        queue = state.queue
+        if used.get(queue, 0) >= limits.max_in_flight_per_queue:
             continue
-        used[state.queue] = used.get(state.queue, 0) + 1
+        if waiting.get(queue, 0) >= limits.max_unstarted_per_queue:
+            continue
+        used[queue] = used.get(queue, 0) + 1
+        waiting[queue] = waiting.get(queue, 0) + 1
         leases.append(_lease(state, now=now, limits=limits, source=source))
     return leases
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-from collections import deque
-from collections.abc import Coroutine, Iterable
+import functools
+import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -25,19 +24,34 @@ from aiokafka.structs import TopicPartition
 from evsched.adapters import kafka
 from evsched.adapters.clock import monotonic_s, now_ms
 from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka import Record
 from evsched.adapters.signing import DispatchKey
-from evsched.adapters.topics import Topics, ensure_topics
+from evsched.adapters.topics import Topics
 from evsched.core.planner import PlannerLimits
-from evsched.metrics import Metrics, NodeInstruments, serve_metrics
-from evsched.runtime.gc_policy import tune_for_folding
+from evsched.metrics import Metrics, NodeInstruments
+from evsched.runtime.budget import QueueBudget
+from evsched.runtime.dispatch_topics import QueueTopics
+from evsched.runtime.health import NodeHealth
 from evsched.runtime.partition import OwnedPartition, open_index
+from evsched.runtime.runner import PartitionRunner
+from evsched.runtime.startup import until_broker
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.node")
 
-# How long a partition that failed to open waits before the poll loop tries it again.
-ORPHAN_RETRY_S = 2.0
+# How long the poll loop waits after a fetch failed before it fetches again.
+POLL_RETRY_S = 1.0
+
+# The group's failure detection: a node killed without leaving the group is noticed after
+# session_timeout_ms, and its partitions move to the others. The broker's minimum is 6 s
+# (group.min.session.timeout.ms); heartbeats go twice as often as Kafka's rule of thumb, so a
+# survivor hears of the rebalance within a second. Live members get rebalance_timeout_ms to
+# rejoin (closing their partitions first). A SIGKILLed node's partitions stall for less than
+# 10 s (tests/integration/test_engine_takeover.py measures it).
+GROUP_TIMEOUTS = {
+    "session_timeout_ms": 6_000,
+    "heartbeat_interval_ms": 1_000,
+    "rebalance_timeout_ms": 10_000,
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,34 +85,55 @@ class Node:
         if metrics is not None:  # read at scrape time
             metrics.node.owned.set_function(lambda: len(self.owned))
         self._lock = asyncio.Lock()
-        self._known_queues: set[str] = set()
-        self._queues_lock = asyncio.Lock()
+        self.queue_topics = QueueTopics(config.settings)
         self._consumer: AIOKafkaConsumer | None = None
         self._generation = 0  # bumped on every assignment change
         self._fenced: set[int] = set()  # fenced since the last assignment: not ours to reopen
         self._retry_at: dict[int, float] = {}
         self._rebalancing = False  # between the group's revoke and assign callbacks
+        self.budget = QueueBudget()  # --max-in-flight and --max-unstarted hold per node
+        self.health = NodeHealth(None if metrics is None else metrics.node.failing)
         self.log = log.bind(node_id=config.node_id)
 
     async def run(self, stop: asyncio.Event) -> None:
-        consumer = kafka.consumer(
-            self.config.settings,
-            group_id=self.config.group_id,
-            client_id=f"evsched-node-{self.config.node_id}",
-            max_poll_records=self.config.max_records,
-        )
-        self._consumer = consumer
-        consumer.subscribe([self.topics.events], listener=_Listener(self))
-        await consumer.start()
+        consumer = await until_broker(self._start_consumer, what="events consumer", stop=stop)
+        if consumer is None:
+            return  # stopped before the broker answered
         self.log.info("node_started", group_id=self.config.group_id)
         try:
             while not stop.is_set():
-                await self._poll_once(consumer)
+                try:
+                    await self._poll_once(consumer)
+                except kafka.KafkaError as exc:
+                    # The consumer retries connections itself; an error that still reaches us
+                    # (an authorization, a broker answer it gave up on) must not end the node.
+                    self.log.warning("poll_failed", error=repr(exc), retry_in_s=POLL_RETRY_S)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), POLL_RETRY_S)
         finally:
             async with self._lock:
                 await self._close_all()
             await consumer.stop()
             self.log.info("node_stopped")
+
+    async def _start_consumer(self) -> AIOKafkaConsumer:
+        consumer = kafka.consumer(
+            self.config.settings,
+            group_id=self.config.group_id,
+            client_id=f"evsched-node-{self.config.node_id}",
+            max_poll_records=self.config.max_records,
+            **GROUP_TIMEOUTS,
+        )
+        consumer.subscribe([self.topics.events], listener=_Listener(self))
+        self._consumer = consumer  # the group may assign partitions before start() returns
+        try:
+            await consumer.start()
+        except BaseException:
+            self._consumer = None
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+            raise
+        return consumer
 
     async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
         """Fetch, and hand each partition's records to its runner; never waits for a step."""
@@ -139,11 +174,18 @@ class Node:
                 continue
             if self._retry_at.get(partition, 0.0) > now:
                 continue
-            self._retry_at[partition] = now + ORPHAN_RETRY_S
+            self._retry_at[partition] = now + self.health.retry_in_s(partition)
             try:
                 await self._open(consumer, self._seek_to_index(consumer, partition))
             except Exception as exc:
-                self.log.warning("partition_open_failed", partition=partition, error=repr(exc))
+                self._open_failed(partition, exc)
+
+    def _open_failed(self, partition: int, exc: Exception) -> None:
+        # Left unowned (and paused): the poll loop retries it, later each time.
+        failures = self.health.failed(partition, f"open failed: {exc!r}")
+        self.log.warning(
+            "partition_open_failed", partition=partition, error=repr(exc), failures=failures
+        )
 
     async def _run_partition(self, consumer: AIOKafkaConsumer, runner: PartitionRunner) -> None:
         """Step one partition whenever it has records or its next wake time comes.
@@ -164,6 +206,7 @@ class Node:
                 now = now_ms()
                 if owner.has_work(records, now):
                     await owner.step(records, now, position)
+                    self.health.stepped(owner.partition)
         except IllegalStateError:
             return  # revoked while we fetched; the listener closes it
         except ProducerFenced:
@@ -177,9 +220,23 @@ class Node:
         except Exception as exc:
             # Anything else (broker trouble, a producer that must be recreated): drop the
             # partition's in-memory work; _adopt_orphans reopens it from its index, which
-            # stays consistent with the log.
-            self.log.warning("partition_step_failed", partition=owner.partition, error=repr(exc))
+            # stays consistent with the log, after a wait that grows while it keeps failing.
+            failures = self.health.failed(owner.partition, f"step failed: {exc!r}")
+            self.log.warning(
+                "partition_step_failed",
+                partition=owner.partition,
+                error=repr(exc),
+                failures=failures,
+                retry_in_s=self.health.retry_in_s(owner.partition),
+            )
+            self._retry_at[owner.partition] = monotonic_s() + self.health.retry_in_s(
+                owner.partition
+            )
             self._dropped("error")
+            # The exception's frames may hold index handles (a scan, a write batch): RocksDB
+            # would keep its lock and the reopen fail with "No locks available".
+            traceback.clear_frames(exc.__traceback__)
+            del exc
             await self._drop(runner)
 
     def _dropped(self, reason: str) -> None:
@@ -194,25 +251,6 @@ class Node:
             wait_ms = min(wait_ms, wake - now_ms())
         return max(0, wait_ms) / 1000
 
-    async def ensure_queues(self, queues: set[str]) -> None:
-        """Create dispatch topics for queues this node has not sent to yet."""
-        if queues <= self._known_queues:
-            return
-        async with self._queues_lock:  # partitions step concurrently: provision once
-            await self._ensure_queues(queues - self._known_queues)
-
-    async def _ensure_queues(self, queues: set[str]) -> None:
-        if queues:
-            settings = self.config.settings
-            await ensure_topics(
-                settings.bootstrap,
-                settings.namespace,
-                event_partitions=settings.event_partitions,
-                queues=sorted(queues),
-                **dict(settings.kafka_options),
-            )
-            self._known_queues |= queues
-
     # --- ownership ---------------------------------------------------------------------------
 
     async def assign(self, partitions: Iterable[int]) -> None:
@@ -221,6 +259,8 @@ class Node:
         self._generation += 1
         self._fenced.clear()
         self._retry_at.clear()
+        partitions = list(partitions)
+        self.health.assigned(partitions)
         # Seek every partition to its index before anything awaits, and hold its fetches until
         # it is open: a fetch from the group's committed offset must never reach the fold first.
         indexes = []
@@ -232,23 +272,23 @@ class Node:
             try:
                 indexes.append(self._seek_to_index(consumer, partition))
             except Exception as exc:
-                # Its index cannot be opened: left unowned; the poll loop retries it.
-                self.log.warning("partition_open_failed", partition=partition, error=repr(exc))
+                self._open_failed(partition, exc)
         for index in indexes:
             try:
                 await self._open(consumer, index)
             except Exception as exc:
-                # Left paused and unowned: the poll loop retries it (see _adopt_orphans).
-                self.log.warning(
-                    "partition_open_failed", partition=index.partition, error=repr(exc)
-                )
+                self._open_failed(index.partition, exc)
 
     def _seek_to_index(self, consumer: AIOKafkaConsumer, partition: int) -> PartitionIndex:
         """Open the partition's index, pause its fetches and seek past the index (no await)."""
         tp = TopicPartition(self.topics.events, partition)
         index = open_index(self.config.data_dir, partition)
-        consumer.pause(tp)
-        consumer.seek(tp, index.applied_offset() + 1)
+        try:
+            consumer.pause(tp)
+            consumer.seek(tp, index.applied_offset() + 1)
+        except BaseException:
+            index.close()  # else its lock stays held and every reopen fails
+            raise
         return index
 
     async def revoke(self, partitions: Iterable[int]) -> None:
@@ -266,38 +306,27 @@ class Node:
     async def _open(self, consumer: AIOKafkaConsumer, index: PartitionIndex) -> None:
         partition = index.partition
         tp = TopicPartition(self.topics.events, partition)
-        producer = kafka.producer(
-            self.config.settings,
-            client_id=f"evsched-node-{self.config.node_id}-p{partition}",
-            transactional_id=self.config.transactional_id(partition),
-        )
+        producer: AIOKafkaProducer | None = None
+        owner: OwnedPartition | None = None
         try:
-            # Starting the producer bumps the transactional epoch: a zombie owner is fenced here.
-            await producer.start()
+            producer = await self._start_producer(partition)
             committed = await consumer.committed(tp)
             end = (await consumer.end_offsets([tp]))[tp]
-        except Exception:
-            index.close()
-            with contextlib.suppress(Exception):
-                await producer.stop()
+            owner = self._owner(index, producer, committed, end)
+            runner = PartitionRunner(owner, consumer)
+            owner.on_wake = runner.kick
+            consumer.seek(tp, runner.fetched_to)
+            consumer.resume(tp)
+        except BaseException:
+            # Whatever failed, the index is closed (its lock released) before a retry reopens it.
+            if owner is None:
+                index.close()
+            else:
+                owner.close()  # leaves the node's budget too
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    await producer.stop()
             raise
-        owner = OwnedPartition(
-            index=index,
-            topics=self.topics,
-            producer=producer,
-            group_id=self.config.group_id,
-            node_id=self.config.node_id,
-            limits=self.config.limits,
-            committed=committed,
-            end_offset=end,
-            ensure_queues=self.ensure_queues,
-            on_commit=None if self.metrics is None else self.metrics.folded.observe_commit,
-            instruments=None if self.metrics is None else self.metrics.node.partition(partition),
-            dispatch_key=self.config.dispatch_key,
-        )
-        runner = PartitionRunner(owner, consumer)
-        consumer.seek(tp, runner.fetched_to)
-        consumer.resume(tp)
         self.owned[partition] = runner
         runner.start(self._run_partition(consumer, runner))
         self.log.info(
@@ -306,6 +335,42 @@ class Node:
             resume_offset=owner.resume_offset,
             committed=committed,
             end_offset=end,
+        )
+
+    async def _start_producer(self, partition: int) -> AIOKafkaProducer:
+        """The partition's transactional producer, started: this fences any older one."""
+        producer = kafka.producer(
+            self.config.settings,
+            client_id=f"evsched-node-{self.config.node_id}-p{partition}",
+            transactional_id=self.config.transactional_id(partition),
+        )
+        try:
+            await producer.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            raise
+        return producer
+
+    def _owner(
+        self, index: PartitionIndex, producer: AIOKafkaProducer, committed: int | None, end: int
+    ) -> OwnedPartition:
+        metrics = self.metrics
+        return OwnedPartition(
+            index=index,
+            topics=self.topics,
+            producer=producer,
+            group_id=self.config.group_id,
+            node_id=self.config.node_id,
+            limits=self.config.limits,
+            committed=committed,
+            end_offset=end,
+            ensure_queues=self.queue_topics.ensure,
+            on_commit=None if metrics is None else metrics.folded.observe_commit,
+            instruments=None if metrics is None else metrics.node.partition(index.partition),
+            budget=self.budget,
+            new_producer=functools.partial(self._start_producer, index.partition),
+            dispatch_key=self.config.dispatch_key,
         )
 
     async def _drop(self, runner: PartitionRunner) -> None:
@@ -338,72 +403,6 @@ class NodeMetrics:
         return cls(folded=folded, node=NodeInstruments(folded.registry))
 
 
-class PartitionRunner:
-    """An owned partition's inbox of fetched records and the task that steps it.
-
-    The poll loop feeds records in; the runner takes them out. A partition whose inbox grows past
-    ``backlog`` is paused at the consumer until its runner catches up, so a slow partition holds
-    back only its own fetches and memory stays bounded.
-    """
-
-    def __init__(self, owner: OwnedPartition, consumer: AIOKafkaConsumer, backlog: int = 8_000):
-        self.owner = owner
-        self.consumer = consumer
-        self.backlog = backlog
-        self.inbox: deque[Record] = deque()
-        # The offset after the last record fed: where fetching resumes after a rebalance.
-        self.fetched_to = owner.resume_offset
-        self.closing = False
-        self.paused = False
-        self._kick = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        if owner.instruments is not None:  # read at scrape time, nothing on the fetch path
-            owner.instruments.inbox.set_function(lambda: 0 if self.closing else len(self.inbox))
-
-    def start(self, run: Coroutine[Any, Any, None]) -> None:
-        self._task = asyncio.create_task(run, name=f"evsched-partition-{self.owner.partition}")
-
-    async def stopped(self) -> None:
-        """Close, and wait until a step in flight has finished its transaction."""
-        self.close()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    def feed(self, records: list[Record]) -> None:
-        fresh = [r for r in records if r.offset >= self.fetched_to]
-        if not fresh or self.closing:
-            return
-        self.inbox.extend(fresh)
-        self.fetched_to = fresh[-1].offset + 1
-        self._kick.set()
-        if len(self.inbox) >= self.backlog and not self.paused:
-            self.consumer.pause(self.owner.tp)
-            self.paused = True
-
-    def take(self, limit: int) -> list[Record]:
-        count = min(limit, len(self.inbox))
-        records = [self.inbox.popleft() for _ in range(count)]
-        if self.inbox:
-            self._kick.set()  # more to do right away
-        if self.paused and len(self.inbox) < self.backlog // 2 and not self.closing:
-            self.paused = False
-            with contextlib.suppress(IllegalStateError):  # revoked meanwhile: nothing to resume
-                self.consumer.resume(self.owner.tp)
-        return records
-
-    async def wait(self, timeout_s: float) -> None:
-        """Until records arrive, the runner is closed, or ``timeout_s`` passes."""
-        if not self._kick.is_set() and timeout_s > 0:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):
-                    await self._kick.wait()
-        self._kick.clear()
-
-    def close(self) -> None:
-        self.closing = True
-        self._kick.set()
-
-
 async def _stop_producer(producer: AIOKafkaProducer) -> None:
     await producer.stop()
 
@@ -426,25 +425,3 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
                 await self.node.assign(tp.partition for tp in assigned)
             finally:
                 self.node._rebalancing = False
-
-
-async def serve_node(config: NodeConfig) -> None:
-    """Provision the base topics, run the node until SIGTERM or SIGINT, then close cleanly."""
-    settings = config.settings
-    await ensure_topics(
-        settings.bootstrap,
-        settings.namespace,
-        event_partitions=settings.event_partitions,
-        queues=[],
-        **dict(settings.kafka_options),
-    )
-    tune_for_folding()
-    metrics = None
-    if config.metrics_port is not None:
-        metrics = NodeMetrics.create()
-        serve_metrics(metrics.folded.registry, config.metrics_port, config.metrics_addr)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    await Node(config, metrics).run(stop)

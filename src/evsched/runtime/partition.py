@@ -9,12 +9,12 @@ the index never holds a decision or an effect the log does not.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiokafka import AIOKafkaProducer
@@ -27,9 +27,19 @@ from evsched.adapters.kafka import Record
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
 from evsched.core import planner
-from evsched.core.events import Event, entity_id
+from evsched.core.events import Event, JobEnqueued, entity_id
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import JobState, ScheduleState, Status
+from evsched.runtime.budget import QueueBudget, QueueLoad
+from evsched.runtime.outbox import (
+    TRANSACTION_TRIES,
+    EnsureQueues,
+    Outgoing,
+    ProducerSpoiled,
+    Quarantine,
+    transact,
+)
+from evsched.runtime.pending import Pending
 from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
 
 if TYPE_CHECKING:
@@ -44,51 +54,6 @@ PENDING_TIMEOUT_S = 15.0
 # of their own: their consumer offset rides on the partition's next transaction, or goes out alone
 # once it has waited this long.
 OFFSET_COMMIT_INTERVAL_MS = 500
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Outgoing:
-    topic: str
-    key: bytes
-    value: bytes
-    partition: int | None = None
-    headers: tuple[tuple[str, bytes], ...] = ()
-    queue: str | None = None  # set on dispatch records: their topic must exist first
-
-
-@dataclass(slots=True)
-class Pending:
-    """Decisions sent but not yet folded back, so the next step doesn't propose them again."""
-
-    by_event: dict[str, tuple[str, float]] = field(default_factory=dict)
-    entities: dict[str, int] = field(default_factory=dict)
-    leases_by_queue: dict[str, int] = field(default_factory=dict)
-    queue_of: dict[str, str] = field(default_factory=dict)
-
-    def add(self, event_id: str, entity: str, queue: str | None, deadline: float) -> None:
-        self.by_event[event_id] = (entity, deadline)
-        self.entities[entity] = self.entities.get(entity, 0) + 1
-        if queue is not None:
-            self.queue_of[event_id] = queue
-            self.leases_by_queue[queue] = self.leases_by_queue.get(queue, 0) + 1
-
-    def first_deadline_ms(self, now: int) -> int | None:
-        """The earliest pending deadline as an epoch-ms time (deadlines are monotonic seconds)."""
-        if not self.by_event:
-            return None
-        soonest = min(deadline for _, deadline in self.by_event.values())
-        return now + max(0, int((soonest - monotonic_s()) * 1000))
-
-    def settle(self, event_ids: set[str], monotonic_now: float) -> None:
-        done = [e for e, (_, dl) in self.by_event.items() if e in event_ids or dl <= monotonic_now]
-        for event_id in done:
-            entity, _ = self.by_event.pop(event_id)
-            self.entities[entity] -= 1
-            if not self.entities[entity]:
-                del self.entities[entity]
-            queue = self.queue_of.pop(event_id, None)
-            if queue is not None:
-                self.leases_by_queue[queue] -= 1
 
 
 def open_index(data_dir: Path, partition: int) -> PartitionIndex:
@@ -118,11 +83,13 @@ class OwnedPartition:
         limits: planner.PlannerLimits,
         committed: int | None,
         end_offset: int,
-        ensure_queues: Callable[[set[str]], Awaitable[None]],
+        ensure_queues: EnsureQueues,
         scan_limit: int = 1_000,
         on_commit: CommitHook | None = None,
         instruments: PartitionInstruments | None = None,
         dispatch_key: DispatchKey | None = None,
+        budget: QueueBudget | None = None,
+        new_producer: Callable[[], Awaitable[AIOKafkaProducer]] | None = None,
     ) -> None:
         partition = index.partition
         self.dispatch_key = dispatch_key
@@ -130,6 +97,7 @@ class OwnedPartition:
         self.tp = TopicPartition(topics.events, partition)
         self.topics = topics
         self.producer = producer
+        self.new_producer = new_producer  # a fresh producer with the same transactional id
         self.group_id = group_id
         self.source = f"node-{node_id}"
         self.limits = limits
@@ -152,6 +120,31 @@ class OwnedPartition:
         self.uncommitted_since: int | None = None
         self.stats: Counter[str] = Counter()
         self.log = log.bind(partition=partition)
+        self.quarantine = Quarantine(partition, instruments)
+        # The node's per-queue limits are shared by all its partitions (None: this one alone).
+        self.budget = budget
+        self.woken = False  # another partition made room since the last step
+        self.on_wake: Callable[[], None] | None = None  # the runner's kick
+        if budget is not None:
+            budget.join(partition, self)
+
+    def wake(self) -> None:
+        self.woken = True
+        if self.on_wake is not None:
+            self.on_wake()
+
+    def _held(self) -> int:
+        load = self.load()
+        return sum(load.in_flight.values()) + sum(load.unstarted.values())
+
+    def load(self) -> QueueLoad:
+        """This partition's jobs against the per-queue limits, its pending leases included."""
+        in_flight = dict(self.projector.in_flight)
+        unstarted = dict(self.projector.unstarted)
+        for queue, count in self.pending.leases_by_queue.items():
+            in_flight[queue] = in_flight.get(queue, 0) + count
+            unstarted[queue] = unstarted.get(queue, 0) + count
+        return QueueLoad(in_flight=in_flight, unstarted=unstarted)
 
     @property
     def resume_offset(self) -> int:
@@ -170,6 +163,7 @@ class OwnedPartition:
         return (
             bool(records)
             or not self.caught_up
+            or self.woken
             or (self.wake_at is not None and now >= self.wake_at)
         )
 
@@ -178,6 +172,8 @@ class OwnedPartition:
 
         ``position`` is the consumer's next fetch offset, past any transaction markers.
         """
+        self.woken = False
+        held = self._held() if self.budget is not None else 0
         gap = [r for r in records if r.offset < self.replay_until]
         fresh = [r for r in records if r.offset >= self.replay_until]
         if gap:
@@ -189,6 +185,8 @@ class OwnedPartition:
                 "records_folded", first=fresh[0].offset, last=fresh[-1].offset, count=len(fresh)
             )
         self.pending.settle(folded.seen_event_ids, monotonic_s())
+        # Folded completions and starts free room that other partitions may be waiting for.
+        freed = self.budget is not None and self._held() < held
         self.caught_up = self.caught_up or position >= self.end_offset
         decisions = self._plan(folded, now) if self.caught_up else []
         outgoing = [_effect_record(self.topics, e) for e in folded.effects] + decisions
@@ -200,18 +198,48 @@ class OwnedPartition:
         # from records (after a crash the new owner folds them back before deciding anything),
         # so their transactions need no offset; offsets alone go out every so often.
         with_offset = bool(folded.effects) or self._offset_due(now)
-        self._count(steps=1, records=len(records), decisions=len(decisions))
+        self._count(steps=1, records=len(records))
         if outgoing or with_offset:
-            await self._transact(outgoing, offset if with_offset else None)
+            sent = await self._send(
+                outgoing, (self.tp, offset, self.group_id) if with_offset else None
+            )
             self._count(transactions=1, effects=len(folded.effects))
+            decisions = [o for o in sent if o.decision is not None]
+        for entity in self.quarantine.take_fresh():
+            self.pending.forget(entity)
         if with_offset:
             self.committed_to = offset
             self.uncommitted_since = None
         # Written after the transaction only: the index may run ahead of the group's offset by
         # records that sent nothing (refolding them sends nothing either), never by an effect.
         self.projector.commit(folded)
+        self._count(decisions=len(decisions))
+        if self.budget is not None and freed:
+            self.budget.freed(self.partition)
         self.wake_at = self._next_wake(now, saturated=len(decisions) >= self.scan_limit)
         return len(decisions)
+
+    async def _send(
+        self, outgoing: list[Outgoing], offset: tuple[TopicPartition, int, str] | None
+    ) -> list[Outgoing]:
+        """One transaction; after a refused batch, again with a new producer, without culprits."""
+        for _ in range(TRANSACTION_TRIES):
+            try:
+                return await transact(
+                    self.producer,
+                    outgoing,
+                    offset=offset,
+                    quarantine=self.quarantine,
+                    ensure_queues=self.ensure_queues,
+                )
+            except ProducerSpoiled:
+                if self.new_producer is None:
+                    raise
+                with contextlib.suppress(Exception):
+                    await self.producer.stop()
+                # Same transactional id: the new producer's epoch aborts the old transaction.
+                self.producer = await self.new_producer()
+        raise RuntimeError(f"records refused in {TRANSACTION_TRIES} transactions in a row")
 
     def _count(self, **counts: int) -> None:
         self.stats.update(counts)
@@ -235,69 +263,91 @@ class OwnedPartition:
             for t in (
                 self.index.next_due_at(after=now),
                 self.pending.first_deadline_ms(now),
+                self.quarantine.first_release_ms(now),
                 flush,
             )
             if t is not None
         ]
         return min(times) if times else None
 
-    async def _transact(self, outgoing: list[Outgoing], next_offset: int | None) -> None:
-        queues = {o.queue for o in outgoing if o.queue is not None}
-        if queues:
-            await self.ensure_queues(queues)
-        async with self.producer.transaction():
-            acks: list[Awaitable[object]] = [
-                await self.producer.send(
-                    o.topic, o.value, key=o.key, partition=o.partition, headers=list(o.headers)
-                )
-                for o in outgoing
-            ]
-            if next_offset is not None:
-                # The offset commit goes out while the records are in flight (one round trip
-                # less per step); the transaction commits once both are acknowledged.
-                acks.append(
-                    self.producer.send_offsets_to_transaction({self.tp: next_offset}, self.group_id)
-                )
-            # Every ack is awaited (a zombie's fenced transaction fails them all: none is left
-            # unretrieved); the first failure aborts the transaction.
-            for outcome in await asyncio.gather(*acks, return_exceptions=True):
-                if isinstance(outcome, BaseException):
-                    raise outcome
-
     def _plan(self, folded: Folded, now: int) -> list[Outgoing]:
         deadline = monotonic_s() + PENDING_TIMEOUT_S
         out: list[Outgoing] = []
         for lease in self._plan_leases(folded, now):
-            out.append(self._event(lease.event))
-            out.append(self._dispatch(lease))
-            queue = lease.dispatch.queue
-            self.pending.add(lease.event.event_id, lease.event.job_id, queue, deadline)
+            job_id = lease.event.job_id
+            if records := self._encode(job_id, self._lease_records, lease):
+                out += records
+                self.pending.add(lease.event.event_id, job_id, lease.dispatch.queue, deadline)
         expiring = self._jobs(self.index.expired_lease_ids(now, self.scan_limit), folded)
         for expiry in planner.plan_expiries(expiring, now=now, source=self.source):
-            out.append(self._event(expiry))
-            self.pending.add(expiry.event_id, expiry.job_id, None, deadline)
+            if records := self._encode(expiry.job_id, self._events, expiry):
+                out += records
+                self.pending.add(expiry.event_id, expiry.job_id, None, deadline)
         schedules = self._due_schedules(folded, now)
         for fired, enqueued in planner.plan_fires(schedules, now=now, source=self.source):
-            out.append(self._event(fired))
-            out.append(self._event(enqueued, own_partition=False))
-            self.pending.add(fired.event_id, fired.schedule_id, None, deadline)
+            if records := self._encode(fired.schedule_id, self._events, fired, enqueued):
+                out += records
+                self.pending.add(fired.event_id, fired.schedule_id, None, deadline)
         return out
+
+    def _lease_records(self, lease: planner.Lease) -> list[Outgoing]:
+        # The dispatch record goes first: if it is refused, its lease is never sent either.
+        return [self._dispatch(lease), self._event(lease.event)]
+
+    def _events(self, *events: Event) -> list[Outgoing]:
+        """Decision events: on this partition, except a cron fire's job (keyed by its own id)."""
+        return [self._event(e, own_partition=not isinstance(e, JobEnqueued)) for e in events]
+
+    def _encode(
+        self, entity: str, build: Callable[..., list[Outgoing]], *args: Any
+    ) -> list[Outgoing]:
+        """One decision's records, tagged with ``entity``; none (quarantined) if they can't be made.
+
+        Nothing a record holds may stop the partition: whatever the fold let through that cannot
+        be encoded or named as a topic is this decision's failure only.
+        """
+        try:
+            return [replace(o, decision=entity) for o in build(*args)]
+        except Exception as exc:
+            self.quarantine.add(entity, "encode", repr(exc))
+            return []
 
     def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
         ids = self.index.due_job_ids(now, self.scan_limit)
         ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
         candidates = [s for s in self._jobs(ids, folded) if s.run_at <= now]
-        in_flight = dict(self.projector.in_flight)
-        for queue, count in self.pending.leases_by_queue.items():
-            in_flight[queue] = in_flight.get(queue, 0) + count
+        if self.budget is None:
+            return self._lease(candidates, self.load(), now)
+        load = self.budget.total()
+        in_flight = dict(load.in_flight)
+        for queue in self.budget.not_my_turn(self.partition):
+            in_flight[queue] = self.limits.max_in_flight_per_queue  # full for us, for now
+        leases = self._lease(candidates, QueueLoad(in_flight, load.unstarted), now)
+        leased = {lease.event.job_id for lease in leases}
+        left = {
+            s.queue for s in candidates if s.status is Status.SCHEDULED and s.job_id not in leased
+        }
+        self.budget.waited(
+            self.partition, blocked=left, leased={lease.dispatch.queue for lease in leases}
+        )
+        return leases
+
+    def _lease(self, candidates: list[JobState], load: QueueLoad, now: int) -> list[planner.Lease]:
         return planner.plan_leases(
-            candidates, in_flight, now=now, limits=self.limits, source=self.source
+            candidates,
+            load.in_flight,
+            unstarted=load.unstarted,
+            now=now,
+            limits=self.limits,
+            source=self.source,
         )
 
     def _jobs(self, ids: Sequence[str], folded: Folded) -> list[JobState]:
         found: dict[str, JobState] = {}
         for job_id in ids:
             if job_id in found or job_id in self.pending.entities:
+                continue
+            if self.quarantine.holds(job_id):
                 continue
             state = self.projector.job(job_id, folded)
             if state is not None:
@@ -309,7 +359,8 @@ class OwnedPartition:
         found: dict[str, ScheduleState] = {}
         for sid in ids:
             state = self.projector.schedule(sid, folded)
-            if sid not in self.pending.entities and state is not None:
+            held = sid in self.pending.entities or self.quarantine.holds(sid)
+            if not held and state is not None:
                 found[sid] = state
         return list(found.values())
 
@@ -334,6 +385,8 @@ class OwnedPartition:
         )
 
     def close(self) -> None:
+        if self.budget is not None:
+            self.budget.leave(self.partition, self)
         self.index.close()
 
 

@@ -23,7 +23,14 @@ from evsched.core.events import (
 )
 from evsched.core.fold import FOLD_VERSION, fold
 from evsched.core.schedules import fold_schedule
-from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, TimelineEntry, Verdict
+from evsched.core.state import (
+    ACTIVE_STATUSES,
+    JobState,
+    ScheduleState,
+    Status,
+    TimelineEntry,
+    Verdict,
+)
 from evsched.errors import DecodeError
 
 
@@ -86,7 +93,10 @@ class Projector:
         self.index = index
         # Told what each committed batch folded (metrics count verdicts without a second fold).
         self.on_commit = on_commit
-        self.in_flight: dict[str, int] = index.in_flight_by_queue()
+        # Leased or running jobs per queue, and leased ones no worker started yet.
+        self.in_flight: dict[str, int] = {}
+        self.unstarted: dict[str, int] = {}
+        self._seed_counts()
         # Only ever what the index holds (filled on read and on commit), so reads stay exact.
         self._cache: dict[str, JobState] = {}
         self._cache_size = cache_size
@@ -193,11 +203,24 @@ class Projector:
             out.batch.before_schedules.setdefault(event.schedule_id, before)
             out.batch.schedules[event.schedule_id] = after
 
+    def _seed_counts(self) -> None:
+        """Count live leases once, from the lease index (every active job has an entry there)."""
+        for job_id in self.index.expired_lease_ids(_LAST_MS, _NO_LIMIT):
+            state = self.index.job(job_id)
+            if state is not None:
+                self._count(None, state)
+
     def _count(self, before: JobState | None, after: JobState) -> None:
-        was = before is not None and before.status in ACTIVE_STATUSES
-        now = after.status in ACTIVE_STATUSES
-        if was != now:
-            self.in_flight[after.queue] = self.in_flight.get(after.queue, 0) + (1 if now else -1)
+        for counts, statuses in ((self.in_flight, ACTIVE_STATUSES), (self.unstarted, _LEASED)):
+            was = before is not None and before.status in statuses
+            now = after.status in statuses
+            if was != now:
+                counts[after.queue] = counts.get(after.queue, 0) + (1 if now else -1)
+
+
+_LEASED = frozenset({Status.LEASED})
+_LAST_MS = 2**63 - 1
+_NO_LIMIT = 2**63 - 1
 
 
 def _undecodable(position: Position, reason: str) -> TimelineEntry:

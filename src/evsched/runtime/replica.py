@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer
@@ -26,6 +27,10 @@ from evsched.runtime.projector import CommitHook, Projector
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.replica")
+
+# A partition whose fold failed is retried after this wait, doubled per failure in a row.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 30.0
 
 
 def partition_for(key: str, partitions: int) -> int:
@@ -55,6 +60,10 @@ class Replica:
         self._consumer: AIOKafkaConsumer | None = None
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        # Partitions whose last fold failed, with the reason: paused, retried after a wait.
+        self.failing: dict[int, str] = {}
+        self._failures: dict[int, int] = {}
+        self._retry_at: dict[int, float] = {}
 
     async def start(self) -> None:
         count = await partition_count(
@@ -91,13 +100,59 @@ class Replica:
 
     async def _run(self, consumer: AIOKafkaConsumer) -> None:
         while True:
-            batches = await consumer.getmany(timeout_ms=100, max_records=5_000)
+            self._resume_due(consumer)
+            try:
+                batches = await consumer.getmany(timeout_ms=100, max_records=5_000)
+            except kafka.KafkaError as exc:
+                log.warning("replica_fetch_failed", error=repr(exc), retry_in_s=RETRY_FIRST_S)
+                await asyncio.sleep(RETRY_FIRST_S)
+                continue
             for tp, raws in batches.items():
-                projector = self.projectors[tp.partition]
-                projector.commit(projector.fold(kafka.to_record(r) for r in raws))
+                self._apply(consumer, tp, raws)
             if batches:
                 async with self._changed:
                     self._changed.notify_all()
+
+    def _apply(self, consumer: AIOKafkaConsumer, tp: TopicPartition, raws: list[Any]) -> None:
+        """Fold one partition's batch; a failure pauses that partition alone, never the loop.
+
+        The fold refuses what it cannot carry out, so this is a second line of defence: the
+        partition is retried from its index's offset after a growing wait, and shows in
+        ``failing`` (and the log) meanwhile. Reads of the other partitions go on.
+        """
+        partition = tp.partition
+        projector = self.projectors[partition]
+        try:
+            projector.commit(projector.fold(kafka.to_record(r) for r in raws))
+        except Exception as exc:
+            failures = self._failures.get(partition, 0) + 1
+            self._failures[partition] = failures
+            wait_s = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** min(failures - 1, 16))
+            self.failing[partition] = f"fold failed at offset {raws[0].offset}: {exc!r}"
+            log.error(
+                "replica_partition_failed",
+                partition=partition,
+                offset=raws[0].offset,
+                error=repr(exc),
+                failures=failures,
+                retry_in_s=wait_s,
+            )
+            # Fold the batch again from what the index holds, once the wait is over.
+            projector.next_offset = projector.index.applied_offset() + 1
+            consumer.pause(tp)
+            consumer.seek(tp, projector.next_offset)
+            self._retry_at[partition] = monotonic_s() + wait_s
+            return
+        if self.failing.pop(partition, None) is not None:
+            log.info("replica_partition_recovered", partition=partition)
+            self._failures.pop(partition, None)
+
+    def _resume_due(self, consumer: AIOKafkaConsumer) -> None:
+        now = monotonic_s()
+        for partition, at in list(self._retry_at.items()):
+            if at <= now:
+                del self._retry_at[partition]
+                consumer.resume(TopicPartition(self.topic, partition))
 
     # --- reads ---------------------------------------------------------------------------------
 

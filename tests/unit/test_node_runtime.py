@@ -1,0 +1,333 @@
+"""The node's runtime parts without a broker: a decision that cannot be encoded or sent is
+quarantined while the rest of the step goes out, the per-node queue budget, partition health for
+/readyz, an index released when its partition fails to open, and a replica that survives a fold
+failure on one partition."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+from aiokafka.structs import TopicPartition
+from prometheus_client import CollectorRegistry, generate_latest
+
+from evsched.adapters import avro
+from evsched.adapters.index import PartitionIndex
+from evsched.adapters.kafka import Record
+from evsched.adapters.topics import Topics
+from evsched.core import planner
+from evsched.core.events import JobEnqueued
+from evsched.core.state import Status
+from evsched.devstack.process import free_port
+from evsched.metrics import NodeInstruments, serve_metrics
+from evsched.runtime import partition as partition_module
+from evsched.runtime.budget import QueueBudget, QueueLoad
+from evsched.runtime.health import NodeHealth
+from evsched.runtime.node import Node, NodeConfig
+from evsched.runtime.partition import OwnedPartition
+from evsched.runtime.replica import Replica
+from evsched.settings import Settings
+from tests.prometheus import parse, value
+
+TOPICS = Topics("ns")
+
+
+class Producer:
+    """A transactional producer twin: refuses records of the topics in ``refuse`` at send()."""
+
+    def __init__(self, refuse: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.refuse = refuse
+        self.committed: list[tuple[str, bytes]] = []
+        self._open: list[tuple[str, bytes]] = []
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> Any:
+        self._open = []
+        yield
+        self.committed += self._open
+
+    async def send(self, topic: str, value: bytes, **_: object) -> asyncio.Future[None]:
+        if topic in self.refuse:
+            raise MessageSizeTooLargeError()
+        self._open.append((topic, value))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def send_offsets_to_transaction(self, *_: object) -> None:
+        return None
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0}
+
+
+async def no_new_topics(queues: set[str]) -> Mapping[str, str]:
+    return {}
+
+
+def enqueued(offset: int, job_id: str, queue: str) -> Record:
+    event = JobEnqueued(
+        event_id=f"e-{job_id}", job_id=job_id, emitted_at=0, source="t", task="t", queue=queue,
+        args=b"[]",
+    )  # fmt: skip
+    return Record(TOPICS.events, 0, offset, 1_000, job_id.encode(), avro.encode_event(event))
+
+
+def owned(tmp_path: Path, producer: Producer, **options: Any) -> OwnedPartition:
+    return OwnedPartition(
+        index=PartitionIndex(tmp_path / "p0000", 0),
+        topics=TOPICS,
+        producer=cast(AIOKafkaProducer, producer),
+        group_id="ns.nodes",
+        node_id="n1",
+        limits=planner.PlannerLimits(),
+        committed=None,
+        end_offset=0,
+        ensure_queues=no_new_topics,
+        **options,
+    )
+
+
+async def test_a_decision_that_cannot_be_sent_is_quarantined_and_the_rest_go_out(
+    tmp_path: Path,
+) -> None:
+    producer = Producer(refuse={TOPICS.dispatch("huge")})
+    owner = owned(tmp_path, producer)
+    records = [enqueued(0, "a", "default"), enqueued(1, "b", "huge"), enqueued(2, "c", "default")]
+    await owner.step(records, 2_000, 3)
+    leased = {avro.decode_event(v).job_id for t, v in producer.committed if t == TOPICS.events}
+    assert leased == {"a", "c"}
+    assert owner.quarantine.holds("b") and len(owner.quarantine) == 1
+    assert owner.index.applied_offset() == 2  # the step committed
+    assert owner.pending.entities.keys() == {"a", "c"}  # b is not waited for
+    await owner.step([], 2_001, 3)  # held back: not proposed again at once
+    assert len(producer.committed) == 4
+    owner.close()
+
+
+async def test_a_decision_that_cannot_be_encoded_is_quarantined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = avro.encode_dispatch
+
+    def encode(dispatch: Any) -> bytes:
+        if dispatch.job_id == "b":
+            raise OverflowError("token out of range")
+        return real(dispatch)
+
+    monkeypatch.setattr(partition_module.avro, "encode_dispatch", encode)
+    producer = Producer()
+    registry = CollectorRegistry()
+    instruments = NodeInstruments(registry)
+    owner = owned(tmp_path, producer, instruments=instruments.partition(0))
+    await owner.step([enqueued(0, "a", "default"), enqueued(1, "b", "default")], 2_000, 2)
+    assert {avro.decode_event(v).job_id for t, v in producer.committed if t == TOPICS.events} == {
+        "a"
+    }
+    assert owner.quarantine.holds("b")
+    samples = parse(generate_latest(registry).decode())
+    quarantined = "evsched_node_decisions_quarantined_total"
+    assert value(samples, quarantined, partition="0", stage="encode") == 1
+    owner.close()
+
+
+async def test_the_budget_is_shared_by_partitions_and_full_queues_serve_them_in_turn(
+    tmp_path: Path,
+) -> None:
+    budget = QueueBudget()
+    limits = planner.PlannerLimits(max_in_flight_per_queue=3)
+    producers = [Producer(), Producer()]
+    owners = [
+        OwnedPartition(
+            index=PartitionIndex(tmp_path / f"p{p}", p),
+            topics=TOPICS,
+            producer=cast(AIOKafkaProducer, producers[p]),
+            group_id="ns.nodes",
+            node_id="n1",
+            limits=limits,
+            committed=None,
+            end_offset=0,
+            ensure_queues=no_new_topics,
+            budget=budget,
+        )
+        for p in (0, 1)
+    ]
+    woken: list[int] = []
+    for p, owner in enumerate(owners):
+        owner.on_wake = lambda p=p: woken.append(p)  # type: ignore[misc]
+    await owners[0].step([enqueued(o, f"a{o}", "q") for o in range(5)], 2_000, 5)
+    await owners[1].step([enqueued(o, f"b{o}", "q") for o in range(2)], 2_000, 2)
+    # 3 leases on partition 0 fill the queue: partition 1 waits, and is first in line.
+    assert budget.total() == QueueLoad(in_flight={"q": 3}, unstarted={"q": 3})
+    assert budget.not_my_turn(0) == {"q"} and budget.not_my_turn(1) == set()
+    # Partition 0 gives its leases up (closed): the first in line is woken and leases both.
+    owners[0].close()
+    assert woken == [1] and owners[1].woken
+    await owners[1].step([], 2_001, 2)
+    assert budget.total() == QueueLoad(in_flight={"q": 2}, unstarted={"q": 2})
+    assert budget.not_my_turn(1) == set()  # nothing left waiting: no line
+    owners[1].close()
+
+
+def test_health_names_failing_partitions_and_backs_off() -> None:
+    health = NodeHealth()
+    assert health.readiness() == (
+        False,
+        "not ready: the node has not joined its consumer group yet",
+    )
+    health.assigned([0, 1])
+    assert health.readiness()[0] is True
+    assert health.failed(1, "step failed: OSError()") == 1
+    assert health.failed(1, "step failed: OSError()") == 2
+    assert health.retry_in_s(1) == 2.0 and health.retry_in_s(0) == 1.0
+    ready, text = health.readiness()
+    assert not ready and text == "partition 1 failing: step failed: OSError()"
+    health.stepped(1)
+    assert health.readiness()[0] is True
+    health.failed(0, "open failed")
+    health.assigned([1])  # no longer ours: no longer a problem of this node
+    assert health.readiness()[0] is True
+
+
+async def test_readyz_and_process_metrics_are_served_next_to_metrics() -> None:
+    health = NodeHealth()
+    health.assigned([3])
+    health.failed(3, "step failed: boom")
+    port = free_port()
+    server = serve_metrics(CollectorRegistry(), port, readiness=health.readiness)
+    try:
+        async with httpx.AsyncClient() as http:
+            ready = await http.get(f"http://127.0.0.1:{port}/readyz")
+            metrics = await http.get(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert ready.status_code == 503 and "partition 3 failing: step failed: boom" in ready.text
+    assert "process_cpu_seconds_total" in metrics.text and "python_info" in metrics.text
+
+
+class RefusingConsumer:
+    def pause(self, tp: TopicPartition) -> None:
+        raise RuntimeError("not assigned any more")
+
+
+def test_an_index_opened_for_a_partition_that_then_fails_is_closed(tmp_path: Path) -> None:
+    node = Node(NodeConfig(settings=Settings(namespace="ns"), node_id="n", data_dir=tmp_path))
+    consumer = cast(AIOKafkaConsumer, RefusingConsumer())
+    with pytest.raises(RuntimeError):
+        node._seek_to_index(consumer, 0)
+    PartitionIndex(tmp_path / "p0000", 0).close()  # no "LOCK: No locks available"
+
+
+class FakeConsumer:
+    """Hands out one batch per getmany; records seeks and pauses."""
+
+    def __init__(self, batches: list[dict[TopicPartition, list[Any]]]) -> None:
+        self.batches = batches
+        self.paused: set[TopicPartition] = set()
+        self.seeks: list[tuple[int, int]] = []
+
+    async def getmany(self, **_: object) -> dict[TopicPartition, list[Any]]:
+        await asyncio.sleep(0)
+        return self.batches.pop(0) if self.batches else {}
+
+    def pause(self, tp: TopicPartition) -> None:
+        self.paused.add(tp)
+
+    def resume(self, tp: TopicPartition) -> None:
+        self.paused.discard(tp)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks.append((tp.partition, offset))
+
+
+class Raw:
+    def __init__(self, record: Record) -> None:
+        self.topic, self.partition, self.offset = record.topic, record.partition, record.offset
+        self.timestamp, self.key, self.value = record.log_at, record.key, record.value
+
+
+async def test_a_replica_partition_whose_fold_fails_is_retried_and_the_loop_lives_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replica = Replica(Settings(namespace="ns"), tmp_path)
+    for p in (0, 1):
+        replica.projectors[p] = partition_module.Projector(PartitionIndex(tmp_path / f"p{p}", p))
+    tp0, tp1 = TopicPartition(TOPICS.events, 0), TopicPartition(TOPICS.events, 1)
+    bad = [Raw(enqueued(0, "x", "q"))]
+    good = [Raw(Record(TOPICS.events, 1, 0, 1_000, b"y", enqueued(0, "y", "q").value))]
+    consumer = FakeConsumer([{tp0: bad, tp1: good}, {tp0: bad}])
+    broken = replica.projectors[0]
+    calls = 0
+    real_commit = broken.commit
+
+    def commit(folded: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OverflowError("index key")
+        real_commit(folded)
+
+    monkeypatch.setattr(broken, "commit", commit)
+    monkeypatch.setattr("evsched.runtime.replica.RETRY_FIRST_S", 0.0)
+    task = asyncio.create_task(replica._run(cast(AIOKafkaConsumer, consumer)))
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if replica.index(0).applied_offset() == 0:
+            break
+    assert not task.done()  # the loop lives on
+    assert replica.index(1).job("y") is not None  # the other partition was never held back
+    assert consumer.seeks == [(0, 0)]
+    job = replica.index(0).job("x")
+    assert job is not None and job.status is Status.SCHEDULED  # retried: folded this time
+    assert replica.failing == {}
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    for projector in replica.projectors.values():
+        projector.index.close()
+
+
+class FailingFetches:
+    """A started consumer whose first fetch fails; the second stops the node."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop_event = stop
+        self.fetches = 0
+        self.stopped = False
+
+    async def getmany(self, **_: object) -> dict[TopicPartition, list[Any]]:
+        self.fetches += 1
+        if self.fetches == 1:
+            raise KafkaConnectionError("broker went away")
+        self.stop_event.set()
+        return {}
+
+    def assignment(self) -> set[TopicPartition]:
+        return set()
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_a_failed_fetch_does_not_end_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stop = asyncio.Event()
+    consumer = FailingFetches(stop)
+    node = Node(NodeConfig(settings=Settings(namespace="ns"), node_id="n", data_dir=tmp_path))
+
+    async def start() -> FailingFetches:
+        return consumer
+
+    monkeypatch.setattr(node, "_start_consumer", start)
+    monkeypatch.setattr("evsched.runtime.node.POLL_RETRY_S", 0.01)
+    await asyncio.wait_for(node.run(stop), 10)
+    assert consumer.fetches == 2 and consumer.stopped
