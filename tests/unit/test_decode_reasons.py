@@ -78,7 +78,7 @@ def test_a_record_cut_inside_a_double_has_a_reason_without_an_address() -> None:
 def test_every_truncation_reason_is_the_same_in_another_process() -> None:
     here = reasons()
     assert not [r for r in here if "0x" in r]
-    code = "import json; from tests.unit.test_decode_reasons import reasons as r; print(json.dumps(r()))"
+    code = f"import json; from {__name__} import reasons; print(json.dumps(reasons()))"
     out = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120
     )

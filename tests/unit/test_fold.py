@@ -377,7 +377,8 @@ def test_an_unstarted_lease_expiry_costs_no_attempt_and_no_backoff() -> None:
         1,
     )
     assert (state.lease_until, state.last_error) == (None, None)
-    assert job.entries[-1].reason == "lease of token 1 expired before any start: attempt not counted"
+    reason = "lease of token 1 expired before any start: attempt not counted"
+    assert job.entries[-1].reason == reason
     # The next lease is attempt 1 again, with a new token; a started one's expiry still counts.
     state = job.run(lease(2, 1), start(2))
     job.now += 2 * LEASE_MS

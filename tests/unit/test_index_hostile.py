@@ -65,7 +65,7 @@ def test_a_refused_event_with_a_70kb_job_id_is_written_and_audited_by_offset(
     huge = "j" * 70_000
     fold_events(index, enqueued(huge), enqueued("ok"))
     assert index.applied_offset() == 1
-    (entry, raw), = index.refused()
+    ((entry, raw),) = index.refused()
     assert (entry.offset, entry.verdict, entry.kind) == (0, Verdict.REJECTED, "JobEnqueued")
     assert entry.reason == "job_id has 70000 UTF-8 bytes, above the limit of 1024"
     assert avro.decode_event(raw).job_id == huge  # type: ignore[union-attr]
@@ -88,7 +88,9 @@ def test_a_schedule_id_equal_to_a_job_id_keeps_two_timelines(index: PartitionInd
     assert [e.kind for e in index.timeline("same", schedule=False)] == ["JobEnqueued"]
     assert [e.kind for e in index.timeline("same", schedule=True)] == ["ScheduleUpserted"]
     assert [e.kind for e in index.timeline("same")] == ["JobEnqueued"]
-    fold_events(index, ev.ScheduleDeleted(event_id="d", schedule_id="only", emitted_at=0, source="a"))
+    fold_events(
+        index, ev.ScheduleDeleted(event_id="d", schedule_id="only", emitted_at=0, source="a")
+    )
     assert [e.kind for e in index.timeline("only")] == ["ScheduleDeleted"]
 
 
@@ -123,7 +125,7 @@ def test_any_event_the_fold_judges_can_be_written_to_the_index(
         for offset, (event, at) in enumerate(history):
             try:
                 value = avro.encode_event(event)
-            except Exception:  # noqa: BLE001 - what cannot be written cannot reach the fold
+            except Exception:  # what cannot be written cannot reach the fold either
                 continue
             log.append(Record("t.events", 0, offset, at, b"k", value))
         if not log:

@@ -28,8 +28,8 @@ from evsched.core.events import (
     Position,
     RetryPolicy,
     ScheduleDeleted,
-    ScheduleFired,
     ScheduleEvent,
+    ScheduleFired,
     ScheduleUpserted,
 )
 from evsched.core.fold import fold
@@ -261,14 +261,16 @@ def test_limits_at_their_bounds_are_applied() -> None:
 def test_cron_with_a_random_or_hashed_field_is_refused(expression: str) -> None:
     """Issue 9 B.5: replicas would each draw their own R and compute different slots."""
     reason = refused(upsert(cron=expression))
-    assert re.fullmatch(r"cron field '[HhRr].*' is random or hashed; give the values explicitly", reason)
+    assert re.fullmatch(
+        r"cron field '[HhRr].*' is random or hashed; give the values explicitly", reason
+    )
     with pytest.raises(cron.InvalidSchedule, match="random or hashed"):
         cron.validate(expression, "UTC")
 
 
 def test_cron_with_explicit_values_and_names_is_still_accepted() -> None:
     for expression in ("0 3 * MAR-APR FRI", "@hourly", "*/15 * * * *"):
-        after, entry = judge(upsert(cron=expression))
+        _, entry = judge(upsert(cron=expression))
         assert entry.verdict is Verdict.APPLIED, entry.reason
 
 

@@ -18,7 +18,6 @@ from evsched.core.events import (
     AttemptStarted,
     AttemptSucceeded,
     Event,
-    JobCancelled,
     JobEnqueued,
     JobLeased,
     JobRequeued,
@@ -191,7 +190,6 @@ def random_cron_refusal(cron: str) -> str | None:
 def id_refusal(field: str, value: str) -> str | None:
     """Why ``value`` cannot be an id (job, schedule or event id), or None."""
     return _text(field, value, MAX_ID_BYTES)
-
 
 
 def _text(field: str, value: str, limit: int, *, empty: bool = False) -> str | None:
