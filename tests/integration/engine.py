@@ -107,7 +107,8 @@ class Stack:
             EVSCHED_KAFKA_BOOTSTRAP=self.bootstrap,
             EVSCHED_NAMESPACE=self.namespace,
             EVSCHED_EVENT_PARTITIONS=str(self.partitions),
-            PYTHONPATH=str(REPO),
+            # This checkout's src first: the venv's editable install may point at another one.
+            PYTHONPATH=os.pathsep.join((str(REPO / "src"), str(REPO))),
         )
         return env
 
