@@ -302,3 +302,10 @@ def test_a_leased_status_survives_a_refused_event() -> None:
     leased, _ = fold(state, JobLeased(**_meta(), token=1, attempt=1, lease_ms=5), AT)
     assert leased is not None and leased.status is Status.LEASED
     assert refused(LeaseExpired(**_meta(), token=2**60), leased).startswith("token")
+
+
+def test_values_of_the_wrong_type_are_refused_not_raised() -> None:
+    assert limits.id_refusal("job_id", 5) == "job_id must be a string"  # type: ignore[arg-type]
+    assert limits.queue_refusal(None) == "queue None must be non-empty and only [A-Za-z0-9._-]"  # type: ignore[arg-type]
+    assert refused(enqueue(retry=RetryPolicy(jitter="x"))).startswith("retry.jitter 'x'")  # type: ignore[arg-type]
+    assert refused(enqueue(priority=True)).startswith("priority True is outside")
