@@ -241,20 +241,15 @@ def _leased(state: JobState | None, event: JobLeased, position: Position) -> Ste
         return None, Verdict.REJECTED, "unknown job"
     if state.status is not Status.SCHEDULED:
         return state, Verdict.REJECTED, f"cannot lease: job is {state.status}"
-    if event.token <= state.token:
-        return (
-            state,
-            Verdict.REJECTED,
-            (f"lease token {event.token} does not exceed current token {state.token}"),
-        )
+    token, attempt = event.token, event.attempt
+    if token <= state.token:
+        why = f"lease token {token} does not exceed current token {state.token}"
+        return state, Verdict.REJECTED, why
     if position.log_at < state.run_at:
         return state, Verdict.REJECTED, "lease granted before the job's run_at"
-    if event.attempt != state.attempt + 1:
-        return (
-            state,
-            Verdict.REJECTED,
-            (f"lease for attempt {event.attempt}, expected attempt {state.attempt + 1}"),
-        )
+    if attempt != state.attempt + 1:
+        why = f"lease for attempt {attempt}, expected attempt {state.attempt + 1}"
+        return state, Verdict.REJECTED, why
     leased = _applied(
         state,
         event,
@@ -276,20 +271,15 @@ def _fence(state: JobState | None, event: TokenEvent) -> Step | None:
     """
     if state is None:
         return None, Verdict.REJECTED, "unknown job"
-    if event.token != state.token:
-        return (
-            state,
-            Verdict.STALE,
-            (f"{_actor(event)} rejected: token {event.token} is stale, current is {state.token}"),
-        )
+    actor, token = _actor(event), event.token
+    if token != state.token:
+        why = f"{actor} rejected: token {token} is stale, current is {state.token}"
+        return state, Verdict.STALE, why
     if state.status in TERMINAL_STATUSES:
-        return state, Verdict.REJECTED, (f"{_actor(event)} rejected: job is already {state.status}")
+        return state, Verdict.REJECTED, f"{actor} rejected: job is already {state.status}"
     if state.status not in ACTIVE_STATUSES:
-        return (
-            state,
-            Verdict.STALE,
-            (f"{_actor(event)} rejected: token {event.token} is stale, its attempt has ended"),
-        )
+        why = f"{actor} rejected: token {token} is stale, its attempt has ended"
+        return state, Verdict.STALE, why
     return None
 
 
@@ -354,11 +344,8 @@ def _running_event(
 
 def _expired(state: JobState, event: LeaseExpired, position: Position) -> Step:
     if state.lease_until is not None and position.log_at < state.lease_until:
-        return (
-            state,
-            Verdict.REJECTED,
-            (f"lease of token {event.token} runs until {state.lease_until}, not expired"),
-        )
+        why = f"lease of token {event.token} runs until {state.lease_until}, not expired"
+        return state, Verdict.REJECTED, why
     if state.status is Status.LEASED:
         # No worker started it (the dispatch was lost or waited too long): no attempt was spent.
         back = _applied(
@@ -393,11 +380,8 @@ def _retry_or_die(
         rescheduled = _applied(
             state, event, position, **ended, status=Status.SCHEDULED, run_at=run_at
         )
-        return (
-            rescheduled,
-            Verdict.APPLIED,
-            (f"attempt {state.attempt} failed ({error.error_type}), retry in {delay} ms"),
-        )
+        why = f"attempt {state.attempt} failed ({error.error_type}), retry in {delay} ms"
+        return rescheduled, Verdict.APPLIED, why
     why = "permanent error" if not error.retryable else f"{state.attempt} attempts used"
     return (
         _applied(state, event, position, **ended, status=Status.DEAD),
