@@ -30,7 +30,9 @@ from tests.integration.engine import Stack  # noqa: E402
 
 from evsched.adapters import avro  # noqa: E402
 from evsched.adapters.history_file import HistoryWriter, read_history  # noqa: E402
+from evsched.adapters.index import PartitionIndex, keyable  # noqa: E402
 from evsched.adapters.topics import ensure_topics  # noqa: E402
+from evsched.core.events import entity_id  # noqa: E402
 from evsched.operator.export import LogRange, export_range  # noqa: E402
 from evsched.operator.live_index import ReadOnlyIndex  # noqa: E402
 from evsched.operator.replay import dump_expected, expected_document, fold_history  # noqa: E402
@@ -66,6 +68,16 @@ SCENARIOS = {
             "last checkpoint; a SIGSTOPped worker's completions come in stale, while the rerun "
             "runs and after it committed.",
             scenarios.workers,
+        ),
+        Scenario(
+            "hardening",
+            "Issue 9's fold rules: a job whose leases expire unstarted keeps its attempts and "
+            "succeeds once a worker comes; a hostile producer's events beyond the limits (a 70 kB "
+            "job id, queues that cannot be topic names, max_attempts 0, an overflowing run_at, "
+            "lease token and lease_ms, a random cron, a template with a bad queue), a forged "
+            "enqueue with a victim's body digest (conflict), and a record cut inside a double.",
+            scenarios.hardening,
+            all_terminal=False,  # the victim is delayed by an hour on purpose
         ),
         Scenario(
             "cron",
@@ -117,15 +129,17 @@ def verified_outcome(history: Path, local: LocalIndex, scenario: Scenario) -> di
     """The expected outcome, after checking it is what the engine's replica recorded."""
     outcome = fold_history(read_history(history).events)
     assert not outcome.violations, outcome.violations
-    for key, rows in {**outcome.jobs, **outcome.schedules}.items():
-        recorded = local.index_of(key).timeline(key)
-        got = [(e.offset, e.verdict.value) for e in recorded]
-        want = [(row[1], row[3]) for row in rows]
-        assert got == want, f"{key}: the replica recorded {got}, the fold gives {want}"
-    for key, state in {**outcome.job_states, **outcome.schedule_states}.items():
-        index = local.index_of(key)
-        stored = index.job(key) if key in outcome.job_states else index.schedule(key)
-        assert stored is not None and avro.encode_state(stored) == avro.encode_state(state), key
+    for schedule, judged in ((False, outcome.jobs), (True, outcome.schedules)):
+        for key, rows in judged.items():
+            got = recorded(local.index_of(key), key, schedule=schedule)
+            want = [(row[1], row[3]) for row in rows]
+            assert got == want, f"{key}: the replica recorded {got}, the fold gives {want}"
+    for key, job in outcome.job_states.items():
+        stored_job = local.index_of(key).job(key)
+        assert stored_job is not None and avro.encode_state(stored_job) == avro.encode_state(job)
+    for key, schedule in outcome.schedule_states.items():
+        stored = local.index_of(key).schedule(key)
+        assert stored is not None and avro.encode_state(stored) == avro.encode_state(schedule)
     undecodable = sorted(
         [e.partition, e.offset] for index in local.indexes.values() for e in index.undecodable()
     )
@@ -133,18 +147,31 @@ def verified_outcome(history: Path, local: LocalIndex, scenario: Scenario) -> di
     return expected_document(outcome, history=history.name, description=scenario.description)
 
 
+def recorded(index: PartitionIndex, key: str, *, schedule: bool) -> list[tuple[int, str]]:
+    """(offset, verdict) of ``key``'s events in ``index``: its timeline, or the refused family
+    when the id cannot key one."""
+    if keyable(key):
+        return [(e.offset, e.verdict.value) for e in index.timeline(key, schedule=schedule)]
+    return [
+        (e.offset, e.verdict.value)
+        for e, raw in index.refused()
+        if entity_id(avro.decode_event(raw)) == key
+    ]
+
+
 def check_nodes(history: Path, home: Path) -> int:
     """Every node's index (a prefix of the log per partition it held) agrees with the fold."""
     outcome = fold_history(read_history(history).events)
-    rows = {**outcome.jobs, **outcome.schedules}
+    rows = [(False, k, v) for k, v in outcome.jobs.items()]
+    rows += [(True, k, v) for k, v in outcome.schedules.items()]
     checked = 0
     for path in sorted(home.glob("node-*/p*")):
         index = ReadOnlyIndex(path, int(path.name[1:]))
         try:
             applied = index.applied_offset()
-            for key, judged in rows.items():
+            for schedule, key, judged in rows:
                 want = [(r[1], r[3]) for r in judged if r[0] == index.partition and r[1] <= applied]
-                got = [(e.offset, e.verdict.value) for e in index.timeline(key)]
+                got = recorded(index, key, schedule=schedule)
                 assert got == want, f"{path}: {key}: node recorded {got}, the fold gives {want}"
                 checked += len(got)
         finally:

@@ -8,13 +8,26 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import struct
+from dataclasses import replace
 from pathlib import Path
 
 from tests.integration.engine import Proc, Stack, wait_for
 
-from evsched.adapters import kafka
+from evsched.adapters import avro, kafka
 from evsched.client import App
-from evsched.core.events import JobEnqueued, ScheduleFired
+from evsched.client.payload import encode_args
+from evsched.core import ids
+from evsched.core.events import (
+    Event,
+    JobEnqueued,
+    JobLeased,
+    JobTemplate,
+    ScheduleDeleted,
+    ScheduleFired,
+    ScheduleUpserted,
+    entity_id,
+)
 from evsched.core.state import TERMINAL_STATUSES, JobState, Status, TimelineEntry
 
 GARBAGE = (
@@ -266,3 +279,84 @@ async def _fires(stack: Stack, minimum: int) -> None:
 
 async def _logged(proc: Proc, event: str) -> bool:
     return f'"event": "{event}"' in proc.log()
+
+
+async def hardening(stack: Stack) -> None:
+    """Issue 9's fold rules on a real run: limits, random cron, forged digests, unstarted leases."""
+    stack.start_node("node-1", "--dispatch-timeout-s", "2")
+    async with stack.app() as app:
+        unstarted = await app.enqueue("s.noop")  # no worker yet: its leases expire unstarted
+        await _until_applied(stack, unstarted, "LeaseExpired", 4)  # more than its 3 attempts
+        victim_task = app.get_task("s.effect").options(idempotency_key="victim", delay=3_600)
+        victim = await victim_task.enqueue("mine")
+        await produce_raw(stack, _forged(victim))
+        stack.start_worker("worker-1", "--lease-s", "3")
+        await until_status(stack, [unstarted], Status.SUCCEEDED)
+    end = await stack.read_topic(stack.topics.events)
+    for partition in range(stack.partitions):
+        offsets = [r.offset for r in end if r.partition == partition]
+        if offsets:
+            await stack.wait_node_past(partition, max(offsets))
+
+
+async def _until_applied(stack: Stack, job_id: str, kind: str, count: int) -> None:
+    async def enough() -> bool:
+        timeline = await stack.timeline(job_id)
+        return sum(e.kind == kind and e.verdict.value == "applied" for e in timeline) >= count
+
+    await wait_for(enough, what=f"{count} applied {kind} of {job_id}", timeout_s=120)
+
+
+def _forged(victim: str) -> list[tuple[bytes, bytes]]:
+    """Events of a hostile producer, each refused by a limit, and a cut record (B.4)."""
+    meta = {"emitted_at": 0, "source": "forger"}
+    base = JobEnqueued(
+        event_id="forged-0", job_id="forged-ok", task="s.noop", queue="default", args=b"{}", **meta
+    )
+    template = JobTemplate(task="s.noop", queue="default", args=b"{}")
+    events: list[Event] = [
+        replace(base, event_id="forged-1", job_id="j" * 70_000),
+        replace(base, event_id="forged-2", queue="bad queue!"),
+        replace(base, event_id="forged-3", queue=""),
+        replace(base, event_id="forged-4", queue="q" * 300),
+        replace(base, event_id="forged-5", max_attempts=0),
+        replace(base, event_id="forged-6", run_at=2**63 - 1),
+        # The victim's digest on other args: the fold computes its own, so this is a conflict.
+        replace(
+            base,
+            event_id="forged-7",
+            job_id=victim,
+            task="s.effect",
+            args=encode_args(["attacker"], {}),
+            idempotency_key="victim",
+            body_digest=ids.body_digest("s.effect", "default", encode_args(["mine"], {})),
+        ),
+        JobLeased(
+            event_id="forged-8", job_id=victim, token=2**63 - 1, attempt=1, lease_ms=1, **meta
+        ),
+        JobLeased(
+            event_id="forged-9", job_id=victim, token=5, attempt=1, lease_ms=2**63 - 1, **meta
+        ),
+        ScheduleUpserted(
+            event_id="forged-10",
+            schedule_id="random",
+            cron="R * * * *",
+            timezone="UTC",
+            template=template,
+            **meta,
+        ),
+        ScheduleUpserted(
+            event_id="forged-11",
+            schedule_id="bad-template",
+            cron="0 3 * * *",
+            timezone="UTC",
+            template=replace(template, queue="bad queue!"),
+            **meta,
+        ),
+        ScheduleDeleted(event_id="forged-12", schedule_id="s" * 70_000, **meta),
+        base,  # a valid forged job that runs
+    ]
+    records = [(entity_id(e).encode(), avro.encode_event(e)) for e in events]
+    whole = avro.encode_event(base)
+    cut = whole[: whole.rindex(struct.pack("<d", base.retry.jitter)) + 3]  # inside a double
+    return [*records, (b"cut", cut)]

@@ -112,9 +112,9 @@ class Job:
         return self.state
 
 
-def test_enqueue_without_run_at_is_due_at_its_log_time_and_clamps_max_attempts() -> None:
+def test_enqueue_without_run_at_is_due_at_its_log_time() -> None:
     job = Job()
-    state = job.run(enqueue(max_attempts=0, labels={"b": "2", "a": "1"}))
+    state = job.run(enqueue(max_attempts=1, labels={"b": "2", "a": "1"}))
     assert (state.status, state.run_at, state.enqueued_at, state.partition) == (
         Status.SCHEDULED,
         T0,
@@ -123,6 +123,16 @@ def test_enqueue_without_run_at_is_due_at_its_log_time_and_clamps_max_attempts()
     )
     assert state.max_attempts == 1
     assert list(state.labels) == ["a", "b"]
+
+
+def test_enqueue_with_no_attempt_allowed_is_refused_not_clamped() -> None:
+    job = Job()
+    entry = job.apply(enqueue(max_attempts=0))
+    assert (entry.verdict, entry.reason) == (
+        Verdict.REJECTED,
+        "max_attempts 0 is outside [1, 2147483647]",
+    )
+    assert job.state is None
 
 
 def test_delayed_job_cannot_be_leased_before_run_at() -> None:
@@ -140,7 +150,7 @@ def test_lease_token_must_strictly_increase() -> None:
     job = Job()
     job.run(enqueue(), lease(5, 1), start(5), fail(5))
     job.now = job.current.run_at
-    for token in (0, 4, 5):
+    for token in (1, 4, 5):
         entry = job.apply(lease(token, 2))
         assert entry.verdict is Verdict.REJECTED
         assert "does not exceed current token 5" in entry.reason
@@ -150,7 +160,7 @@ def test_lease_token_must_strictly_increase() -> None:
 def test_lease_for_the_wrong_attempt_number_is_rejected() -> None:
     job = Job()
     job.run(enqueue())
-    for attempt in (0, 2):
+    for attempt in (2, 3):
         entry = job.apply(lease(1, attempt))
         assert (entry.verdict, entry.reason) == (
             Verdict.REJECTED,
@@ -213,9 +223,9 @@ def test_attempts_exhausted_is_dead() -> None:
     job = Job()
     job.run(enqueue(max_attempts=2), lease(1, 1), start(1), fail(1))
     job.now = job.current.run_at
-    job.run(lease(2, 2))
-    job.now += LEASE_MS
-    state = job.run(expire(2))  # a lease expiry counts as an attempt
+    job.run(lease(2, 2), start(2))
+    job.now += 2 * LEASE_MS
+    state = job.run(expire(2))  # a started attempt's lease expiry counts as an attempt
     assert (state.status, state.attempt) == (Status.DEAD, 2)
     assert "2 attempts used" in job.entries[-1].reason
 
@@ -245,11 +255,15 @@ def test_idempotent_enqueue_same_body_is_duplicate_other_body_is_conflict() -> N
     assert job.current.body_digest == ids.body_digest("send", "mail", b'{"to": 1}')
 
 
-def test_producer_supplied_body_digest_decides_sameness() -> None:
+def test_a_forged_body_digest_does_not_pass_for_another_body() -> None:
+    """Issue 9 D.10: the fold recomputes the digest; a victim's digest on other args conflicts."""
     job = Job()
-    job.run(enqueue(body_digest=b"D1"))
-    assert job.apply(enqueue(body_digest=b"D1", args=b"other")).verdict is Verdict.DUPLICATE
-    assert job.apply(enqueue(body_digest=b"D2")).verdict is Verdict.CONFLICT
+    victim = ids.body_digest("send", "mail", b'{"to": 1}')
+    job.run(enqueue(body_digest=b"forged", args=b'{"to": "attacker"}'))
+    assert job.current.body_digest == ids.body_digest("send", "mail", b'{"to": "attacker"}')
+    assert job.apply(enqueue(body_digest=victim)).verdict is Verdict.CONFLICT
+    same = job.apply(enqueue(body_digest=b"other", args=b'{"to": "attacker"}'))
+    assert same.verdict is Verdict.DUPLICATE
 
 
 def test_requeue_resets_attempts_but_never_the_token() -> None:
@@ -348,3 +362,24 @@ def test_the_fast_copy_of_an_applied_step_equals_dataclasses_replace(
     assert new == replace(state, token=token, recent_event_ids=recent, updated_at=log_at)
     assert all(hasattr(new, f.name) for f in fields(JobState))
     assert new is not state
+
+
+def test_an_unstarted_lease_expiry_costs_no_attempt_and_no_backoff() -> None:
+    """Issue 9 C.7: a lease no worker started goes back to scheduled, due at once, uncounted."""
+    job = Job()
+    job.run(enqueue(max_attempts=1), lease(1, 1))
+    job.now = T0 + LEASE_MS
+    state = job.run(expire(1))
+    assert (state.status, state.attempt, state.run_at, state.token) == (
+        Status.SCHEDULED,
+        0,
+        T0 + LEASE_MS,
+        1,
+    )
+    assert (state.lease_until, state.last_error) == (None, None)
+    reason = "lease of token 1 expired before any start: attempt not counted"
+    assert job.entries[-1].reason == reason
+    # The next lease is attempt 1 again, with a new token; a started one's expiry still counts.
+    state = job.run(lease(2, 1), start(2))
+    job.now += 2 * LEASE_MS
+    assert (job.run(expire(2)).status, job.current.attempt) == (Status.DEAD, 1)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import uuid
 
 from evsched.core import ids
-from evsched.core.events import JobEnqueued, JobTemplate
+from evsched.core.events import JobEnqueued, JobTemplate, Position
+from evsched.core.fold import fold
 
 
 def test_job_id_for_key_is_a_pinned_uuid5() -> None:
@@ -65,13 +66,14 @@ def _enqueue(**over: object) -> JobEnqueued:
     return JobEnqueued(**fields)  # type: ignore[arg-type]
 
 
-def test_enqueue_digest_prefers_the_producer_digest() -> None:
-    assert ids.enqueue_digest(_enqueue()) == ids.body_digest("t", "q", b"{}")
-    assert ids.enqueue_digest(_enqueue(body_digest=b"given")) == b"given"
-    # Fields outside the body (priority, labels) do not make a different job.
-    assert ids.enqueue_digest(_enqueue(priority=9, labels={"a": "b"})) == ids.enqueue_digest(
-        _enqueue()
-    )
+def test_the_fold_digest_ignores_the_producer_digest_and_fields_outside_the_body() -> None:
+    def digest(event: JobEnqueued) -> bytes:
+        state, _ = fold(None, event, Position(partition=0, offset=0, log_at=0))
+        assert state is not None
+        return state.body_digest
+
+    assert digest(_enqueue(body_digest=b"given")) == ids.body_digest("t", "q", b"{}")
+    assert digest(_enqueue(priority=9, labels={"a": "b"})) == digest(_enqueue())
 
 
 def test_template_digest_matches_the_body_digest_of_its_jobs() -> None:

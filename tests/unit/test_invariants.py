@@ -219,10 +219,19 @@ def test_i6_tracks_run_at_through_retries_independently_of_the_fold() -> None:
 
 
 def test_i6_tracks_run_at_through_lease_expiry() -> None:
+    log = Log().add(enqueue("j"), lease("j", 1, 1), start("j", 1))
+    log.add(LeaseExpired(**_meta("j"), token=1), at=T0 + 2 * LEASE)
+    log.add(lease("j", 2, 2), at=T0 + 2 * LEASE)
+    log.add(lease("j", 3, 2), at=T0 + 2 * LEASE + 3_000)
+    result = replay(log.items)
+    assert result.violations == []
+    assert result.job_timelines["j"][-1].verdict is Verdict.APPLIED
+
+
+def test_i6_an_unstarted_lease_expiry_makes_the_job_due_at_once() -> None:
     log = Log().add(enqueue("j"), lease("j", 1, 1))
     log.add(LeaseExpired(**_meta("j"), token=1), at=T0 + LEASE)
-    log.add(lease("j", 2, 2), at=T0 + LEASE)
-    log.add(lease("j", 3, 2), at=T0 + LEASE + 3_000)
+    log.add(lease("j", 2, 1), at=T0 + LEASE)
     result = replay(log.items)
     assert result.violations == []
     assert result.job_timelines["j"][-1].verdict is Verdict.APPLIED

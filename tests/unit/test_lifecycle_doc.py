@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 from pathlib import Path
 
-from evsched.core.events import EVENT_TYPES, JOB_EVENT_TYPES
+from evsched.core import retry
+from evsched.core.events import EVENT_TYPES, JOB_EVENT_TYPES, RetryPolicy
 from evsched.core.state import Status, Verdict
 from tests.unit.test_fold_table import TABLE
 
@@ -53,3 +56,47 @@ def test_every_applied_transition_of_the_fold_table_is_drawn() -> None:
         source = "[*]" if before is None else before.value
         assert after is not None
         assert (source, after.value, kind) in drawn, (source, after.value, kind)
+
+
+def _derivation_example() -> tuple[str, int, str, int]:
+    """(job id, attempt, hash hex, backoff ms) of the worked example after the derivation."""
+    after = TEXT.split("<!-- backoff-derivation -->", 1)[1]
+    found = re.search(
+        r"job id `([^`]+)` and \*n\* = (\d+): `h` =\s+`([0-9a-f]{16})`"
+        r".*?backoff is \*\*(\d+) ms\*\*",
+        after,
+        re.DOTALL,
+    )
+    assert found, "the backoff derivation has a worked example"
+    job_id, n, digest, backoff = found.groups()
+    return job_id, int(n), digest, int(backoff)
+
+
+def _backoff_from_the_doc(policy: RetryPolicy, job_id: str, n: int) -> int:
+    """The derivation exactly as docs/job-lifecycle.md writes it, without evsched's code."""
+    cap = max(0, policy.max_backoff_ms)
+    delay = float(max(0, policy.initial_backoff_ms))
+    m = max(1.0, policy.multiplier)
+    for _ in range(max(0, n - 1)):
+        if delay >= cap:
+            break
+        delay = delay * m
+    delay = min(delay, float(cap))
+    j = min(1.0, max(0.0, policy.jitter))
+    h = hashlib.blake2b(job_id.encode() + b"\x00" + str(n).encode(), digest_size=8).digest()
+    u = float(int.from_bytes(h, "big")) * 2.0**-64
+    return math.trunc(delay * (1.0 - (j * u)))
+
+
+def test_the_documented_backoff_derivation_recomputes_the_fold() -> None:
+    """Issue 9 E.17: an independent checker can recompute every backoff from the page."""
+    job_id, n, digest, backoff = _derivation_example()
+    h = hashlib.blake2b(job_id.encode() + b"\x00" + str(n).encode(), digest_size=8).hexdigest()
+    assert h == digest
+    assert _backoff_from_the_doc(RetryPolicy(), job_id, n) == backoff
+    assert retry.backoff_ms(RetryPolicy(), job_id, n) == backoff
+    policies = [RetryPolicy(), RetryPolicy(initial_backoff_ms=7, multiplier=1.5, jitter=1.0)]
+    for policy in policies:
+        for n in range(1, 40):
+            for job in ("a", "é-job", "x" * 300):
+                assert _backoff_from_the_doc(policy, job, n) == retry.backoff_ms(policy, job, n)

@@ -17,14 +17,19 @@ from typing import Any
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch
 
 from evsched.adapters import avro
+from evsched.core.events import SCHEDULE_EVENT_TYPES
+from evsched.core.limits import id_refusal
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status, TimelineEntry
 from evsched.errors import StoreError
 
 JOBS, DUE, LEASES, TIMELINE, KEYS = "jobs", "due", "leases", "timeline", "keys"
 SCHEDULES, CRON_DUE, UNDECODABLE, META = "schedules", "cron_due", "undecodable", "meta"
-COLUMN_FAMILIES = (JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, META)
+REFUSED = "refused"
+COLUMN_FAMILIES = (
+    JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, META
+)  # fmt: skip
 # What the digest covers: everything the fold derives, in a fixed order.
-DIGEST_FAMILIES = (JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE)
+DIGEST_FAMILIES = (JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED)
 # Keyed by an 8-byte big-endian time, then the entity id.
 TIME_FAMILIES = (DUE, LEASES, CRON_DUE)
 NEVER = (1 << 64) - 1
@@ -35,8 +40,16 @@ _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 
 
+# A job and a schedule may share an id: their timelines live under different first bytes.
+JOB_TIMELINE, SCHEDULE_TIMELINE = b"j", b"s"
+_SCHEDULE_KINDS = frozenset(cls.__name__ for cls in SCHEDULE_EVENT_TYPES)
+
+
 def _id(value: str) -> bytes:
-    """A length-prefixed id, so ids of any content sort and prefix-scan unambiguously."""
+    """A length-prefixed id, so ids of any content sort and prefix-scan unambiguously.
+
+    Only ids within the fold's limit (``limits.MAX_ID_BYTES``) are keyed: the 2 bytes hold them.
+    """
     raw = value.encode()
     return struct.pack(">H", len(raw)) + raw
 
@@ -45,8 +58,14 @@ def time_key(at: int, entity: str) -> bytes:
     return _U64.pack(max(0, at)) + entity.encode()
 
 
-def timeline_key(job_id: str, offset: int) -> bytes:
-    return _id(job_id) + _U64.pack(offset)
+def timeline_key(entity_id: str, offset: int, *, schedule: bool = False) -> bytes:
+    family = SCHEDULE_TIMELINE if schedule else JOB_TIMELINE
+    return family + _id(entity_id) + _U64.pack(offset)
+
+
+def keyable(entity_id: str) -> bool:
+    """Whether ``entity_id`` can key a timeline; the fold refuses every event of any other id."""
+    return id_refusal("id", entity_id) is None
 
 
 @dataclass(slots=True)
@@ -125,13 +144,24 @@ class PartitionIndex:
         times = [t for t in firsts if t is not None]
         return min(times) if times else None
 
-    def timeline(self, job_id: str) -> list[TimelineEntry]:
-        """Every event of a job (or schedule) as the fold judged it, in log order."""
-        return [entry for entry, _ in self.timeline_events(job_id)]
+    def timeline(self, entity_id: str, *, schedule: bool | None = None) -> list[TimelineEntry]:
+        """Every event of a job (or schedule) as the fold judged it, in log order.
 
-    def timeline_events(self, job_id: str) -> list[tuple[TimelineEntry, bytes]]:
+        ``schedule`` picks the schedule's (True) or the job's (False) timeline; None gives the
+        job's, or the schedule's when no job event has this id. They are never mixed.
+        """
+        return [entry for entry, _ in self.timeline_events(entity_id, schedule=schedule)]
+
+    def timeline_events(
+        self, entity_id: str, *, schedule: bool | None = None
+    ) -> list[tuple[TimelineEntry, bytes]]:
         """The timeline with each event's bytes as written, so audits can refold to any offset."""
-        prefix = _id(job_id)
+        if not keyable(entity_id):
+            return []  # its events are in the refused family, by offset
+        if schedule is None:
+            found = self.timeline_events(entity_id, schedule=False)
+            return found or self.timeline_events(entity_id, schedule=True)
+        prefix = timeline_key(entity_id, 0, schedule=schedule)[:-8]
         return [
             (avro.decode_timeline(entry), raw)
             for entry, raw in (
@@ -149,6 +179,13 @@ class PartitionIndex:
         for _, value in self._scan(UNDECODABLE, start):
             entry, raw = _split_entry(value)
             yield avro.decode_timeline(entry), raw
+
+    def refused(self) -> list[tuple[TimelineEntry, bytes]]:
+        """Events refused for an id that cannot key a timeline (too long, empty), by offset."""
+        return [
+            (avro.decode_timeline(entry), raw)
+            for entry, raw in (_split_entry(v) for _, v in self._scan(REFUSED))
+        ]
 
     def jobs(self, after: str | None = None) -> Iterator[JobState]:
         """Every job, lazily, in id byte order; only ids above ``after`` when given (paging)."""
@@ -187,9 +224,13 @@ class PartitionIndex:
             self._put_job(wb, batch.before_jobs.get(job_id), state)
         for schedule_id, schedule in batch.schedules.items():
             self._put_schedule(wb, batch.before_schedules.get(schedule_id), schedule)
-        for job_id, entry, raw in batch.timeline:
+        for entity_id, entry, raw in batch.timeline:
             value = _join_entry(avro.encode_timeline(entry), raw)
-            wb.put(timeline_key(job_id, entry.offset), value, self._h(TIMELINE))
+            if keyable(entity_id):
+                key = timeline_key(entity_id, entry.offset, schedule=entry.kind in _SCHEDULE_KINDS)
+                wb.put(key, value, self._h(TIMELINE))
+            else:
+                wb.put(_U64.pack(entry.offset), value, self._h(REFUSED))
         for entry, raw in batch.undecodable:
             value = _join_entry(avro.encode_timeline(entry), raw)
             wb.put(_U64.pack(entry.offset), value, self._h(UNDECODABLE))

@@ -48,8 +48,10 @@ def schedule(replica: ReplicaView, schedule_id: str) -> ScheduleState | None:
     return None if state is None or state.deleted else state
 
 
-def timeline(replica: ReplicaView, entity_id: str) -> list[TimelineEntry]:
-    return replica.index(replica.partition_of(entity_id)).timeline(entity_id)
+def timeline(
+    replica: ReplicaView, entity_id: str, *, schedule: bool = False
+) -> list[TimelineEntry]:
+    return replica.index(replica.partition_of(entity_id)).timeline(entity_id, schedule=schedule)
 
 
 def partitions(replica: ReplicaView) -> list[int]:

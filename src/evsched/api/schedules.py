@@ -76,7 +76,7 @@ async def get_schedule(ctx: Ctx, schedule_id: ScheduleId) -> Schedule:
 )
 async def schedule_timeline(ctx: Ctx, schedule_id: ScheduleId) -> Timeline:
     """Every upsert, delete and fire of the schedule with its verdict."""
-    entries = reader.timeline(ctx.replica, schedule_id)
+    entries = reader.timeline(ctx.replica, schedule_id, schedule=True)
     if not entries:
         raise ApiError(404, "not_found", f"no events for schedule {schedule_id!r}")
     return Timeline(id=schedule_id, events=[TimelineEvent.of(e) for e in entries])

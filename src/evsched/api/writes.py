@@ -91,7 +91,8 @@ class Writer:
             await self.replica.wait_for(appended.partition, appended.offset, left)
         except TimeoutError:
             raise NotYetApplied(entity, appended, location) from None
-        for entry in reversed(timeline(self.replica, entity)):
+        schedule = isinstance(event, ScheduleUpserted | ScheduleDeleted)
+        for entry in reversed(timeline(self.replica, entity, schedule=schedule)):
             if entry.offset == appended.offset and entry.partition == appended.partition:
                 return entry
         raise RuntimeError(f"p{appended.partition}@{appended.offset} folded without an entry")

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from evsched.adapters.avro import encode_event
 from evsched.adapters.topics import Topics
 from evsched.client.payload import NotJson, encode_args
 from evsched.client.tracing import InvalidTrace, check_trace
-from evsched.core import cron, ids
+from evsched.core import cron, ids, limits
 from evsched.core.events import (
     Event,
     JobEnqueued,
@@ -32,6 +33,7 @@ MAX_KEY_CHARS = 512
 SOURCE = "client"
 
 Delay = timedelta | float | int
+EventT = TypeVar("EventT", JobEnqueued, ScheduleUpserted)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,10 +85,18 @@ def task_spec(
         Topics("ns").dispatch(queue)
     except (ValueError, TypeError) as exc:
         raise InvalidTask("queue", str(exc)) from exc
-    if not _is_int(max_attempts) or max_attempts < 1:
-        raise InvalidTask("max_attempts", f"must be an integer >= 1, not {max_attempts!r}")
-    if not _is_number(timeout_s) or not 0 < timeout_s < math.inf:
-        raise InvalidTask("timeout_s", f"must be a positive number of seconds, not {timeout_s!r}")
+    if limits.queue_refusal(queue) is not None:
+        raise InvalidTask("queue", str(limits.queue_refusal(queue)))
+    if not _is_int(max_attempts) or not 1 <= max_attempts <= limits.MAX_ATTEMPTS:
+        raise InvalidTask(
+            "max_attempts",
+            f"must be an integer in [1, {limits.MAX_ATTEMPTS}], not {max_attempts!r}",
+        )
+    if not _is_number(timeout_s) or not 0 < timeout_s <= limits.MAX_DURATION_MS / 1000:
+        raise InvalidTask(
+            "timeout_s",
+            f"must be a positive number of seconds, at most 10 years, not {timeout_s!r}",
+        )
     if not _is_int(priority):
         raise InvalidTask("priority", f"must be an integer, not {priority!r}")
     _check_retry(retry)
@@ -112,6 +122,9 @@ def _check_retry(retry: RetryPolicy) -> None:
         raise InvalidTask("retry", "needs 0 <= initial_backoff_ms <= max_backoff_ms")
     if retry.multiplier < 1 or not 0 <= retry.jitter <= 1:
         raise InvalidTask("retry", "needs multiplier >= 1 and 0 <= jitter <= 1")
+    refusal = limits.retry_refusal(retry)
+    if refusal is not None:
+        raise InvalidTask("retry", refusal)
 
 
 def _is_int(value: object) -> bool:
@@ -195,6 +208,9 @@ def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
     ):
         raise InvalidEnqueue("labels", "must map strings to strings")
+    refusal = limits.labels_refusal(labels)
+    if refusal is not None:
+        raise InvalidEnqueue("labels", refusal)
     return dict(labels)
 
 
@@ -210,7 +226,19 @@ def checked_trace(trace: TraceContext | None) -> TraceContext | None:
 def check_id(what: str, value: object) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS:
         raise InvalidEnqueue(what, f"must be a non-empty string of at most {MAX_KEY_CHARS} chars")
+    refusal = limits.id_refusal(what, value)
+    if refusal is not None:
+        raise InvalidEnqueue(what, refusal)
     return value
+
+
+def check_limits(event: EventT) -> EventT:
+    """``event``, or InvalidEnqueue naming the field when the fold would refuse it (its limits)."""
+    refusal = limits.refusal(event)
+    if refusal is not None:
+        field = re.match(r"[A-Za-z_.]*", refusal)
+        raise InvalidEnqueue(field.group() if field else "event", refusal)
+    return event
 
 
 def build_enqueue(
@@ -230,23 +258,25 @@ def build_enqueue(
     if key is not None:
         check_id("idempotency_key", key)
     job_id = new_id() if key is None else ids.job_id_for_key(spec.queue, key)
-    return JobEnqueued(
-        event_id=new_id(),
-        job_id=job_id,
-        emitted_at=now_ms,
-        source=SOURCE,
-        task=spec.name,
-        queue=spec.queue,
-        args=args,
-        run_at=run_at,
-        priority=priority,
-        max_attempts=spec.max_attempts,
-        retry=spec.retry,
-        timeout_ms=spec.timeout_ms,
-        idempotency_key=key,
-        body_digest=ids.body_digest(spec.name, spec.queue, args),
-        labels=check_labels(options.labels),
-        trace=checked_trace(options.trace),
+    return check_limits(
+        JobEnqueued(
+            event_id=new_id(),
+            job_id=job_id,
+            emitted_at=now_ms,
+            source=SOURCE,
+            task=spec.name,
+            queue=spec.queue,
+            args=args,
+            run_at=run_at,
+            priority=priority,
+            max_attempts=spec.max_attempts,
+            retry=spec.retry,
+            timeout_ms=spec.timeout_ms,
+            idempotency_key=key,
+            body_digest=ids.body_digest(spec.name, spec.queue, args),
+            labels=check_labels(options.labels),
+            trace=checked_trace(options.trace),
+        )
     )
 
 
@@ -270,14 +300,16 @@ def build_schedule(
             cron.validate(expression, zone)
         except (cron.InvalidSchedule, TypeError) as exc:
             raise InvalidEnqueue(what, str(exc)) from exc
-    return ScheduleUpserted(
-        event_id=event_id,
-        schedule_id=schedule_id,
-        emitted_at=now_ms,
-        source=SOURCE,
-        cron=cron_expression,
-        timezone=timezone,
-        template=template,
+    return check_limits(
+        ScheduleUpserted(
+            event_id=event_id,
+            schedule_id=schedule_id,
+            emitted_at=now_ms,
+            source=SOURCE,
+            cron=cron_expression,
+            timezone=timezone,
+            template=template,
+        )
     )
 
 

@@ -7,6 +7,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
 
+from evsched.core import limits
+
 
 class InvalidSchedule(ValueError):
     """A cron expression or time zone that cannot be used."""
@@ -22,6 +24,10 @@ def _zone(timezone: str) -> ZoneInfo:
 def validate(cron: str, timezone: str) -> None:
     """Raise InvalidSchedule naming what is wrong with ``cron`` or ``timezone``."""
     _zone(timezone)
+    # Checked before croniter sees it: croniter would draw R fields from `random`.
+    random_field = limits.random_cron_refusal(cron)
+    if random_field is not None:
+        raise InvalidSchedule(random_field)
     if not croniter.is_valid(cron):
         raise InvalidSchedule(f"invalid cron expression {cron!r}")
 

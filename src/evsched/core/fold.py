@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import Any, assert_never
 
-from evsched.core import ids, retry
+from evsched.core import ids, limits, retry
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
@@ -37,7 +37,7 @@ from evsched.core.state import (
 )
 
 # Bump when a change to the fold could change any state or verdict: indexes then rebuild.
-FOLD_VERSION = 1
+FOLD_VERSION = 2
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
 # transition rules (they are rejected or stale), so a short window keeps state small.
@@ -112,7 +112,10 @@ def fold(
 ) -> tuple[JobState | None, TimelineEntry]:
     """Apply ``event`` at ``position``; the state changes only when the verdict is applied."""
     new: JobState | None
-    if state is not None and event.event_id in state.recent_event_ids:
+    refusal = limits.refusal(event)
+    if refusal is not None:
+        new, verdict, reason = state, Verdict.REJECTED, refusal
+    elif state is not None and event.event_id in state.recent_event_ids:
         new, verdict, reason = state, Verdict.DUPLICATE, f"event {event.event_id} already applied"
     else:
         new, verdict, reason = _step(state, event, position)
@@ -174,7 +177,8 @@ def _step(state: JobState | None, event: JobEvent, position: Position) -> Step:
 
 
 def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) -> Step:
-    digest = ids.enqueue_digest(event)
+    # Recomputed, never the producer's: a forged digest must not pass for another body.
+    digest = ids.body_digest(event.task, event.queue, event.args)
     if state is not None:
         if digest == state.body_digest:
             return state, Verdict.DUPLICATE, "same job already enqueued with the same body"
@@ -187,7 +191,7 @@ def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) ->
         args=event.args,
         priority=event.priority,
         run_at=position.log_at if event.run_at is None else event.run_at,
-        max_attempts=max(1, event.max_attempts),
+        max_attempts=event.max_attempts,
         retry=event.retry,
         timeout_ms=event.timeout_ms,
         enqueued_at=position.log_at,
@@ -237,20 +241,15 @@ def _leased(state: JobState | None, event: JobLeased, position: Position) -> Ste
         return None, Verdict.REJECTED, "unknown job"
     if state.status is not Status.SCHEDULED:
         return state, Verdict.REJECTED, f"cannot lease: job is {state.status}"
-    if event.token <= state.token:
-        return (
-            state,
-            Verdict.REJECTED,
-            (f"lease token {event.token} does not exceed current token {state.token}"),
-        )
+    token, attempt = event.token, event.attempt
+    if token <= state.token:
+        why = f"lease token {token} does not exceed current token {state.token}"
+        return state, Verdict.REJECTED, why
     if position.log_at < state.run_at:
         return state, Verdict.REJECTED, "lease granted before the job's run_at"
-    if event.attempt != state.attempt + 1:
-        return (
-            state,
-            Verdict.REJECTED,
-            (f"lease for attempt {event.attempt}, expected attempt {state.attempt + 1}"),
-        )
+    if attempt != state.attempt + 1:
+        why = f"lease for attempt {attempt}, expected attempt {state.attempt + 1}"
+        return state, Verdict.REJECTED, why
     leased = _applied(
         state,
         event,
@@ -272,20 +271,15 @@ def _fence(state: JobState | None, event: TokenEvent) -> Step | None:
     """
     if state is None:
         return None, Verdict.REJECTED, "unknown job"
-    if event.token != state.token:
-        return (
-            state,
-            Verdict.STALE,
-            (f"{_actor(event)} rejected: token {event.token} is stale, current is {state.token}"),
-        )
+    actor, token = _actor(event), event.token
+    if token != state.token:
+        why = f"{actor} rejected: token {token} is stale, current is {state.token}"
+        return state, Verdict.STALE, why
     if state.status in TERMINAL_STATUSES:
-        return state, Verdict.REJECTED, (f"{_actor(event)} rejected: job is already {state.status}")
+        return state, Verdict.REJECTED, f"{actor} rejected: job is already {state.status}"
     if state.status not in ACTIVE_STATUSES:
-        return (
-            state,
-            Verdict.STALE,
-            (f"{_actor(event)} rejected: token {event.token} is stale, its attempt has ended"),
-        )
+        why = f"{actor} rejected: token {token} is stale, its attempt has ended"
+        return state, Verdict.STALE, why
     return None
 
 
@@ -350,14 +344,25 @@ def _running_event(
 
 def _expired(state: JobState, event: LeaseExpired, position: Position) -> Step:
     if state.lease_until is not None and position.log_at < state.lease_until:
-        return (
+        why = f"lease of token {event.token} runs until {state.lease_until}, not expired"
+        return state, Verdict.REJECTED, why
+    if state.status is Status.LEASED:
+        # No worker started it (the dispatch was lost or waited too long): no attempt was spent.
+        back = _applied(
             state,
-            Verdict.REJECTED,
-            (f"lease of token {event.token} runs until {state.lease_until}, not expired"),
+            event,
+            position,
+            status=Status.SCHEDULED,
+            attempt=state.attempt - 1,
+            run_at=position.log_at,
+            lease_until=None,
+            worker_id=None,
         )
+        reason = f"lease of token {event.token} expired before any start: attempt not counted"
+        return back, Verdict.APPLIED, reason
     error = JobError(
         error_type="LeaseExpired",
-        message=f"lease of token {event.token} expired (worker died, froze or never started)",
+        message=f"lease of token {event.token} expired (worker died or froze)",
         retryable=True,
     )
     return _retry_or_die(state, event, error, position)
@@ -375,11 +380,8 @@ def _retry_or_die(
         rescheduled = _applied(
             state, event, position, **ended, status=Status.SCHEDULED, run_at=run_at
         )
-        return (
-            rescheduled,
-            Verdict.APPLIED,
-            (f"attempt {state.attempt} failed ({error.error_type}), retry in {delay} ms"),
-        )
+        why = f"attempt {state.attempt} failed ({error.error_type}), retry in {delay} ms"
+        return rescheduled, Verdict.APPLIED, why
     why = "permanent error" if not error.retryable else f"{state.attempt} attempts used"
     return (
         _applied(state, event, position, **ended, status=Status.DEAD),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 
-from evsched.core.events import JobEnqueued, JobTemplate
+from evsched.core.events import JobTemplate
 
 # Fixed namespace so every producer, in any language, derives the same ids (UUIDv5, RFC 9562).
 EVSCHED_NAMESPACE = uuid.UUID("6f1c1c3e-6b0e-5d8a-9a57-2f0a3d7c9e41")
@@ -31,18 +31,12 @@ def decision_event_id(entity_id: str, decision: str, number: int) -> str:
 
 
 def body_digest(task: str, queue: str, args: bytes) -> bytes:
-    """Digest of what makes two enqueues "the same job" when no producer digest is given."""
+    """Digest of what makes two enqueues "the same job"; the fold never takes a producer's."""
     h = hashlib.sha256()
     for part in (task.encode(), queue.encode(), args):
         h.update(len(part).to_bytes(8, "big"))
         h.update(part)
     return h.digest()
-
-
-def enqueue_digest(event: JobEnqueued) -> bytes:
-    if event.body_digest:
-        return event.body_digest
-    return body_digest(event.task, event.queue, event.args)
 
 
 def template_digest(template: JobTemplate) -> bytes:

@@ -62,6 +62,7 @@ class _Account:
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     attempt: int = 0
     token: int | None = None
+    started: bool = False
     successes: int = 0
 
 
@@ -135,8 +136,14 @@ def _audit(
             found += _token_reused(account, event, position)
             account.token = event.token
             account.attempt = event.attempt
+            account.started = False
         case AttemptStarted():
             found += _early(account, event, position)
+            account.started = True
+        case LeaseExpired() if not account.started:
+            # A lease nobody started costs no attempt and no backoff: due again at once.
+            account.run_at = position.log_at
+            account.attempt -= 1
         case AttemptSucceeded():
             account.successes += 1
             if account.successes > 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import assert_never
 
-from evsched.core import cron
+from evsched.core import cron, limits
 from evsched.core.events import (
     Position,
     ScheduleDeleted,
@@ -24,7 +24,10 @@ def fold_schedule(
 ) -> tuple[ScheduleState | None, TimelineEntry]:
     """Apply a schedule event; like ``fold``, pure and total, state changes only when applied."""
     new: ScheduleState | None
-    if state is not None and event.event_id in state.recent_event_ids:
+    refusal = limits.refusal(event)
+    if refusal is not None:
+        new, verdict, reason = state, Verdict.REJECTED, refusal
+    elif state is not None and event.event_id in state.recent_event_ids:
         new, verdict, reason = state, Verdict.DUPLICATE, f"event {event.event_id} already applied"
     else:
         new, verdict, reason = _step(state, event, position)

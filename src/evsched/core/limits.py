@@ -1,0 +1,228 @@
+"""The documented limits of ids, names and numbers: what the fold refuses so a node can always act.
+
+The fold applies an event only when a node could carry out every consequence of it: key the job in
+the index, create its dispatch topic, grant the next lease, add a lease or a backoff to a log time.
+Each check returns None, or a one-line reason naming the field and the limit it breaks. The table
+of limits is in docs/wire-format.md ("Limits"); a test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+
+from evsched.core.events import (
+    AttemptCheckpointed,
+    AttemptFailed,
+    AttemptStarted,
+    AttemptSucceeded,
+    Event,
+    JobEnqueued,
+    JobLeased,
+    JobRequeued,
+    JobTemplate,
+    LeaseExpired,
+    LeaseRenewed,
+    RetryPolicy,
+    ScheduleDeleted,
+    ScheduleFired,
+    ScheduleUpserted,
+)
+
+# job_id, schedule_id, event_id: UTF-8 bytes. The index keys an id with a 2-byte length.
+MAX_ID_BYTES = 1024
+MAX_IDEMPOTENCY_KEY_BYTES = 2048
+MAX_TASK_BYTES = 2048
+# A queue is the last part of the topic `<ns>.dispatch.<queue>`; Kafka allows 249 characters in
+# [A-Za-z0-9._-], so a namespace may have at most 249 - len(".dispatch.") - 200 = 39 characters.
+MAX_QUEUE_CHARS = 200
+MAX_TOPIC_CHARS = 249
+MAX_NAMESPACE_CHARS = MAX_TOPIC_CHARS - len(".dispatch.") - MAX_QUEUE_CHARS
+QUEUE_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
+MAX_LABELS = 64
+MAX_LABEL_KEY_BYTES = 256
+MAX_LABEL_VALUE_BYTES = 2048
+MAX_CRON_BYTES = 256
+MAX_TIMEZONE_BYTES = 64
+
+# Instants (run_at, fire_at) in epoch ms: 1970-01-01 to 9999-12-31T23:59:59.999Z, which every
+# datetime library can represent.
+MAX_TIME_MS = 253_402_300_799_999
+# Durations (lease_ms, timeout_ms, backoffs): at most 3,653 days, so an instant plus a duration
+# stays far inside a signed 64-bit long (and the index's unsigned 8-byte time keys).
+MAX_DURATION_MS = 3653 * 86_400_000
+# Tokens: the next lease's `token + 1` must still be exact in a signed 64-bit long and in a
+# double (JSON readers in any language); attempts match the API's bound.
+MAX_TOKEN = 2**53 - 1
+MAX_ATTEMPTS = 2**31 - 1
+MAX_PRIORITY = 2**63 - 1
+MAX_MULTIPLIER = 1000.0
+
+# Cron fields that croniter fills at random (R) or from a hash of an id it is not given (H): every
+# replica would compute different slots.
+_RANDOM_CRON_FIELD = re.compile(r"[HhRr](\(\d+-\d+\))?(/\d+)?")
+
+
+def refusal(event: Event) -> str | None:
+    """Why the fold must refuse ``event`` (a field breaks its documented limit), or None."""
+    match event:
+        case ScheduleUpserted() | ScheduleDeleted() | ScheduleFired():
+            return _first(id_refusal("event_id", event.event_id), _schedule_refusal(event))
+        case _:
+            return _first(
+                id_refusal("event_id", event.event_id),
+                id_refusal("job_id", event.job_id),
+                _job_refusal(event),
+            )
+
+
+def _first(*reasons: str | None) -> str | None:
+    return next((r for r in reasons if r is not None), None)
+
+
+def _job_refusal(event: Event) -> str | None:
+    match event:
+        case JobEnqueued():
+            return _enqueued_refusal(event)
+        case JobLeased():
+            return _first(
+                _bounded("token", event.token, 1, MAX_TOKEN),
+                _bounded("attempt", event.attempt, 1, MAX_ATTEMPTS),
+                _bounded("lease_ms", event.lease_ms, 0, MAX_DURATION_MS),
+            )
+        case AttemptStarted() | LeaseRenewed():
+            return _first(
+                _bounded("token", event.token, 0, MAX_TOKEN),
+                _bounded("lease_ms", event.lease_ms, 0, MAX_DURATION_MS),
+            )
+        case AttemptCheckpointed() | AttemptSucceeded() | AttemptFailed() | LeaseExpired():
+            return _bounded("token", event.token, 0, MAX_TOKEN)
+        case JobRequeued():
+            return _optional_time("run_at", event.run_at)
+        case _:
+            return None  # a cancel carries nothing to bound
+
+
+def _enqueued_refusal(event: JobEnqueued) -> str | None:
+    key = event.idempotency_key
+    return _first(
+        _job_shape_refusal(event),
+        _optional_time("run_at", event.run_at),
+        None if key is None else _text("idempotency_key", key, MAX_IDEMPOTENCY_KEY_BYTES),
+        None if event.schedule_id is None else id_refusal("schedule_id", event.schedule_id),
+        _optional_time("fire_at", event.fire_at),
+    )
+
+
+def _schedule_refusal(event: ScheduleUpserted | ScheduleDeleted | ScheduleFired) -> str | None:
+    match event:
+        case ScheduleUpserted():
+            return _first(
+                id_refusal("schedule_id", event.schedule_id),
+                _text("cron", event.cron, MAX_CRON_BYTES),
+                _text("timezone", event.timezone, MAX_TIMEZONE_BYTES),
+                random_cron_refusal(event.cron),
+                _job_shape_refusal(event.template, "template."),
+            )
+        case ScheduleFired():
+            return _first(
+                id_refusal("schedule_id", event.schedule_id),
+                _bounded("fire_at", event.fire_at, 0, MAX_TIME_MS),
+                id_refusal("job_id", event.job_id),
+            )
+        case _:
+            return id_refusal("schedule_id", event.schedule_id)
+
+
+def _job_shape_refusal(job: JobEnqueued | JobTemplate, prefix: str = "") -> str | None:
+    """The limits an enqueue and a schedule's template share (``prefix`` names the template)."""
+    return _first(
+        _text(f"{prefix}task", job.task, MAX_TASK_BYTES),
+        queue_refusal(job.queue, f"{prefix}queue"),
+        _bounded(f"{prefix}priority", job.priority, -MAX_PRIORITY, MAX_PRIORITY),
+        _bounded(f"{prefix}max_attempts", job.max_attempts, 1, MAX_ATTEMPTS),
+        _bounded(f"{prefix}timeout_ms", job.timeout_ms, 1, MAX_DURATION_MS),
+        retry_refusal(job.retry, f"{prefix}retry."),
+        labels_refusal(job.labels, f"{prefix}labels"),
+    )
+
+
+def queue_refusal(queue: str, field: str = "queue") -> str | None:
+    """Why ``queue`` cannot be the last part of a dispatch topic name, or None."""
+    if not isinstance(queue, str) or not QUEUE_PATTERN.fullmatch(queue):
+        return f"{field} {_show(queue)} must be non-empty and only [A-Za-z0-9._-]"
+    if len(queue) > MAX_QUEUE_CHARS:
+        return f"{field} has {len(queue)} characters, above the limit of {MAX_QUEUE_CHARS}"
+    return None
+
+
+def retry_refusal(policy: RetryPolicy, prefix: str = "retry.") -> str | None:
+    return _first(
+        _bounded(f"{prefix}initial_backoff_ms", policy.initial_backoff_ms, 0, MAX_DURATION_MS),
+        _bounded(f"{prefix}max_backoff_ms", policy.max_backoff_ms, 0, MAX_DURATION_MS),
+        _fraction(f"{prefix}multiplier", policy.multiplier, 1.0, MAX_MULTIPLIER),
+        _fraction(f"{prefix}jitter", policy.jitter, 0.0, 1.0),
+    )
+
+
+def labels_refusal(labels: Mapping[str, str], field: str = "labels") -> str | None:
+    if len(labels) > MAX_LABELS:
+        return f"{field} has {len(labels)} entries, above the limit of {MAX_LABELS}"
+    for key, value in labels.items():
+        reason = _first(
+            _text(f"{field} key", key, MAX_LABEL_KEY_BYTES),
+            _text(f"{field}[{_show(key)}]", value, MAX_LABEL_VALUE_BYTES, empty=True),
+        )
+        if reason is not None:
+            return reason
+    return None
+
+
+def random_cron_refusal(cron: str) -> str | None:
+    """Refuse R (random) and H (hashed) fields: replicas must all compute the same slots."""
+    for field in cron.split():
+        if _RANDOM_CRON_FIELD.fullmatch(field):
+            return f"cron field {field!r} is random or hashed; give the values explicitly"
+    return None
+
+
+def id_refusal(field: str, value: str) -> str | None:
+    """Why ``value`` cannot be an id (job, schedule or event id), or None."""
+    return _text(field, value, MAX_ID_BYTES)
+
+
+def _text(field: str, value: str, limit: int, *, empty: bool = False) -> str | None:
+    if not isinstance(value, str):
+        return f"{field} must be a string"
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        return f"{field} is not valid UTF-8"
+    if size > limit:
+        return f"{field} has {size} UTF-8 bytes, above the limit of {limit}"
+    if not size and not empty:
+        return f"{field} must not be empty"
+    return None
+
+
+def _bounded(field: str, value: int, low: int, high: int) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        return f"{field} {_show(value)} is outside [{low}, {high}]"
+    return None
+
+
+def _optional_time(field: str, value: int | None) -> str | None:
+    return None if value is None else _bounded(field, value, 0, MAX_TIME_MS)
+
+
+def _fraction(field: str, value: float, low: float, high: float) -> str | None:
+    if not isinstance(value, int | float) or not (math.isfinite(value) and low <= value <= high):
+        return f"{field} {_show(value)} is outside [{low:g}, {high:g}]"
+    return None
+
+
+def _show(value: object) -> str:
+    """``value`` for a reason: short, whatever its size, so a reason stays one line."""
+    shown = repr(value)
+    return shown if len(shown) <= 40 else f"{shown[:37]}..."
