@@ -252,6 +252,7 @@ class Raw:
     def __init__(self, record: Record) -> None:
         self.topic, self.partition, self.offset = record.topic, record.partition, record.offset
         self.timestamp, self.key, self.value = record.log_at, record.key, record.value
+        self.headers = list(record.headers)
 
 
 async def test_a_replica_partition_whose_fold_fails_is_retried_and_the_loop_lives_on(
