@@ -48,17 +48,7 @@ async def test_a_backlog_behind_a_slow_worker_starts_no_dispatch_past_its_deadli
         async with rig.worker(
             clock=clock, concurrency=1, instruments=WorkerInstruments(registry)
         ) as worker:
-            # Every dispatch either started or was skipped (a record taken from the feed is
-            # neither pending nor running while the worker judges it).
-            await until(
-                lambda: (
-                    worker.running == 0
-                    and len(rig.log.events(AttemptStarted))
-                    + sum(e["event"] == "dispatch_skipped" for e in logs)
-                    == len(backlog)
-                ),
-                "the backlog handled",
-            )
+            await until(lambda: worker.handled == len(backlog), "the backlog handled")
 
     started = rig.log.events(AttemptStarted)
     by_job = {d.job_id: d for d in backlog}
@@ -85,7 +75,7 @@ async def test_a_dispatch_whose_run_at_wait_outlasts_its_deadline_is_skipped(rig
     with capture_logs() as logs:
         async with rig.worker(concurrency=2) as worker:
             await rig.outcome(on_time.job_id)
-            await until(lambda: rig.feed.pending == worker.running == 0, "both handled")
+            await until(lambda: worker.handled == 2, "both handled")
 
     assert rig.events_of(late.job_id) == []
     assert [(e["job_id"], e["reason"]) for e in logs if e["event"] == "dispatch_skipped"] == [
@@ -105,7 +95,7 @@ async def test_duplicate_and_superseded_dispatches_of_a_job_never_start(rig: Rig
     registry = CollectorRegistry()
     async with rig.worker(instruments=WorkerInstruments(registry), concurrency=1) as worker:
         await rig.outcome(newer.job_id)
-        await until(lambda: rig.feed.pending == worker.running == 0, "all handled")
+        await until(lambda: worker.handled == 3, "all handled")
 
     assert [e.token for e in rig.events_of(newer.job_id, AttemptStarted)] == [7]
     assert duplicate.offset == 1

@@ -109,6 +109,7 @@ class Worker:
         self._forced = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self.peak_running = 0
+        self.handled = 0  # records taken and judged: started and finished, or skipped
         self.threads = ThreadCount()
         self._instruments = instruments
         self.handlers = HandlerLoop(config.blocked_after_s)
@@ -208,6 +209,7 @@ class Worker:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
+        self.handled += 1
         self._slot_freed.set()
 
     async def _handle(self, runner: AttemptRunner, record: Record) -> None:
