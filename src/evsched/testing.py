@@ -91,6 +91,8 @@ class MemoryLog:
         self._waiters = _Waiters()
         self.started = 0
         self.closed = 0
+        # The LogAppendTime acknowledgements report (None: like a topic with CreateTime).
+        self.log_at: int | None = None
 
     async def start(self) -> None:
         self.started += 1
@@ -106,7 +108,7 @@ class MemoryLog:
             offset = sum(1 for r in self._records if r.topic == topic)
             self._records.append(Written(topic, key, value, offset))
         self._waiters.notify()
-        return Appended(topic, 0, offset)
+        return Appended(topic, 0, offset, self.log_at)
 
     def fail_next(self, error: BaseException | None = None, times: int = 1) -> None:
         """The next ``times`` appends raise ``error`` (a PublishError by default)."""

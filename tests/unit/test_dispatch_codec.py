@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from evsched.adapters.avro import decode_dispatch, encode_dispatch, encode_event
 from evsched.adapters.contract import contract_dir
-from evsched.core.dispatch import START_MARGIN_MS, Dispatch, start_deadline, why_not_start
+from evsched.core.dispatch import (
+    START_MARGIN_MS,
+    Dispatch,
+    start_deadline,
+    start_deadline_by_log,
+    why_not_start,
+)
 from evsched.core.events import JobCancelled, TraceContext
 from evsched.errors import DecodeError, EncodeError
 
@@ -101,6 +107,7 @@ def test_unencodable_values_are_an_encode_error() -> None:
 def test_the_start_deadline_keeps_a_margin_of_a_second_or_a_quarter_of_short_leases() -> None:
     assert start_deadline(BASE) == BASE.leased_at + 30_000 - START_MARGIN_MS
     assert start_deadline(replace(BASE, lease_ms=400)) == BASE.leased_at + 300
+    assert start_deadline_by_log(BASE) == BASE.leased_at + 30_000
 
 
 @pytest.mark.parametrize(

@@ -383,3 +383,18 @@ def test_an_unstarted_lease_expiry_costs_no_attempt_and_no_backoff() -> None:
     state = job.run(lease(2, 1), start(2))
     job.now += 2 * LEASE_MS
     assert (job.run(expire(2)).status, job.current.attempt) == (Status.DEAD, 1)
+
+
+def test_a_start_appended_at_or_after_its_start_deadline_is_refused() -> None:
+    """Issue 9 C.7: a worker held past the deadline between its check and its start's append
+    has not started: the lease is gone by the log's clock, and its expiry costs nothing."""
+    job = Job()
+    job.run(enqueue(max_attempts=1), lease(1, 1))
+    assert job.apply(start(1), at=T0 + LEASE_MS - 1).verdict is Verdict.APPLIED
+    late = Job()
+    late.run(enqueue(max_attempts=1), lease(1, 1))
+    entry = late.apply(start(1), at=T0 + LEASE_MS)
+    assert (entry.verdict, late.current.status) == (Verdict.REJECTED, Status.LEASED)
+    assert entry.reason == f"token 1 started after its start deadline {T0 + LEASE_MS}"
+    state = late.run(expire(1))
+    assert (state.status, state.attempt) == (Status.SCHEDULED, 0)

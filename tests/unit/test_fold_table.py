@@ -83,7 +83,9 @@ TABLE: dict[tuple[S | None, str, str], tuple[V, S | None]] = {
     (S.LEASED, "JobCancelled", "-"): (V.APPLIED, S.CANCELLED),
     (S.LEASED, "JobLeased", "current"): (V.REJECTED, S.LEASED),
     (S.LEASED, "JobLeased", "stale"): (V.REJECTED, S.LEASED),
-    (S.LEASED, "AttemptStarted", "current"): (V.APPLIED, S.RUNNING),
+    # LATER is past the lease's start deadline: a start that late is refused (in time, it runs:
+    # test_fold.py).
+    (S.LEASED, "AttemptStarted", "current"): (V.REJECTED, S.LEASED),
     (S.LEASED, "AttemptStarted", "stale"): (V.STALE, S.LEASED),
     (S.LEASED, "LeaseRenewed", "current"): (V.REJECTED, S.LEASED),
     (S.LEASED, "LeaseRenewed", "stale"): (V.STALE, S.LEASED),

@@ -183,3 +183,26 @@ async def test_the_worker_forgets_the_oldest_jobs_first(rig: Rig) -> None:
     admitted = [await gate.admit(r) for r in await rig.feed.take(4, 0)]
     # ``first`` was forgotten when ``third`` came, so its repeat is admitted again.
     assert admitted == [first, second, third, first]
+
+
+async def test_a_start_the_log_stamps_past_the_deadline_runs_no_handler(rig: Rig) -> None:
+    # Issue 9 C.7: the worker checked in time, then was held (frozen, starved) until after the
+    # deadline; the broker's LogAppendTime on its AttemptStarted says so, and the handler waits
+    # for nobody: the fold refuses that start and the lease's expiry costs no attempt.
+    ran: list[str] = []
+
+    @rig.app.task(name="noop")
+    async def noop(ctx: Context) -> None:
+        ran.append(ctx.job_id)
+
+    dispatch = rig.send("noop")
+    rig.log.log_at = dispatch.leased_at + dispatch.lease_ms
+    with capture_logs() as logs:
+        async with rig.worker() as worker:
+            await until(lambda: worker.handled == 1, "the dispatch handled")
+
+    assert ran == []
+    assert [type(e).__name__ for e in rig.events_of(dispatch.job_id)] == ["AttemptStarted"]
+    assert [e["event"] for e in logs if e["event"] == "start_after_deadline"] == [
+        "start_after_deadline"
+    ]

@@ -14,6 +14,8 @@ from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.transport")
 
+LOG_APPEND_TIME = 1  # a record's timestamp type when the broker stamped it
+
 
 @dataclass(frozen=True, slots=True)
 class Appended:
@@ -22,6 +24,9 @@ class Appended:
     topic: str
     partition: int
     offset: int
+    # The broker's LogAppendTime in epoch ms, when the topic stamps records so (evsched's events
+    # topic does); None otherwise.
+    log_at: int | None = None
 
 
 class EventLog(Protocol):
@@ -73,7 +78,8 @@ class KafkaEventLog:
                     await self._discard(current)
                     continue
                 raise PublishError(f"writing to {topic!r} failed: {exc!r}") from exc
-            return Appended(topic, metadata.partition, metadata.offset)
+            log_at = metadata.timestamp if metadata.timestamp_type == LOG_APPEND_TIME else None
+            return Appended(topic, metadata.partition, metadata.offset, log_at)
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def _current(self) -> Any:

@@ -51,6 +51,16 @@ def start_deadline(dispatch: Dispatch) -> int:
     return dispatch.leased_at + dispatch.lease_ms - margin
 
 
+def start_deadline_by_log(dispatch: Dispatch) -> int:
+    """When the lease ends by the log's clock, as near as a worker can know it.
+
+    The fold refuses an AttemptStarted appended at or after the lease's ``lease_until`` (the
+    JobLeased's log time plus ``lease_ms``); that log time is at or after ``leased_at``, so a start
+    appended past this bound is refused or, within the clocks' skew, about to expire.
+    """
+    return dispatch.leased_at + dispatch.lease_ms
+
+
 def why_not_start(dispatch: Dispatch, *, now_ms: int, newest_token: int | None) -> str | None:
     """Why a worker must not start ``dispatch`` now, or None when it may.
 

@@ -295,20 +295,32 @@ def _token_event(state: JobState | None, event: TokenEvent, position: Position) 
     if isinstance(event, LeaseExpired):
         return _expired(state, event, position)
     if isinstance(event, AttemptStarted):
-        if state.status is not Status.LEASED:
-            return state, Verdict.REJECTED, f"token {event.token} already started"
-        started = _applied(
-            state,
-            event,
-            position,
-            status=Status.RUNNING,
-            worker_id=event.worker_id,
-            lease_until=position.log_at + event.lease_ms,
-        )
-        return started, Verdict.APPLIED, f"attempt {state.attempt} started on {event.worker_id}"
+        return _started(state, event, position)
     if state.status is not Status.RUNNING:
         return state, Verdict.REJECTED, f"{_actor(event)} rejected: attempt not started"
     return _running_event(state, event, position)
+
+
+def _started(state: JobState, event: AttemptStarted, position: Position) -> Step:
+    if state.status is not Status.LEASED:
+        return state, Verdict.REJECTED, f"token {event.token} already started"
+    if state.lease_until is not None and position.log_at >= state.lease_until:
+        # Its start deadline passed: the lease is as good as expired, so no handler may count
+        # as having started under it (the node's expiry follows, spending no attempt).
+        return (
+            state,
+            Verdict.REJECTED,
+            f"token {event.token} started after its start deadline {state.lease_until}",
+        )
+    started = _applied(
+        state,
+        event,
+        position,
+        status=Status.RUNNING,
+        worker_id=event.worker_id,
+        lease_until=position.log_at + event.lease_ms,
+    )
+    return started, Verdict.APPLIED, f"attempt {state.attempt} started on {event.worker_id}"
 
 
 def _running_event(

@@ -18,9 +18,9 @@ from evsched.adapters.clock import Clock
 from evsched.client.payload import NotJson, canonical_json, decode_args
 from evsched.client.task import Task, qualified_name
 from evsched.client.tracing import attempt_trace
-from evsched.client.transport import EventLog
+from evsched.client.transport import Appended, EventLog
 from evsched.client.validation import MAX_EVENT_BYTES, new_id
-from evsched.core.dispatch import Dispatch
+from evsched.core.dispatch import Dispatch, start_deadline_by_log
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
@@ -108,7 +108,16 @@ class AttemptRunner:
         if dispatch.trace is not None:
             logger = logger.bind(traceparent=dispatch.trace.traceparent)
         sent_at = self.clock.monotonic_s()
-        await self.emit(self._started(dispatch))
+        appended = await self.emit(self._started(dispatch))
+        if appended.log_at is not None and appended.log_at >= start_deadline_by_log(dispatch):
+            # The worker was held (frozen, starved) between its last check and the start's
+            # append: the lease is gone by the log's clock, and the fold refuses the start.
+            logger.warning(
+                "start_after_deadline",
+                log_at=appended.log_at,
+                deadline=start_deadline_by_log(dispatch),
+            )
+            return
         lease = LeaseWatch(self.lease_ms, self.clock, renewed_at=sent_at)
         logger.info("job_started", attempt=dispatch.attempt, worker_id=self.worker_id)
         ctx = Context(
@@ -140,12 +149,12 @@ class AttemptRunner:
                 bound = OVERRUN_BOUND_S if task is not None and task.is_async else None
                 await _outlive(overrun, logger, bound)
 
-    async def emit(self, event: JobEvent) -> None:
+    async def emit(self, event: JobEvent) -> Appended:
         """Write one event keyed by its job id; EncodeError when it cannot be written."""
         data = encode_event(event)
         if len(data) > MAX_EVENT_BYTES:
             raise EncodeError(f"{type(event).__name__} is {len(data)} bytes, above the limit")
-        await self.log.append(self.events_topic, event.job_id, data)
+        return await self.log.append(self.events_topic, event.job_id, data)
 
     def _started(self, dispatch: Dispatch) -> AttemptStarted:
         return AttemptStarted(
