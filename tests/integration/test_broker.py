@@ -11,7 +11,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import ProducerFenced
 from aiokafka.structs import ConsumerRecord
 
+from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.topics import Topics
+from evsched.client.transport import KafkaEventLog
+from evsched.settings import Settings
 
 pytestmark = pytest.mark.broker
 
@@ -138,3 +141,22 @@ async def test_events_topic_stamps_log_append_time(kafka_bootstrap: str, namespa
     assert consumed.timestamp == event.timestamp
     # A CreateTime topic keeps the producer's timestamp: the setting is what makes the difference.
     assert (hint.timestamp_type, hint.timestamp) == (TIMESTAMP_CREATE_TIME, LONG_AGO_MS)
+
+
+async def test_an_append_to_the_events_topic_reports_the_brokers_append_time(
+    kafka_bootstrap: str, namespace: str
+) -> None:
+    # A worker judges its start by this time (issue 9, C.7): the broker's, not its own.
+    names = Topics(namespace)
+    log = KafkaEventLog(Settings(bootstrap=kafka_bootstrap, namespace=namespace), client_id="t")
+    await log.start()
+    try:
+        before = SYSTEM_CLOCK.now_ms()
+        event = await log.append(names.events, "job", b"event")
+        hint = await log.append(names.dispatch("default"), "job", b"hint")
+        after = SYSTEM_CLOCK.now_ms()
+    finally:
+        await log.close()
+    assert event.log_at is not None
+    assert before - 5_000 <= event.log_at <= after + 5_000
+    assert hint.log_at is None  # a CreateTime topic: no broker time to report
