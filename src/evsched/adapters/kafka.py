@@ -76,6 +76,20 @@ def producer(
     return AIOKafkaProducer(**options)
 
 
+# The group's failure detection: a member (node or worker) killed without leaving the group is
+# noticed after session_timeout_ms, and its partitions move to the others. The broker's minimum
+# is 6 s (group.min.session.timeout.ms); heartbeats go twice as often as Kafka's rule of thumb,
+# so a survivor hears of the rebalance within a second. Live members get rebalance_timeout_ms to
+# rejoin (closing their partitions first). A SIGKILLed node's partitions stall for less than
+# 10 s (tests/integration/test_engine_takeover.py measures it); a SIGKILLed worker's dispatch
+# partitions move to the pool's other workers as fast.
+GROUP_TIMEOUTS = {
+    "session_timeout_ms": 6_000,
+    "heartbeat_interval_ms": 1_000,
+    "rebalance_timeout_ms": 10_000,
+}
+
+
 def consumer(
     settings: Settings, *topics: str, group_id: str | None, **extra: Any
 ) -> AIOKafkaConsumer:

@@ -41,18 +41,6 @@ log = structlog.get_logger("evsched.node")
 # How long the poll loop waits after a fetch failed before it fetches again.
 POLL_RETRY_S = 1.0
 
-# The group's failure detection: a node killed without leaving the group is noticed after
-# session_timeout_ms, and its partitions move to the others. The broker's minimum is 6 s
-# (group.min.session.timeout.ms); heartbeats go twice as often as Kafka's rule of thumb, so a
-# survivor hears of the rebalance within a second. Live members get rebalance_timeout_ms to
-# rejoin (closing their partitions first). A SIGKILLed node's partitions stall for less than
-# 10 s (tests/integration/test_engine_takeover.py measures it).
-GROUP_TIMEOUTS = {
-    "session_timeout_ms": 6_000,
-    "heartbeat_interval_ms": 1_000,
-    "rebalance_timeout_ms": 10_000,
-}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeConfig:
@@ -122,7 +110,7 @@ class Node:
             group_id=self.config.group_id,
             client_id=f"evsched-node-{self.config.node_id}",
             max_poll_records=self.config.max_records,
-            **GROUP_TIMEOUTS,
+            **kafka.GROUP_TIMEOUTS,
         )
         consumer.subscribe([self.topics.events], listener=_Listener(self))
         self._consumer = consumer  # the group may assign partitions before start() returns

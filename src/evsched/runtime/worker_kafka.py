@@ -16,7 +16,7 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError
 
 from evsched.adapters.clock import SYSTEM_CLOCK, Clock
-from evsched.adapters.kafka import KafkaError, Record, consumer, to_record
+from evsched.adapters.kafka import GROUP_TIMEOUTS, KafkaError, Record, consumer, to_record
 from evsched.adapters.signing import UNSIGNED_ENV, DispatchKey, dispatch_key_from_env
 from evsched.adapters.topics import TopicMisconfigured, TopicProvisioningError, ensure_topics
 from evsched.client.app import App
@@ -165,7 +165,7 @@ def kafka_worker(
     topics = [app.topics.dispatch(queue) for queue in config.queues]
     group = f"{app.settings.namespace}.workers.{config.pool}"
     feed = KafkaDispatchFeed(
-        lambda: consumer(app.settings, group_id=group, client_id=client_id),
+        lambda: consumer(app.settings, group_id=group, client_id=client_id, **GROUP_TIMEOUTS),
         topics,
         start_lookback_ms=config.start_lookback_ms,
     )
