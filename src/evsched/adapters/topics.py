@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,13 +11,12 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
+from evsched.core.limits import namespace_refusal, queue_refusal
 from evsched.errors import EvschedError
 
 DAY_MS = 86_400_000
 DISPATCH_RETENTION_MS = 7 * DAY_MS
 INFINITE = "-1"
-_LEGAL_NAME = re.compile(r"[A-Za-z0-9._-]+")
-_MAX_NAME_LEN = 249
 
 
 class TopicProvisioningError(EvschedError):
@@ -60,7 +58,7 @@ class Topics:
     namespace: str
 
     def __post_init__(self) -> None:
-        _check_name_part("namespace", self.namespace)
+        _check_name_part(namespace_refusal(self.namespace))
 
     @property
     def events(self) -> str:
@@ -71,13 +69,14 @@ class Topics:
         return f"{self.namespace}.effects"
 
     def dispatch(self, queue: str) -> str:
-        _check_name_part("queue", queue)
+        _check_name_part(queue_refusal(queue))
         return f"{self.namespace}.dispatch.{queue}"
 
 
-def _check_name_part(what: str, value: str) -> None:
-    if not _LEGAL_NAME.fullmatch(value) or len(value) > _MAX_NAME_LEN - len(".dispatch."):
-        raise ValueError(f"{what} {value!r} can't be part of a Kafka topic name ([A-Za-z0-9._-]+)")
+def _check_name_part(refusal: str | None) -> None:
+    # The same limits the fold and the API apply: a name they accept always makes a topic.
+    if refusal is not None:
+        raise ValueError(f"can't be part of a Kafka topic name: {refusal}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
