@@ -31,6 +31,7 @@ from evsched.runtime import partition as partition_module
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.node import Node, NodeConfig
+from evsched.runtime.outbox import Unusable
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings
@@ -68,7 +69,7 @@ class Producer:
         return {0}
 
 
-async def no_new_topics(queues: set[str]) -> Mapping[str, str]:
+async def no_new_topics(queues: set[str]) -> Mapping[str, Unusable]:
     return {}
 
 
