@@ -20,7 +20,7 @@ from evsched.operator import register as register_operator_commands
 from evsched.runtime.node import NodeConfig
 from evsched.runtime.node_process import serve_node
 from evsched.runtime.worker_kafka import load_dispatch_key, worker_command
-from evsched.settings import Settings
+from evsched.settings import Settings, SettingsError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="evsched: event-sourced jobs.")
 app.add_typer(kafka_app, name="kafka")
@@ -63,8 +63,13 @@ def node(
     """Own events partitions: fold them into RocksDB and run the scheduler."""
     configure_logging(json=log_json)
     dispatch_key = load_dispatch_key("node")
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        typer.echo(f"evsched node: {exc}", err=True)  # names the variable; no traceback
+        raise typer.Exit(2) from None
     config = NodeConfig(
-        settings=Settings.from_env(),
+        settings=settings,
         node_id=node_id or socket.gethostname(),
         data_dir=data_dir,
         limits=PlannerLimits(

@@ -44,6 +44,14 @@ class UnknownTask(InvalidEnqueue):
         self.name = name
 
 
+class UnknownQueue(InvalidEnqueue):
+    """Enqueue (or a schedule) on a queue no operator declared: its dispatch topic is missing."""
+
+    def __init__(self, queue: str, reason: str) -> None:
+        super().__init__("queue", reason)
+        self.queue = queue
+
+
 class InvalidTask(EvschedError, ValueError):
     """A task definition with a bad option (e.g. ``max_attempts=0``)."""
 

@@ -216,7 +216,8 @@ class PartitionInstruments:
     decisions: Any
     effects: Any
     inbox: Any
-    # Decisions held back (``quarantined(stage).inc()``): encode, topic or send.
+    # Decisions held back (``quarantined(stage).inc()``): encode, topic, undeclared
+    # (its queue has no dispatch topic yet; counted each time it is held again) or send.
     quarantined: Any
 
 
@@ -260,8 +261,9 @@ class NodeInstruments:
 
         self.quarantined = PromCounter(
             "evsched_node_decisions_quarantined",
-            "Decisions held back because they could not be encoded (encode), their dispatch "
-            "topic could not be created (topic) or a record was refused (send).",
+            "Decisions held back because they could not be encoded (encode), their queue is not "
+            "declared (undeclared), their dispatch topic is misconfigured (topic) or a record "
+            "was refused (send).",
             ["partition", "stage"],
             registry=registry,
         )

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from evsched.core.limits import namespace_refusal
 from evsched.errors import EvschedError
 
 DEFAULT_BROKER_PORT = 19092
@@ -38,6 +39,12 @@ class Settings:
     event_partitions: int = DEFAULT_EVENT_PARTITIONS
     # Shown redacted by __repr__: it may hold the SASL password.
     kafka_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        # Every topic name starts with the namespace: one too long or odd would fail at the broker,
+        # late and for some queues only.
+        if (refusal := namespace_refusal(self.namespace)) is not None:
+            raise SettingsError(f"EVSCHED_NAMESPACE={self.namespace[:60]!r}: {refusal}")
 
     def __repr__(self) -> str:
         options = {

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+from evsched.adapters.queues import QueueCatalog
 from evsched.client import App, Context
 from evsched.settings import Settings
 
 
-def make_app(settings: Settings | None = None) -> App:
-    app = App(settings, name="node-scenarios")
+def make_app(settings: Settings | None = None, queues: QueueCatalog | None = None) -> App:
+    app = App(settings, name="node-scenarios", queues=queues)
 
     @app.task(name="n.sleep", max_attempts=1, timeout_s=60)
     async def sleep(seconds: float) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, wait_for
 from tests.integration.node_app import make_app
@@ -20,6 +21,7 @@ from evsched.adapters.topics import TopicSpec, ensure_topics, provision, topic_s
 from evsched.core.invariants import Replay
 from evsched.core.state import Status, Verdict
 from evsched.devstack.process import free_port
+from evsched.errors import UnknownQueue
 
 pytestmark = pytest.mark.broker
 
@@ -135,16 +137,56 @@ async def test_backpressure_keeps_jobs_scheduled_instead_of_expiring_in_the_disp
     assert applied(folded, "AttemptStarted") == 61
 
 
-async def test_the_first_job_on_a_brand_new_queue_is_leased_promptly(stack: Stack) -> None:
-    node = stack.start_node("node-1")
-    await wait_for(lambda: _has(node, "partition_assigned"), what="the node to own partitions")
-    warm = await enqueue(stack, "n.sleep", 1, 0)
-    await stack.wait_status(warm[0], Status.LEASED)  # the node decides; no worker runs
-    started = time.monotonic()
-    (job,) = await enqueue(stack, "n.fresh", 1)  # its dispatch topic does not exist yet
-    await stack.wait_status(job, Status.LEASED, timeout_s=60)
-    elapsed = time.monotonic() - started
-    assert elapsed < 8, f"the first lease on a new queue took {elapsed:.1f} s"
+class EveryQueue:
+    """A producer that skips the declared-queue check, like a foreign or buggy one."""
+
+    async def declared(self, queue: str) -> bool:
+        return True
+
+
+async def dispatch_topics(stack: Stack) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=stack.bootstrap)
+    try:
+        await admin.start()
+        prefix = f"{stack.namespace}.dispatch."
+        return {t for t in await admin.list_topics() if t.startswith(prefix)}
+    finally:
+        await admin.close()
+
+
+async def test_a_job_on_an_undeclared_queue_waits_then_runs_soon_after_it_is_declared(
+    stack: Stack,
+) -> None:
+    # Issue 9, D.13: the node never creates a dispatch topic, whatever queue a job names.
+    port = free_port()
+    node = stack.start_node("node-1", "--metrics-port", str(port))
+    async with make_app(stack.settings) as app:
+        with pytest.raises(UnknownQueue, match="queue 'fresh' is not declared"):
+            await app.get_task("n.fresh").enqueue()  # the client refuses it, as the API does
+    async with make_app(stack.settings, queues=EveryQueue()) as foreign:
+        job = await foreign.get_task("n.fresh").enqueue()
+    undeclared = await wait_for(
+        lambda: _events(node, "queue_undeclared"), what="the queue_undeclared line"
+    )
+    assert undeclared[0]["queue"] == "fresh"
+
+    async def held() -> bool:
+        samples = parse((await scrape(port)).text)
+        return total(samples, "evsched_node_decisions_quarantined_total", stage="undeclared") >= 2
+
+    await wait_for(held, what="the job to be held back twice (looked at again)")
+    await stack.wait_status(job, Status.SCHEDULED)  # folded, and not leased
+    assert await dispatch_topics(stack) == {f"{stack.namespace}.dispatch.default"}
+    assert not logged(node, "decision_quarantined")  # one line per queue, not per decision
+
+    # An operator declares it (`evsched kafka topics --queue fresh`); a worker serves it.
+    await ensure_topics(stack.bootstrap, stack.namespace, event_partitions=3, queues=["fresh"])
+    declared = time.monotonic()
+    stack.start_worker("worker-2", "--app", APP, "--queues", "fresh")
+    await stack.wait_status(job, Status.LEASED, Status.RUNNING, Status.SUCCEEDED, timeout_s=60)
+    elapsed = time.monotonic() - declared
+    assert elapsed < 15, f"the job was leased {elapsed:.1f} s after its queue was declared"
+    await stack.wait_status(job, Status.SUCCEEDED, timeout_s=60)
 
 
 async def _has(proc: Proc, event: str) -> bool:

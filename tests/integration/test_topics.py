@@ -12,6 +12,7 @@ from evsched.adapters.topics import (
     DISPATCH_RETENTION_MS,
     ObservedTopic,
     TopicMisconfigured,
+    TopicMissing,
     TopicProvisioningError,
     Topics,
     ensure_topics,
@@ -125,6 +126,24 @@ async def test_ensure_topics_creates_them_as_specified(
     assert dispatch["message.timestamp.type"] == "CreateTime"
     _, effects = await describe(admin, names.effects)
     assert (effects["cleanup.policy"], effects["retention.ms"]) == ("delete", "-1")
+
+
+@pytest.mark.broker
+async def test_checking_without_creating_refuses_a_missing_topic_and_creates_none(
+    kafka_bootstrap: str, fresh_namespace: str, admin: AIOKafkaAdminClient
+) -> None:
+    # What a node does for a dispatch topic (D.13): look, never create.
+    await ensure_topics(kafka_bootstrap, fresh_namespace, event_partitions=2, queues=["q"])
+    checked = await ensure_topics(
+        kafka_bootstrap, fresh_namespace, event_partitions=2, queues=["q"], create=False
+    )
+    assert f"{fresh_namespace}.dispatch.q" in checked
+    with pytest.raises(TopicMissing, match=rf"{fresh_namespace}\.dispatch\.other"):
+        await ensure_topics(
+            kafka_bootstrap, fresh_namespace, event_partitions=2, queues=["other"], create=False
+        )
+    ours = {t for t in await admin.list_topics() if t.startswith(f"{fresh_namespace}.")}
+    assert f"{fresh_namespace}.dispatch.other" not in ours
 
 
 @pytest.mark.broker

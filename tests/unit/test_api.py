@@ -488,6 +488,18 @@ async def test_not_ready_when_behind_or_broker_silent(tmp_path: Path) -> None:
         await api.replica.start()
 
 
+async def test_not_ready_while_a_partition_fails_to_fold(api: Harness) -> None:
+    # Replica.failing: the partition is paused and retried, its reads are stale meanwhile.
+    api.replica.failing[2] = "fold failed at offset 7: OverflowError('index key')" + "x" * 500
+    failing = await api.http.get("/readyz")
+    assert (failing.status_code, error_of(failing)["code"]) == (503, "not_ready")
+    message = error_of(failing)["message"]
+    assert "partition 2: fold failed at offset 7: OverflowError('index key')" in message
+    assert len(message) < 300  # the reason is cut short, not a record's content
+    api.replica.failing.clear()  # recovered
+    assert (await api.http.get("/readyz")).status_code == 200
+
+
 async def test_stats_count_jobs_by_status_and_queue(api: Harness) -> None:
     await enqueue(api, queue="q1")
     b = await enqueue(api, queue="q2")

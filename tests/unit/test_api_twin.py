@@ -48,6 +48,7 @@ class MemoryReplica:
         self.projectors: dict[int, Projector] = {}
         self.paused = False  # a paused replica folds nothing: writes then time out waiting
         self.lag_error: Exception | None = None
+        self.failing: dict[int, str] = {}  # as Replica shows a partition whose fold failed
 
     async def start(self) -> None:
         index = PartitionIndex(self.data_dir / "p0000", 0)

@@ -90,3 +90,23 @@ def test_scans_answer_what_the_live_keys_say(steps: list[tuple[str, object]]) ->
                     assert index.due_job_ids(now, 100) == model.due(now)
         finally:
             index.close()
+
+
+def test_a_due_scan_skips_held_jobs_within_a_bounded_read(tmp_path: Path) -> None:
+    index = PartitionIndex(tmp_path / "p0", 0)
+    try:
+        batch = IndexBatch()
+        for i in range(30):  # h00..h24 held, then f25..f29 free, all due in that order
+            job_id = f"h{i:02d}" if i < 25 else f"f{i:02d}"
+            batch.before_jobs[job_id] = None
+            batch.jobs[job_id] = dataclasses.replace(BASE, job_id=job_id, run_at=i)
+        index.write(batch, 0, 1)
+
+        def held(job_id: str) -> bool:
+            return job_id.startswith("h")
+
+        assert index.due_job_ids(100, 2, skip=held) == []  # 20 keys read at most: all held
+        assert index.due_job_ids(100, 10, skip=held) == ["f25", "f26", "f27", "f28", "f29"]
+        assert index.due_job_ids(100, 2) == ["h00", "h01"]  # without skip: as before
+    finally:
+        index.close()

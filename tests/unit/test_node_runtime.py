@@ -31,6 +31,7 @@ from evsched.runtime import partition as partition_module
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.node import Node, NodeConfig
+from evsched.runtime.outbox import Unusable
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings
@@ -68,7 +69,7 @@ class Producer:
         return {0}
 
 
-async def no_new_topics(queues: set[str]) -> Mapping[str, str]:
+async def no_new_topics(queues: set[str]) -> Mapping[str, Unusable]:
     return {}
 
 
@@ -332,3 +333,28 @@ async def test_a_failed_fetch_does_not_end_the_node(
     monkeypatch.setattr("evsched.runtime.node.POLL_RETRY_S", 0.01)
     await asyncio.wait_for(node.run(stop), 10)
     assert consumer.fetches == 2 and consumer.stopped
+
+
+async def test_jobs_held_back_at_the_head_of_the_due_index_hide_no_later_job(
+    tmp_path: Path,
+) -> None:
+    # Jobs on an undeclared queue stay scheduled and due; with the scan's window full of them,
+    # a job due after them was never seen again.
+    async def ghost_undeclared(queues: set[str]) -> Mapping[str, Unusable]:
+        return {q: Unusable(stage="undeclared", reason="no topic") for q in queues if q == "ghost"}
+
+    producer = Producer()
+    owner = owned(tmp_path, producer, scan_limit=2)
+    owner.ensure_queues = ghost_undeclared
+    later = JobEnqueued(
+        event_id="e-d", job_id="d", emitted_at=0, source="t", task="t", queue="default",
+        args=b"[]", run_at=5_000,
+    )  # fmt: skip
+    ghosts = [enqueued(o, f"g{o}", "ghost") for o in range(3)]
+    later_record = Record(TOPICS.events, 0, 3, 1_000, b"d", avro.encode_event(later))
+    await owner.step([*ghosts, later_record], 2_000, 4)
+    assert all(owner.quarantine.holds(f"g{o}") for o in range(3))
+    await owner.step([], 6_000, 4)  # d is due now; the ghosts are still held back
+    leased = {avro.decode_event(v).job_id for t, v in producer.committed if t == TOPICS.events}
+    assert leased == {"d"}
+    owner.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ DIGEST_FAMILIES = (JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDEC
 # Keyed by an 8-byte big-endian time, then the entity id.
 TIME_FAMILIES = (DUE, LEASES, CRON_DUE)
 NEVER = (1 << 64) - 1
+# A due scan reads at most this many times its limit in keys while skipping held-back jobs.
+SKIP_READS = 10
 
 APPLIED_OFFSET = b"applied_offset"
 FOLD_VERSION = b"fold_version"
@@ -127,9 +129,15 @@ class PartitionIndex:
         raw = self._cf[SCHEDULES].get(schedule_id.encode())
         return None if raw is None else avro.decode_state(raw, ScheduleState)
 
-    def due_job_ids(self, now: int, limit: int) -> list[str]:
-        """Scheduled jobs with ``run_at <= now``, earliest first; reads only due keys."""
-        return self._ids_until(DUE, now, limit)
+    def due_job_ids(
+        self, now: int, limit: int, *, skip: Callable[[str], bool] | None = None
+    ) -> list[str]:
+        """Scheduled jobs with ``run_at <= now``, earliest first; reads only due keys.
+
+        Jobs ``skip`` holds back (e.g. on an undeclared queue) do not count toward ``limit``,
+        so they can't hide the jobs due after them; at most ``SKIP_READS * limit`` keys are read.
+        """
+        return self._ids_until(DUE, now, limit, skip)
 
     def expired_lease_ids(self, now: int, limit: int) -> list[str]:
         return self._ids_until(LEASES, now, limit)
@@ -288,18 +296,23 @@ class PartitionIndex:
             read.set_iterate_upper_bound(end)
         yield from self._cf[name].items(from_key=start, read_opt=read)
 
-    def _ids_until(self, name: str, now: int, limit: int) -> list[str]:
+    def _ids_until(
+        self, name: str, now: int, limit: int, skip: Callable[[str], bool] | None = None
+    ) -> list[str]:
         now = max(0, now)
         low = self._low[name]
         if low > now:
             return []  # no RocksDB call at all while nothing is due
         found: list[str] = []
         first: int | None = None
-        for key, _ in self._scan(name, _U64.pack(low), _U64.pack(now + 1)):
+        scan = self._scan(name, _U64.pack(low), _U64.pack(now + 1))
+        for reads, (key, _) in enumerate(scan, start=1):
             if first is None:
                 first = int(_U64.unpack(key[:8])[0])
-            found.append(key[8:].decode())
-            if len(found) >= limit:
+            entity = key[8:].decode()
+            if skip is None or not skip(entity):
+                found.append(entity)
+            if len(found) >= limit or reads >= limit * SKIP_READS:
                 break
         self._low[name] = now + 1 if first is None else first
         return found

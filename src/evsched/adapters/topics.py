@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,13 +11,12 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
+from evsched.core.limits import namespace_refusal, queue_refusal
 from evsched.errors import EvschedError
 
 DAY_MS = 86_400_000
 DISPATCH_RETENTION_MS = 7 * DAY_MS
 INFINITE = "-1"
-_LEGAL_NAME = re.compile(r"[A-Za-z0-9._-]+")
-_MAX_NAME_LEN = 249
 
 
 class TopicProvisioningError(EvschedError):
@@ -44,6 +42,10 @@ class TopicRefused(TopicProvisioningError):
     """The broker refused to create a topic (its name, a policy, an authorization)."""
 
 
+class TopicMissing(TopicProvisioningError):
+    """A topic evsched only checks (never creates) does not exist, e.g. an undeclared queue's."""
+
+
 class TopicMisconfigured(TopicProvisioningError):
     """An existing topic is configured differently from what evsched needs; it is never used so."""
 
@@ -60,7 +62,7 @@ class Topics:
     namespace: str
 
     def __post_init__(self) -> None:
-        _check_name_part("namespace", self.namespace)
+        _check_name_part(namespace_refusal(self.namespace))
 
     @property
     def events(self) -> str:
@@ -71,13 +73,14 @@ class Topics:
         return f"{self.namespace}.effects"
 
     def dispatch(self, queue: str) -> str:
-        _check_name_part("queue", queue)
+        _check_name_part(queue_refusal(queue))
         return f"{self.namespace}.dispatch.{queue}"
 
 
-def _check_name_part(what: str, value: str) -> None:
-    if not _LEGAL_NAME.fullmatch(value) or len(value) > _MAX_NAME_LEN - len(".dispatch."):
-        raise ValueError(f"{what} {value!r} can't be part of a Kafka topic name ([A-Za-z0-9._-]+)")
+def _check_name_part(refusal: str | None) -> None:
+    # The same limits the fold and the API apply: a name they accept always makes a topic.
+    if refusal is not None:
+        raise ValueError(f"can't be part of a Kafka topic name: {refusal}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,12 +174,14 @@ async def ensure_topics(
     replication_factor: int = 1,
     dispatch_retention_ms: int = DISPATCH_RETENTION_MS,
     timeout_s: float = 30.0,
+    create: bool = True,
     **client_options: Any,
 ) -> list[str]:
     """Create the namespace's missing topics and check every one; their names, events first.
 
     ``client_options`` go to aiokafka's admin client as they are (TLS/SASL settings).
-    Raises TopicMisconfigured when an existing topic differs from what evsched needs.
+    Raises TopicMisconfigured when an existing topic differs from what evsched needs, and,
+    with ``create=False``, TopicMissing instead of creating one.
     """
     specs = topic_specs(
         namespace,
@@ -187,14 +192,22 @@ async def ensure_topics(
         replication_factor=replication_factor,
         dispatch_retention_ms=dispatch_retention_ms,
     )
-    await provision(bootstrap, specs, timeout_s=timeout_s, **client_options)
+    await provision(bootstrap, specs, timeout_s=timeout_s, create=create, **client_options)
     return [spec.name for spec in specs]
 
 
 async def provision(
-    bootstrap: str, specs: Sequence[TopicSpec], *, timeout_s: float = 30.0, **client_options: Any
+    bootstrap: str,
+    specs: Sequence[TopicSpec],
+    *,
+    timeout_s: float = 30.0,
+    create: bool = True,
+    **client_options: Any,
 ) -> None:
-    """Create the topics of ``specs`` that don't exist, then check all of them against ``specs``."""
+    """Create the topics of ``specs`` that don't exist, then check all of them against ``specs``.
+
+    With ``create=False`` a missing topic raises TopicMissing: only the checks are made.
+    """
     timeout_ms = int(timeout_s * 1000)
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms, **client_options
@@ -202,7 +215,7 @@ async def provision(
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
-            await _create_missing(admin, specs, timeout_ms)
+            await _create_missing(admin, specs, timeout_ms, create=create)
             observed = await _observe_when_visible(admin, [spec.name for spec in specs])
     except KafkaError as exc:
         raise TopicProvisioningError(f"provisioning topics on {bootstrap} failed: {exc!r}") from exc
@@ -218,12 +231,14 @@ async def provision(
 
 
 async def _create_missing(
-    admin: AIOKafkaAdminClient, specs: Sequence[TopicSpec], timeout_ms: int
+    admin: AIOKafkaAdminClient, specs: Sequence[TopicSpec], timeout_ms: int, *, create: bool
 ) -> None:
     existing = set(await admin.list_topics())
     missing = [spec for spec in specs if spec.name not in existing]
     if not missing:
         return
+    if not create:
+        raise TopicMissing(f"topics {[spec.name for spec in missing]} do not exist")
     new_topics = [
         NewTopic(
             spec.name, spec.partitions, spec.replication_factor, topic_configs=dict(spec.configs)

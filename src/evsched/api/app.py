@@ -69,7 +69,9 @@ def create_app(
         raise ValueError("pass token or tokens, not both")
     metrics = metrics if metrics is not None else Metrics()
     _hook(replica, metrics.observe_commit)
-    client = app if app is not None else App(settings, name="api")
+    queues = queues if queues is not None else KafkaQueues(settings)
+    # The API checks queues itself (a 422): its client asks the same catalog, answered from cache.
+    client = app if app is not None else App(settings, name="api", queues=queues)
     close_client = app is None if close_app is None else close_app
     ctx = ApiContext(
         settings=settings,
@@ -78,7 +80,7 @@ def create_app(
         metrics=metrics,
         writer=Writer(client, replica, metrics, wait_timeout_s),
         tokens=tokens,
-        queues=queues if queues is not None else KafkaQueues(settings),
+        queues=queues,
         max_scan=max_scan,
         ready_max_lag=ready_max_lag,
         lag_timeout_s=lag_timeout_s,

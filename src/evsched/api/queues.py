@@ -1,102 +1,34 @@
-"""Declared queues: a queue exists when its dispatch topic ``<ns>.dispatch.<queue>`` does.
+"""Declared queues in the API: a request naming an undeclared queue is refused (422).
 
-Requests name queues, but only an operator creates one (``evsched kafka topics --queue NAME``,
-or a worker started for it, or ``evsched dev`` for its app's queues), so a request can never
-make the cluster grow a topic. An unknown queue is a 422 naming ``queue`` from the API, and a
-usage error from ``evsched enqueue`` and ``evsched schedules upsert``.
+Requests name queues, but only an operator creates one (see ``adapters.queues``), so a request
+can never make the cluster grow a topic. An unknown queue is a 422 naming ``queue`` from the
+API, and a usage error from ``evsched enqueue`` and ``evsched schedules upsert``.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterable
-from typing import Protocol
-
 import structlog
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 
-from evsched.adapters.clock import monotonic_s
-from evsched.adapters.topics import Topics
+from evsched.adapters.queues import (
+    FixedQueues,
+    KafkaQueues,
+    QueueCatalog,
+    QueueLookupError,
+    undeclared,
+)
 from evsched.api.errors import ApiError
-from evsched.errors import EvschedError
 from evsched.metrics import Metrics
-from evsched.settings import Settings
+
+__all__ = [
+    "FixedQueues",
+    "KafkaQueues",
+    "QueueCatalog",
+    "QueueLookupError",
+    "require_declared",
+    "undeclared",
+]
 
 log = structlog.get_logger("evsched.api")
-
-
-class QueueLookupError(EvschedError):
-    """The cluster could not be asked which queues are declared."""
-
-
-class QueueCatalog(Protocol):
-    """Answers whether a queue is declared; raises QueueLookupError when it cannot tell."""
-
-    async def declared(self, queue: str) -> bool: ...
-
-
-class KafkaQueues:
-    """Declared queues read from the cluster's topic list, cached.
-
-    A queue seen once stays known; an unknown one makes a fresh listing at most every
-    ``refresh_s``, so a flood of made-up names costs one metadata request per interval.
-    """
-
-    def __init__(self, settings: Settings, *, refresh_s: float = 2.0, timeout_s: float = 5.0):
-        self._settings = settings
-        self._topics = Topics(settings.namespace)
-        self._refresh_s = refresh_s
-        self._timeout_s = timeout_s
-        self._known: set[str] = set()
-        self._listed_at: float | None = None
-        self._lock = asyncio.Lock()
-
-    async def declared(self, queue: str) -> bool:
-        topic = _dispatch_topic(self._topics, queue)
-        if topic is None:
-            return False
-        if topic in self._known:
-            return True
-        async with self._lock:
-            due = self._listed_at is None or monotonic_s() - self._listed_at >= self._refresh_s
-            if topic not in self._known and due:
-                self._known = await self._list()
-                self._listed_at = monotonic_s()
-        return topic in self._known
-
-    async def _list(self) -> set[str]:
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=self._settings.bootstrap,
-            request_timeout_ms=int(self._timeout_s * 1000),
-            **dict(self._settings.kafka_options),
-        )
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                await admin.start()
-                return set(await admin.list_topics())
-        except (KafkaError, TimeoutError) as exc:
-            raise QueueLookupError(f"cannot list the declared queues: {exc!r}") from exc
-        finally:
-            await admin.close()
-
-
-class FixedQueues:
-    """A fixed set of declared queues (tests, or a deployment that lists them itself)."""
-
-    def __init__(self, queues: Iterable[str]) -> None:
-        self._queues = frozenset(queues)
-
-    async def declared(self, queue: str) -> bool:
-        return queue in self._queues
-
-
-def undeclared(queue: str) -> str:
-    """What to tell whoever named an undeclared queue."""
-    return (
-        f"queue {queue!r} is not declared: an operator creates it with "
-        f"`evsched kafka topics --queue {queue}`"
-    )
 
 
 async def require_declared(catalog: QueueCatalog, queue: str, metrics: Metrics) -> None:
@@ -112,10 +44,3 @@ async def require_declared(catalog: QueueCatalog, queue: str, metrics: Metrics) 
         metrics.unknown_queue_refusals.inc()
         log.info("unknown_queue_refused", queue=queue)
         raise ApiError(422, "unknown_queue", undeclared(queue), field="queue")
-
-
-def _dispatch_topic(topics: Topics, queue: str) -> str | None:
-    try:
-        return topics.dispatch(queue)
-    except ValueError:
-        return None

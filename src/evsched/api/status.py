@@ -17,6 +17,8 @@ from evsched.errors import EvschedError
 router = APIRouter(tags=["operations"])
 # Probes and metrics stay open whatever the API's auth: orchestrators and scrapers carry no token.
 reads = APIRouter(tags=["operations"])
+# A fold failure's reason as /readyz shows it: enough to find the log line, not a record's content.
+REASON_CHARS = 200
 
 
 @router.get("/healthz", response_model=Health)
@@ -28,12 +30,23 @@ async def healthz() -> Health:
 @router.get(
     "/readyz",
     response_model=Ready,
-    responses={503: error("The replica is not folding, is behind, or the broker is unreachable.")},
+    responses={
+        503: error(
+            "The replica is not folding, fails to fold a partition, is behind, or the broker is "
+            "unreachable."
+        )
+    },
 )
 async def readyz(ctx: Ctx) -> Ready:
-    """Ready when the replica runs and is within ``ready_max_lag`` records of every log end."""
+    """Ready when the replica folds every partition and is within ``ready_max_lag`` records."""
     if not ctx.replica.running:
         raise ApiError(503, "not_ready", "the replica is not folding the log")
+    if failing := ctx.replica.failing:
+        # Reads of that partition are stale until the fold succeeds: route them elsewhere.
+        reasons = "; ".join(
+            f"partition {p}: {why[:REASON_CHARS]}" for p, why in sorted(failing.items())
+        )
+        raise ApiError(503, "not_ready", f"the replica fails to fold: {reasons}")
     lag = await _lag(ctx)
     if lag is None:
         raise ApiError(503, "not_ready", "the broker did not report the log's end in time")

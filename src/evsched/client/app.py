@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any, overload
 
 from evsched.adapters.clock import SYSTEM_CLOCK, Clock
+from evsched.adapters.queues import KafkaQueues, QueueCatalog, QueueLookupError, undeclared
 from evsched.adapters.topics import Topics
 from evsched.client.sync import LoopThread
 from evsched.client.task import Handler, Task
@@ -26,13 +27,15 @@ from evsched.client.validation import (
 from evsched.core.events import (
     Event,
     JobCancelled,
+    JobEnqueued,
     JobRequeued,
     RetryPolicy,
     ScheduleDeleted,
+    ScheduleUpserted,
     entity_id,
 )
 from evsched.core.state import JobState
-from evsched.errors import EvschedError, NoJobReader, UnknownTask
+from evsched.errors import EvschedError, NoJobReader, PublishError, UnknownQueue, UnknownTask
 from evsched.runtime.context import JobReader
 from evsched.settings import Settings
 
@@ -40,8 +43,15 @@ from evsched.settings import Settings
 class _LoopLog:
     """One EventLog per event loop: aiokafka clients must stay on the loop they started on."""
 
-    def __init__(self, factory: Callable[[], EventLog]) -> None:
+    def __init__(
+        self,
+        factory: Callable[[], EventLog],
+        catalog: Callable[[], QueueCatalog | None] = lambda: None,
+    ) -> None:
         self._factory = factory
+        self._catalog = catalog
+        # The declared queues as this loop sees them (a KafkaQueues holds an asyncio lock).
+        self.queues: QueueCatalog | None = None
         self._log: EventLog | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
@@ -61,6 +71,7 @@ class _LoopLog:
                 log = self._factory()
                 await log.start()
                 self._log, self._loop = log, loop
+                self.queues = self._catalog()
             return self._log
 
     async def close(self) -> None:
@@ -75,6 +86,8 @@ class App:
     Writes return only after the broker acknowledged them (idempotent producer, acks=all).
     ``log_factory`` replaces Kafka (tests pass ``testing.MemoryLog``); ``reader`` serves
     :meth:`get_job`. Use ``async with app:`` (or ``with app:`` in sync code) to close it.
+    Enqueues and schedules on a queue that is not declared raise UnknownQueue; ``queues`` says
+    which are (default: the cluster's dispatch topics, or every queue with a ``log_factory``).
     """
 
     def __init__(
@@ -85,6 +98,7 @@ class App:
         log_factory: Callable[[], EventLog] | None = None,
         reader: JobReader | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        queues: QueueCatalog | None = None,
     ) -> None:
         self.settings = settings if settings is not None else Settings.from_env()
         self.name = name
@@ -95,8 +109,9 @@ class App:
             lambda: KafkaEventLog(self.settings, client_id=f"evsched-client-{name}")
         )
         self._tasks: dict[str, Task] = {}
-        self._async_log = _LoopLog(factory)
-        self._sync_log = _LoopLog(factory)
+        catalog = self._catalog_factory(queues, checked=log_factory is None)
+        self._async_log = _LoopLog(factory, catalog)
+        self._sync_log = _LoopLog(factory, catalog)
         self._sync = LoopThread(f"evsched-client-{name}", cleanup=self._sync_log.close)
 
     # --- definitions ----------------------------------------------------------------------------
@@ -255,10 +270,29 @@ class App:
         )
 
     async def publish(self, event: Event) -> Appended:
-        """Write one event to ``<ns>.events`` keyed by its job or schedule id, after checks."""
+        """Write one event to ``<ns>.events`` keyed by its job or schedule id, after checks.
+
+        An enqueue or a schedule on an undeclared queue raises UnknownQueue, as the API refuses
+        it: only an operator makes a queue (``evsched kafka topics --queue NAME``).
+        """
         data = encode_checked(event)
-        log = await self._log_for_this_loop()
+        holder = self._loop_log()
+        log = await holder.get()
+        queue = _queue_of(event)
+        if queue is not None and holder.queues is not None:
+            await _require_declared(holder.queues, queue)
         return await log.append(self.topics.events, entity_id(event), data)
+
+    def _catalog_factory(
+        self, queues: QueueCatalog | None, *, checked: bool
+    ) -> Callable[[], QueueCatalog | None]:
+        if queues is not None:
+            return lambda: queues
+        if not checked:
+            return lambda: None  # an in-memory log has no topics: every queue goes
+        # One per event loop; a queue found declared stays so, an unknown one is looked up
+        # again at most every 2 s.
+        return lambda: KafkaQueues(self.settings, timeout_s=10.0)
 
     # --- sync forms -----------------------------------------------------------------------------
 
@@ -314,7 +348,24 @@ class App:
     ) -> None:
         self.close_sync()
 
-    async def _log_for_this_loop(self) -> EventLog:
+    def _loop_log(self) -> _LoopLog:
         if asyncio.get_running_loop() is self._sync.loop:
-            return await self._sync_log.get()
-        return await self._async_log.get()
+            return self._sync_log
+        return self._async_log
+
+
+def _queue_of(event: Event) -> str | None:
+    if isinstance(event, JobEnqueued):
+        return event.queue
+    if isinstance(event, ScheduleUpserted):
+        return event.template.queue
+    return None
+
+
+async def _require_declared(queues: QueueCatalog, queue: str) -> None:
+    try:
+        declared = await queues.declared(queue)
+    except QueueLookupError as exc:
+        raise PublishError(str(exc)) from exc
+    if not declared:
+        raise UnknownQueue(queue, undeclared(queue))

@@ -157,6 +157,18 @@ def queue_refusal(queue: str, field: str = "queue") -> str | None:
     return None
 
 
+def namespace_refusal(namespace: str) -> str | None:
+    """Why ``namespace`` cannot be the first part of every topic name, queues included, or None."""
+    if not isinstance(namespace, str) or not QUEUE_PATTERN.fullmatch(namespace):
+        return f"namespace {_show(namespace)} must be non-empty and only [A-Za-z0-9._-]"
+    if len(namespace) > MAX_NAMESPACE_CHARS:
+        return (
+            f"namespace has {len(namespace)} characters, above the limit of "
+            f"{MAX_NAMESPACE_CHARS} (a topic name holds {MAX_TOPIC_CHARS})"
+        )
+    return None
+
+
 def retry_refusal(policy: RetryPolicy, prefix: str = "retry.") -> str | None:
     return _first(
         _bounded(f"{prefix}initial_backoff_ms", policy.initial_backoff_ms, 0, MAX_DURATION_MS),

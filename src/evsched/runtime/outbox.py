@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("evsched.node")
 
-# How long a decision that could not be encoded or sent is held back before it is planned again:
+# How long a decision that could not be encoded or sent is held back before it is planned again
+# (one on an undeclared queue: as long as QueueTopics waits to look again):
 # the cause may be gone by then (a topic repaired), and each failure costs one log line.
 QUARANTINE_S = 30.0
 
@@ -53,8 +54,18 @@ METADATA_WAIT_S = 10.0
 # least one culprit, so a step never loops.
 TRANSACTION_TRIES = 5
 
-# Ensures the dispatch topics of ``queues`` exist; returns the queues refused, with the reason.
-EnsureQueues = Callable[[set[str]], Awaitable[Mapping[str, str]]]
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Unusable:
+    """Why a queue's dispatch topic can't be sent to now: its decisions are held back."""
+
+    stage: str  # undeclared (no topic: an operator declares the queue) or topic (misconfigured)
+    reason: str
+    hold_s: float | None = None  # how long its decisions are held; None: QUARANTINE_S
+
+
+# Checks the dispatch topics of ``queues``; returns those that can't be used now, and why.
+EnsureQueues = Callable[[set[str]], Awaitable[Mapping[str, Unusable]]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,19 +107,32 @@ class Quarantine:
         del self._until[entity]
         return False
 
-    def add(self, entity: str, stage: str, reason: str) -> None:
-        """Hold ``entity``'s decisions back; ``stage`` is encode, topic or send."""
+    def add(
+        self,
+        entity: str,
+        stage: str,
+        reason: str,
+        *,
+        hold_s: float | None = None,
+        quiet: bool = False,
+    ) -> None:
+        """Hold ``entity``'s decisions back; ``stage`` is encode, topic, undeclared or send.
+
+        ``quiet``: the cause is logged elsewhere, once for many decisions (an undeclared queue).
+        """
+        hold_s = self.hold_s if hold_s is None else hold_s
         self.suspects.discard(entity)
-        self._until[entity] = monotonic_s() + self.hold_s
+        self._until[entity] = monotonic_s() + hold_s
         self.fresh.add(entity)
-        log.warning(
-            "decision_quarantined",
-            partition=self.partition,
-            entity=entity,
-            stage=stage,
-            reason=reason,
-            retry_in_s=self.hold_s,
-        )
+        if not quiet:
+            log.warning(
+                "decision_quarantined",
+                partition=self.partition,
+                entity=entity,
+                stage=stage,
+                reason=reason,
+                retry_in_s=hold_s,
+            )
         if self.instruments is not None:
             self.instruments.quarantined(stage).inc()
 
@@ -169,7 +193,9 @@ async def transact(
         if o.queue is None or o.queue not in refused or o.decision is None:
             continue
         if not quarantine.holds(o.decision):
-            quarantine.add(o.decision, "topic", refused[o.queue])
+            why = refused[o.queue]
+            quiet = why.stage == "undeclared"  # QueueTopics logs queue_undeclared instead
+            quarantine.add(o.decision, why.stage, why.reason, hold_s=why.hold_s, quiet=quiet)
     records = [o for o in outgoing if o.decision is None or not quarantine.holds(o.decision)]
     for attempt in range(1, TRANSACTION_TRIES + 1):
         try:
@@ -192,8 +218,8 @@ async def transact(
 
 async def _unusable_queues(
     producer: AIOKafkaProducer, outgoing: Sequence[Outgoing], ensure_queues: EnsureQueues
-) -> dict[str, str]:
-    """Queues whose dispatch topic can't be used now (refused, or no metadata), with the reason."""
+) -> dict[str, Unusable]:
+    """Queues whose dispatch topic can't be used now (undeclared, refused, no metadata), and why."""
     topics = {o.queue: o.topic for o in outgoing if o.queue is not None}
     refused = dict(await ensure_queues(set(topics))) if topics else {}
     waits: tuple[type[BaseException], ...] = (TimeoutError, *RECORD_REFUSED)
@@ -205,7 +231,8 @@ async def _unusable_queues(
         try:
             await asyncio.wait_for(producer.partitions_for(topic), METADATA_WAIT_S)
         except waits as exc:
-            refused[queue] = f"no metadata for {topic} after {METADATA_WAIT_S} s: {exc!r}"
+            reason = f"no metadata for {topic} after {METADATA_WAIT_S} s: {exc!r}"
+            refused[queue] = Unusable(stage="topic", reason=reason)
     return refused
 
 

@@ -313,7 +313,8 @@ class OwnedPartition:
             return []
 
     def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
-        ids = self.index.due_job_ids(now, self.scan_limit)
+        # Held-back jobs (pending, or on an undeclared queue) must not fill the scan's window.
+        ids = self.index.due_job_ids(now, self.scan_limit, skip=self._held_back)
         ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
         candidates = [s for s in self._jobs(ids, folded) if s.run_at <= now]
         if self.budget is None:
@@ -342,12 +343,13 @@ class OwnedPartition:
             source=self.source,
         )
 
+    def _held_back(self, entity: str) -> bool:
+        return entity in self.pending.entities or self.quarantine.holds(entity)
+
     def _jobs(self, ids: Sequence[str], folded: Folded) -> list[JobState]:
         found: dict[str, JobState] = {}
         for job_id in ids:
-            if job_id in found or job_id in self.pending.entities:
-                continue
-            if self.quarantine.holds(job_id):
+            if job_id in found or self._held_back(job_id):
                 continue
             state = self.projector.job(job_id, folded)
             if state is not None:

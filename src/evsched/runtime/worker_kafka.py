@@ -32,6 +32,7 @@ from evsched.runtime.worker import (
     serve,
     wait_set,
 )
+from evsched.settings import SettingsError
 
 log = structlog.get_logger("evsched.worker")
 # While the broker is unreachable at start: the first retry after this, doubling up to the max.
@@ -249,7 +250,11 @@ def worker_command(
 ) -> None:
     """Run the tasks of an evsched App from its dispatch queues."""
     configure_logging(json=log_json)
-    loaded = load_app(app)
+    try:
+        loaded = load_app(app)  # an App made at import reads its settings from the environment
+    except SettingsError as exc:
+        typer.echo(f"evsched worker: {exc}", err=True)  # names the variable; no traceback
+        raise typer.Exit(2) from None
     listed = tuple(q.strip() for q in (queues or "").split(",") if q.strip())
     config = WorkerConfig(
         queues=listed or loaded.queues,
