@@ -91,9 +91,10 @@ async def test_verdicts_jobs_and_latency_are_counted(api: Harness) -> None:
 async def test_lateness_expirations_and_stale_completions(api: Harness) -> None:
     job_id = await enqueue(api, queue="q")
     common = {"job_id": job_id, "emitted_at": 0, "token": 1}
-    # A lease of 0 ms has expired as soon as it is granted, so the node's LeaseExpired applies.
+    # The start is in time; its run lease of 0 ms has expired as soon as it is granted, so the
+    # node's LeaseExpired applies (and the attempt counts: it started).
     await api.replica.append(
-        JobLeased(event_id="l", source="node", attempt=1, lease_ms=0, **common)
+        JobLeased(event_id="l", source="node", attempt=1, lease_ms=60_000, **common)
     )
     await api.replica.append(
         AttemptStarted(event_id="s", source="w", worker_id="w", lease_ms=0, **common)
