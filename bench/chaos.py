@@ -234,6 +234,7 @@ def figures(
         **rebuild_figures(soak.rebuild_verify(), ends),
         **_done_figures(auditor, auditor.acknowledged),
         **{k: soak.counts.get(k, 0) for k in _FAULT_COUNTS},
+        **soak.log_counts(),
         **{f"hostile_{k}": v for k, v in sorted(hostile.sent.items())},
     }
 
@@ -244,7 +245,6 @@ _FAULT_COUNTS = (
     "worker_freezes",
     "broker_kills",
     "unexpected_exits",
-    "partition_step_failures",
 )
 
 
@@ -301,6 +301,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--concurrency", type=int, default=20)
     add("--partitions", type=int, default=6)
     add("--max-in-flight", type=int, default=1_000, help="passed to the nodes")
+    add("--max-unstarted", type=int, help="passed to the nodes (default: the node's)")
     add("--lease-s", type=float, default=5.0, help="workers' run lease")
     add("--dispatch-timeout-s", type=float, default=5.0, help="nodes' time for a worker to start")
     add("--node-kill-every-s", type=float, default=60.0)

@@ -9,10 +9,11 @@ recompute backoff), which only matters for leases the nodes never make.
 
 Reported (``Findings``): acknowledged enqueues never terminal (lost); jobs whose effects carry
 two tokens (duplicate accepted successes); effects published twice, from a token the model did
-not accept (stale), or missing; dead jobs never started; expiries of leases never started that
-cost an attempt; handlers started past their start deadline (``leased_at + lease_ms``) or for a
-job already finished; undecodable records against the garbage injected; and, per fault, how long
-it stalled work (``stalls``).
+not accept (stale), or missing; dead jobs never started; expiries of leases never started (since
+fold version 2 they spend no attempt: the model gives it back, so a node that spent one shows as
+a lease the model refuses, ``refused_leases``); handlers started past their start deadline
+(``leased_at + lease_ms``) or for a job already finished; undecodable records against the
+garbage injected; and, per fault, how long it stalled work (``stalls``).
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class Findings:
     missing_effects: list[EffectId] = field(default_factory=list)
     dead_unstarted: list[str] = field(default_factory=list)
     unstarted_expiries: int = 0
+    refused_leases: int = 0
     late_starts: int = 0
     starts_after_terminal: int = 0
     undecodable: int = 0
@@ -131,6 +133,7 @@ class Findings:
             "missing_effects": len(self.missing_effects),
             "dead_unstarted": len(self.dead_unstarted),
             "unstarted_expiries": self.unstarted_expiries,
+            "refused_leases": self.refused_leases,
             "late_starts": self.late_starts,
             "starts_after_terminal": self.starts_after_terminal,
             "undecodable": self.undecodable,
@@ -165,6 +168,7 @@ class Auditor:
     late_starts: int = 0
     starts_after_terminal: int = 0
     unstarted_expiries: int = 0
+    refused_leases: int = 0
     undecodable: int = 0
     accepted: dict[tuple[str, int], int] = field(default_factory=dict)  # (job, token) -> effects
     published: Counter[EffectId] = field(default_factory=Counter)
@@ -234,8 +238,11 @@ class Auditor:
                 if job.status == RUNNING and event.token == job.token:
                     self._running(job_id, job, event, at)
             case LeaseExpired() if self._live(job, event.token):
-                if job.lease_until is None or at >= job.lease_until:
-                    self.unstarted_expiries += job.status == LEASED
+                if job.lease_until is not None and at < job.lease_until:
+                    pass  # not expired yet by the log's clock: not applied
+                elif job.status == LEASED:
+                    self._unstarted_expiry(job, at)
+                else:
                     self._retry_or_die(job, retryable=True, at=at)
             case _:
                 pass
@@ -246,8 +253,10 @@ class Auditor:
 
     def _leased(self, job: _Job, event: JobLeased, record: LogRecord) -> None:
         if job.status != SCHEDULED or event.token <= job.token:
+            self.refused_leases += 1
             return
         if event.attempt != job.attempt + 1:
+            self.refused_leases += 1  # e.g. a node that spent an attempt on an unstarted expiry
             return
         job.status, job.token, job.attempt = LEASED, event.token, event.attempt
         job.lease_until = record.log_at + event.lease_ms
@@ -281,6 +290,12 @@ class Auditor:
         elif isinstance(event, AttemptFailed):
             self._retry_or_die(job, retryable=event.retryable, at=at)
 
+    def _unstarted_expiry(self, job: _Job, at: int) -> None:
+        # Lifecycle since fold version 2: no attempt spent, due again at once, no error.
+        self.unstarted_expiries += 1
+        self._close_attempt(job, at)
+        job.status, job.attempt, job.lease_until = SCHEDULED, job.attempt - 1, None
+
     def _retry_or_die(self, job: _Job, *, retryable: bool, at: int) -> None:
         if retryable and job.attempt < job.max_attempts:
             self._close_attempt(job, at)
@@ -302,6 +317,7 @@ class Auditor:
         found = Findings(
             acknowledged=len(self.acknowledged),
             unstarted_expiries=self.unstarted_expiries,
+            refused_leases=self.refused_leases,
             late_starts=self.late_starts,
             starts_after_terminal=self.starts_after_terminal,
             undecodable=self.undecodable,
