@@ -115,6 +115,7 @@ class Findings:
     unstarted_expiries: int = 0
     refused_leases: int = 0
     late_starts: int = 0
+    late_start_max_ms: int = 0
     starts_after_terminal: int = 0
     undecodable: int = 0
     injected_garbage: int = 0
@@ -135,6 +136,7 @@ class Findings:
             "unstarted_expiries": self.unstarted_expiries,
             "refused_leases": self.refused_leases,
             "late_starts": self.late_starts,
+            "late_start_max_ms": self.late_start_max_ms,
             "starts_after_terminal": self.starts_after_terminal,
             "undecodable": self.undecodable,
             "injected_garbage": self.injected_garbage,
@@ -166,6 +168,7 @@ class Auditor:
     jobs: dict[str, _Job] = field(default_factory=dict)
     leases_by_partition: dict[int, list[int]] = field(default_factory=dict)
     late_starts: int = 0
+    late_start_max_ms: int = 0
     starts_after_terminal: int = 0
     unstarted_expiries: int = 0
     refused_leases: int = 0
@@ -267,7 +270,9 @@ class Auditor:
     def _started(self, job: _Job, event: AttemptStarted, at: int) -> None:
         # Every AttemptStarted is a handler a worker ran, whatever the model makes of it.
         deadline = job.deadlines.get(event.token)
-        self.late_starts += deadline is not None and at > deadline
+        if deadline is not None and at > deadline:
+            self.late_starts += 1
+            self.late_start_max_ms = max(self.late_start_max_ms, at - deadline)
         self.starts_after_terminal += job.status in TERMINAL
         if job.status == LEASED and event.token == job.token:
             job.status, job.lease_until = RUNNING, at + event.lease_ms
@@ -319,6 +324,7 @@ class Auditor:
             unstarted_expiries=self.unstarted_expiries,
             refused_leases=self.refused_leases,
             late_starts=self.late_starts,
+            late_start_max_ms=self.late_start_max_ms,
             starts_after_terminal=self.starts_after_terminal,
             undecodable=self.undecodable,
             injected_garbage=self.injected_garbage,

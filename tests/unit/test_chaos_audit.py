@@ -207,7 +207,7 @@ def test_starts_past_the_deadline_and_after_the_end_are_counted() -> None:
     log = Log().enqueue("a", 0).lease("a", 1, 1, 10, lease_ms=1_000).start("a", 1, 2_000)
     log.renew("a", 1, 2_100).succeed("a", 1, 2_200).start("a", 1, 2_300)
     found = audit(log, {"a"}, [("a", 1, 0)]).findings()
-    assert found.late_starts == 2
+    assert found.late_starts == 2 and found.late_start_max_ms == 1_290
     assert found.starts_after_terminal == 1
 
 
