@@ -144,15 +144,17 @@ async def drain(soak: Soak, follower: Follower, auditor: Auditor, acked: set[str
     """Wait until every acknowledged job is terminal, or nothing moved for ``--settle-s``."""
     a = soak.args
     deadline = time.monotonic() + a.drain_timeout_s
-    last, still_since = -1, time.monotonic()
+    last, still_since, printed_at = -1, time.monotonic(), 0.0
     while time.monotonic() < deadline:
         await follower.read(500)
         pending = sum(1 for j in acked if not auditor.is_terminal(j))
         if pending == 0:
             return 0
         if pending != last:
+            if time.monotonic() - printed_at > 10:  # a line every 10 s at most
+                print(f"drain: {pending} acknowledged jobs not terminal yet", flush=True)
+                printed_at = time.monotonic()
             last, still_since = pending, time.monotonic()
-            print(f"drain: {pending} acknowledged jobs not terminal yet")
         elif time.monotonic() - still_since > a.settle_s:
             return pending
     return last
@@ -227,6 +229,7 @@ def figures(
     """The audit, the rebuild check and the counts, as one flat mapping for the last line."""
     findings = auditor.findings(soak.faults)
     _print_samples(findings)
+    _print_stalls(auditor, soak)
     return {
         "jobs": soak.args.jobs,
         **run,
@@ -288,6 +291,14 @@ def _print_samples(findings: Any) -> None:
         sample = [repr(item)[:80] for item in getattr(findings, name)[:5]]
         if sample:
             print(f"{name}: {len(getattr(findings, name))}, e.g. {', '.join(sample)}")
+
+
+def _print_stalls(auditor: Auditor, soak: Soak) -> None:
+    """One line per kill: when, what it hit, and how long it held up work."""
+    for fault in soak.faults:
+        at = time.strftime("%H:%M:%S", time.gmtime(fault.at_ms / 1000))
+        what = sorted(fault.partitions) if fault.kind == "node" else fault.worker_id
+        print(f"stall: {fault.kind} kill at {at} UTC ({what}): {auditor.stall(fault)} s")
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:

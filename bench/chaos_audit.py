@@ -371,10 +371,15 @@ class Auditor:
         """
         out: dict[str, list[float]] = {"node": [], "worker": []}
         for fault in faults:
-            waits = self._node_waits(fault) if fault.kind == "node" else self._worker_waits(fault)
-            if waits:
-                out.setdefault(fault.kind, []).append(max(waits) / 1000)
+            stall = self.stall(fault)
+            if stall is not None:
+                out.setdefault(fault.kind, []).append(stall)
         return out
+
+    def stall(self, fault: Fault) -> float | None:
+        """Seconds ``fault`` held up work (see ``stalls``), or None when it held up nothing."""
+        waits = self._node_waits(fault) if fault.kind == "node" else self._worker_waits(fault)
+        return max(waits) / 1000 if waits else None
 
     def _node_waits(self, fault: Fault) -> list[int]:
         waits = []

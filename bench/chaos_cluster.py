@@ -183,7 +183,9 @@ class Soak(Cluster):
             data = path.read_bytes()
             for event in events:
                 counts[event] += data.count(f'"event": "{event}"'.encode())
-            counts["tracebacks"] += data.count(b"Traceback (most recent call last)")
+            # At a line's start only: a handler's failure is logged with its traceback inside
+            # one JSON line, and that is the soak's flaky and broken tasks doing their job.
+            counts["tracebacks"] += (b"\n" + data).count(b"\nTraceback (most recent call last)")
         return counts
 
     def rebuild_verify(self) -> list[dict[str, Any]]:
