@@ -1,20 +1,16 @@
 """The chaos soak's auditor: an independent model of the job lifecycle, checked against the topics.
 
-It never calls the fold. It reads the events topic in log order and keeps its own small account
-of each job (status, current token, attempt, lease deadline) following the lifecycle table of
-docs/job-lifecycle.md; effects come from the effects topic. A defect in the fold therefore shows
-as a disagreement between what the nodes published and what this model accepted. Its one
-simplification: a lease before the job's ``run_at`` is taken as granted (the model does not
-recompute backoff), which only matters for leases the nodes never make.
+It never calls the fold: it reads the events topic in log order and keeps its own account of
+each job (status, token, attempt, lease deadline) by the lifecycle table of
+docs/job-lifecycle.md, so a defect in the fold shows as a disagreement with the nodes. Its one
+simplification: a lease before ``run_at`` counts as granted (it does not recompute backoff).
 
-Reported (``Findings``): acknowledged enqueues never terminal (lost); jobs whose effects carry
-two tokens (duplicate accepted successes); effects published twice, from a token the model did
-not accept (stale), or missing; dead jobs never started; expiries of leases never started (since
-fold version 2 they spend no attempt: the model gives it back, so a node that spent one shows as
-a lease the model refuses, ``refused_leases``); handlers started past their start deadline
-(``leased_at + lease_ms``) or for a job already finished; undecodable records against the
-garbage injected; and, per fault, how long it stalled work (``stalls``).
-"""
+Reported (``Findings``): acknowledged enqueues never terminal (lost); effects carrying two
+tokens (duplicate accepted successes); effects published twice, from a token the model did not
+accept (stale), or missing; dead jobs never started; expiries of leases never started (since
+fold version 2 they spend no attempt, the model's too, so a node that spent one shows in
+``refused_leases``); starts past their deadline (``leased_at + lease_ms``) or after the job
+ended; undecodable records against the garbage injected; per fault, its stall (``stalls``)."""
 
 from __future__ import annotations
 
