@@ -144,15 +144,17 @@ async def drain(soak: Soak, follower: Follower, auditor: Auditor, acked: set[str
     """Wait until every acknowledged job is terminal, or nothing moved for ``--settle-s``."""
     a = soak.args
     deadline = time.monotonic() + a.drain_timeout_s
-    last, still_since = -1, time.monotonic()
+    last, still_since, printed_at = -1, time.monotonic(), 0.0
     while time.monotonic() < deadline:
         await follower.read(500)
         pending = sum(1 for j in acked if not auditor.is_terminal(j))
         if pending == 0:
             return 0
         if pending != last:
+            if time.monotonic() - printed_at > 10:  # a line every 10 s at most
+                print(f"drain: {pending} acknowledged jobs not terminal yet", flush=True)
+                printed_at = time.monotonic()
             last, still_since = pending, time.monotonic()
-            print(f"drain: {pending} acknowledged jobs not terminal yet")
         elif time.monotonic() - still_since > a.settle_s:
             return pending
     return last
@@ -227,6 +229,7 @@ def figures(
     """The audit, the rebuild check and the counts, as one flat mapping for the last line."""
     findings = auditor.findings(soak.faults)
     _print_samples(findings)
+    _print_stalls(auditor, soak)
     return {
         "jobs": soak.args.jobs,
         **run,
@@ -234,6 +237,7 @@ def figures(
         **rebuild_figures(soak.rebuild_verify(), ends),
         **_done_figures(auditor, auditor.acknowledged),
         **{k: soak.counts.get(k, 0) for k in _FAULT_COUNTS},
+        **soak.log_counts(),
         **{f"hostile_{k}": v for k, v in sorted(hostile.sent.items())},
     }
 
@@ -244,7 +248,6 @@ _FAULT_COUNTS = (
     "worker_freezes",
     "broker_kills",
     "unexpected_exits",
-    "partition_step_failures",
 )
 
 
@@ -290,6 +293,14 @@ def _print_samples(findings: Any) -> None:
             print(f"{name}: {len(getattr(findings, name))}, e.g. {', '.join(sample)}")
 
 
+def _print_stalls(auditor: Auditor, soak: Soak) -> None:
+    """One line per kill: when, what it hit, and how long it held up work."""
+    for fault in soak.faults:
+        at = time.strftime("%H:%M:%S", time.gmtime(fault.at_ms / 1000))
+        what = sorted(fault.partitions) if fault.kind == "node" else fault.worker_id
+        print(f"stall: {fault.kind} kill at {at} UTC ({what}): {auditor.stall(fault)} s")
+
+
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = p.add_argument
@@ -301,6 +312,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--concurrency", type=int, default=20)
     add("--partitions", type=int, default=6)
     add("--max-in-flight", type=int, default=1_000, help="passed to the nodes")
+    add("--max-unstarted", type=int, help="passed to the nodes (default: the node's)")
     add("--lease-s", type=float, default=5.0, help="workers' run lease")
     add("--dispatch-timeout-s", type=float, default=5.0, help="nodes' time for a worker to start")
     add("--node-kill-every-s", type=float, default=60.0)

@@ -1,19 +1,16 @@
 """The chaos soak's auditor: an independent model of the job lifecycle, checked against the topics.
 
-It never calls the fold. It reads the events topic in log order and keeps its own small account
-of each job (status, current token, attempt, lease deadline) following the lifecycle table of
-docs/job-lifecycle.md; effects come from the effects topic. A defect in the fold therefore shows
-as a disagreement between what the nodes published and what this model accepted. Its one
-simplification: a lease before the job's ``run_at`` is taken as granted (the model does not
-recompute backoff), which only matters for leases the nodes never make.
+It never calls the fold: it reads the events topic in log order and keeps its own account of
+each job (status, token, attempt, lease deadline) by the lifecycle table of
+docs/job-lifecycle.md, so a defect in the fold shows as a disagreement with the nodes. Its one
+simplification: a lease before ``run_at`` counts as granted (it does not recompute backoff).
 
-Reported (``Findings``): acknowledged enqueues never terminal (lost); jobs whose effects carry
-two tokens (duplicate accepted successes); effects published twice, from a token the model did
-not accept (stale), or missing; dead jobs never started; expiries of leases never started that
-cost an attempt; handlers started past their start deadline (``leased_at + lease_ms``) or for a
-job already finished; undecodable records against the garbage injected; and, per fault, how long
-it stalled work (``stalls``).
-"""
+Reported (``Findings``): acknowledged enqueues never terminal (lost); effects carrying two
+tokens (duplicate accepted successes); effects published twice, from a token the model did not
+accept (stale), or missing; dead jobs never started; expiries of leases never started (since
+fold version 2 they spend no attempt, the model's too, so a node that spent one shows in
+``refused_leases``); starts past their deadline (``leased_at + lease_ms``) or after the job
+ended; undecodable records against the garbage injected; per fault, its stall (``stalls``)."""
 
 from __future__ import annotations
 
@@ -112,7 +109,9 @@ class Findings:
     missing_effects: list[EffectId] = field(default_factory=list)
     dead_unstarted: list[str] = field(default_factory=list)
     unstarted_expiries: int = 0
+    refused_leases: int = 0
     late_starts: int = 0
+    late_start_max_ms: int = 0
     starts_after_terminal: int = 0
     undecodable: int = 0
     injected_garbage: int = 0
@@ -131,7 +130,9 @@ class Findings:
             "missing_effects": len(self.missing_effects),
             "dead_unstarted": len(self.dead_unstarted),
             "unstarted_expiries": self.unstarted_expiries,
+            "refused_leases": self.refused_leases,
             "late_starts": self.late_starts,
+            "late_start_max_ms": self.late_start_max_ms,
             "starts_after_terminal": self.starts_after_terminal,
             "undecodable": self.undecodable,
             "injected_garbage": self.injected_garbage,
@@ -163,8 +164,10 @@ class Auditor:
     jobs: dict[str, _Job] = field(default_factory=dict)
     leases_by_partition: dict[int, list[int]] = field(default_factory=dict)
     late_starts: int = 0
+    late_start_max_ms: int = 0
     starts_after_terminal: int = 0
     unstarted_expiries: int = 0
+    refused_leases: int = 0
     undecodable: int = 0
     accepted: dict[tuple[str, int], int] = field(default_factory=dict)  # (job, token) -> effects
     published: Counter[EffectId] = field(default_factory=Counter)
@@ -234,8 +237,11 @@ class Auditor:
                 if job.status == RUNNING and event.token == job.token:
                     self._running(job_id, job, event, at)
             case LeaseExpired() if self._live(job, event.token):
-                if job.lease_until is None or at >= job.lease_until:
-                    self.unstarted_expiries += job.status == LEASED
+                if job.lease_until is not None and at < job.lease_until:
+                    pass  # not expired yet by the log's clock: not applied
+                elif job.status == LEASED:
+                    self._unstarted_expiry(job, at)
+                else:
                     self._retry_or_die(job, retryable=True, at=at)
             case _:
                 pass
@@ -246,8 +252,10 @@ class Auditor:
 
     def _leased(self, job: _Job, event: JobLeased, record: LogRecord) -> None:
         if job.status != SCHEDULED or event.token <= job.token:
+            self.refused_leases += 1
             return
         if event.attempt != job.attempt + 1:
+            self.refused_leases += 1  # e.g. a node that spent an attempt on an unstarted expiry
             return
         job.status, job.token, job.attempt = LEASED, event.token, event.attempt
         job.lease_until = record.log_at + event.lease_ms
@@ -258,7 +266,9 @@ class Auditor:
     def _started(self, job: _Job, event: AttemptStarted, at: int) -> None:
         # Every AttemptStarted is a handler a worker ran, whatever the model makes of it.
         deadline = job.deadlines.get(event.token)
-        self.late_starts += deadline is not None and at > deadline
+        if deadline is not None and at > deadline:
+            self.late_starts += 1
+            self.late_start_max_ms = max(self.late_start_max_ms, at - deadline)
         self.starts_after_terminal += job.status in TERMINAL
         if job.status == LEASED and event.token == job.token:
             job.status, job.lease_until = RUNNING, at + event.lease_ms
@@ -281,6 +291,12 @@ class Auditor:
         elif isinstance(event, AttemptFailed):
             self._retry_or_die(job, retryable=event.retryable, at=at)
 
+    def _unstarted_expiry(self, job: _Job, at: int) -> None:
+        # Lifecycle since fold version 2: no attempt spent, due again at once, no error.
+        self.unstarted_expiries += 1
+        self._close_attempt(job, at)
+        job.status, job.attempt, job.lease_until = SCHEDULED, job.attempt - 1, None
+
     def _retry_or_die(self, job: _Job, *, retryable: bool, at: int) -> None:
         if retryable and job.attempt < job.max_attempts:
             self._close_attempt(job, at)
@@ -302,7 +318,9 @@ class Auditor:
         found = Findings(
             acknowledged=len(self.acknowledged),
             unstarted_expiries=self.unstarted_expiries,
+            refused_leases=self.refused_leases,
             late_starts=self.late_starts,
+            late_start_max_ms=self.late_start_max_ms,
             starts_after_terminal=self.starts_after_terminal,
             undecodable=self.undecodable,
             injected_garbage=self.injected_garbage,
@@ -349,10 +367,15 @@ class Auditor:
         """
         out: dict[str, list[float]] = {"node": [], "worker": []}
         for fault in faults:
-            waits = self._node_waits(fault) if fault.kind == "node" else self._worker_waits(fault)
-            if waits:
-                out.setdefault(fault.kind, []).append(max(waits) / 1000)
+            stall = self.stall(fault)
+            if stall is not None:
+                out.setdefault(fault.kind, []).append(stall)
         return out
+
+    def stall(self, fault: Fault) -> float | None:
+        """Seconds ``fault`` held up work (see ``stalls``), or None when it held up nothing."""
+        waits = self._node_waits(fault) if fault.kind == "node" else self._worker_waits(fault)
+        return max(waits) / 1000 if waits else None
 
     def _node_waits(self, fault: Fault) -> list[int]:
         waits = []

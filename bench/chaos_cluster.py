@@ -55,6 +55,8 @@ class Soak(Cluster):
         command = [_script("evsched"), "node", "--data-dir", str(self.node_dir(i))]
         command += ["--node-id", f"n{i}", "--dispatch-timeout-s", str(self.args.dispatch_timeout_s)]
         command += ["--max-in-flight", str(self.args.max_in_flight)]
+        if self.args.max_unstarted is not None:
+            command += ["--max-unstarted", str(self.args.max_unstarted)]
         return self._spawn_proc(f"node-{i}", command)
 
     def node_dir(self, i: int) -> Path:
@@ -91,8 +93,6 @@ class Soak(Cluster):
                     self.owned[proc.name].add(int(line["partition"]))
                 elif event == "partition_revoked":
                     self.owned[proc.name].discard(int(line["partition"]))
-                elif event == "partition_step_failed":
-                    self._count("partition_step_failures")
 
     def revive(self) -> None:
         """Start again a node or worker that exited by itself (not one we killed): counted."""
@@ -172,6 +172,22 @@ class Soak(Cluster):
         if self.broker is not None:
             self.broker.down()
 
+    def log_counts(self) -> dict[str, int]:
+        """Log lines of note over every node's and worker's log (killed ones included).
+
+        Counted as bytes, not parsed: the workers write thousands of lines a second.
+        """
+        counts = dict.fromkeys([*NODE_EVENTS, *WORKER_EVENTS, "tracebacks"], 0)
+        for path in sorted(self.run_dir.glob("*.log")):
+            events = NODE_EVENTS if path.name.startswith("node-") else WORKER_EVENTS
+            data = path.read_bytes()
+            for event in events:
+                counts[event] += data.count(f'"event": "{event}"'.encode())
+            # At a line's start only: a handler's failure is logged with its traceback inside
+            # one JSON line, and that is the soak's flaky and broken tasks doing their job.
+            counts["tracebacks"] += (b"\n" + data).count(b"\nTraceback (most recent call last)")
+        return counts
+
     def rebuild_verify(self) -> list[dict[str, Any]]:
         """``evsched rebuild --verify`` against every node's data dir: one result per partition.
 
@@ -195,6 +211,18 @@ class Soak(Cluster):
                 continue
             results += [_compared(i, p) for p in document["partitions"] if p["live_digest"]]
         return results
+
+
+# Log events the soak counts: a partition that failed a step or could not open, a decision
+# held back, a fenced producer; a dispatch a worker refused (not signed by a node, undecodable)
+# or skipped (past its start deadline, superseded, finished).
+NODE_EVENTS = (
+    "partition_step_failed",
+    "partition_open_failed",
+    "partition_fenced",
+    "decision_quarantined",
+)
+WORKER_EVENTS = ("dispatch_unauthenticated", "dispatch_undecodable", "dispatch_skipped")
 
 
 def _compared(node: int, partition: dict[str, Any]) -> dict[str, Any]:

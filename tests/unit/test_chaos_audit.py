@@ -180,13 +180,21 @@ def test_a_producer_retry_of_a_success_is_applied_once() -> None:
     assert found.stale_effects == found.duplicate_successes == []
 
 
-def test_a_job_dead_from_expiries_of_leases_never_started() -> None:
+def test_expiries_of_leases_never_started_spend_no_attempt() -> None:
+    # Fold version 2: each unstarted expiry gives the attempt back, so attempt 1 is leased again.
+    log = Log().enqueue("a", 0, max_attempts=1)
+    log.lease("a", 1, 1, 10).expire("a", 1, 1_010).lease("a", 2, 1, 2_000).expire("a", 2, 3_000)
+    log.lease("a", 3, 1, 3_100).start("a", 3, 3_200).succeed("a", 3, 3_300)
+    found = audit(log, {"a"}, [("a", 3, 0)]).findings()
+    assert found.unstarted_expiries == 2 and found.refused_leases == 0
+    assert found.succeeded == 1 and found.dead_unstarted == found.lost == []
+
+
+def test_a_lease_that_spent_an_attempt_on_an_unstarted_expiry_is_refused() -> None:
     log = Log().enqueue("a", 0, max_attempts=2)
-    log.lease("a", 1, 1, 10).expire("a", 1, 1_010).lease("a", 2, 2, 2_000).expire("a", 2, 3_000)
+    log.lease("a", 1, 1, 10).expire("a", 1, 1_010).lease("a", 2, 2, 2_000)
     found = audit(log, {"a"}, []).findings()
-    assert found.dead_unstarted == ["a"]
-    assert found.unstarted_expiries == 2
-    assert found.dead == 1 and found.lost == []
+    assert found.refused_leases == 1 and found.lost == ["a"]
 
 
 def test_an_expiry_before_the_lease_ends_is_not_applied() -> None:
@@ -199,7 +207,7 @@ def test_starts_past_the_deadline_and_after_the_end_are_counted() -> None:
     log = Log().enqueue("a", 0).lease("a", 1, 1, 10, lease_ms=1_000).start("a", 1, 2_000)
     log.renew("a", 1, 2_100).succeed("a", 1, 2_200).start("a", 1, 2_300)
     found = audit(log, {"a"}, [("a", 1, 0)]).findings()
-    assert found.late_starts == 2
+    assert found.late_starts == 2 and found.late_start_max_ms == 1_290
     assert found.starts_after_terminal == 1
 
 
@@ -248,6 +256,7 @@ def test_a_worker_kill_stalls_the_jobs_in_flight_until_they_start_again() -> Non
 
 
 def test_a_job_in_flight_that_never_starts_again_stalls_until_it_dies() -> None:
-    log = Log().enqueue("a", 0, max_attempts=1).lease("a", 1, 1, 10).expire("a", 1, 4_000)
+    log = Log().enqueue("a", 0, max_attempts=1).lease("a", 1, 1, 10)
+    log.start("a", 1, 20, worker="w9-1").expire("a", 1, 6_000)
     auditor = chaos_audit.Auditor(acknowledged=set()).feed_all(log.records)
-    assert auditor.stalls([Fault("worker", 1_000, worker_id="w9-")])["worker"] == [3.0]
+    assert auditor.stalls([Fault("worker", 1_000, worker_id="w9-")])["worker"] == [5.0]
