@@ -27,11 +27,12 @@ from evsched.core.events import JobEnqueued
 from evsched.core.state import Status
 from evsched.devstack.process import free_port
 from evsched.metrics import NodeInstruments, serve_metrics
+from evsched.runtime import outbox
 from evsched.runtime import partition as partition_module
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.node import Node, NodeConfig
-from evsched.runtime.outbox import Unusable
+from evsched.runtime.outbox import Quarantine, Unusable
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings
@@ -358,3 +359,21 @@ async def test_jobs_held_back_at_the_head_of_the_due_index_hide_no_later_job(
     leased = {avro.decode_event(v).job_id for t, v in producer.committed if t == TOPICS.events}
     assert leased == {"d"}
     owner.close()
+
+
+def test_a_hold_that_ends_after_the_plan_looked_wakes_the_partition_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The plan skipped a job still held; by the time the wake is computed its hold has ended.
+    # Released silently with no wake, it waited for a record that may never come (it did, on
+    # an undeclared queue: the job was never planned again).
+    clock = [100.0]
+    monkeypatch.setattr(outbox, "monotonic_s", lambda: clock[0])
+    quarantine = Quarantine(partition=0)
+    quarantine.add("job", "undeclared", "queue 'q' is not declared", hold_s=2.0, quiet=True)
+    assert quarantine.holds("job")  # what the plan saw
+    assert quarantine.first_release_ms(5_000) == 7_000
+    clock[0] = 102.001
+    assert quarantine.first_release_ms(5_000) == 5_000  # now, not None
+    assert quarantine.first_release_ms(5_000) is None  # nothing left to wait for
+    assert not quarantine.holds("job")

@@ -139,8 +139,13 @@ class Quarantine:
     def first_release_ms(self, now: int) -> int | None:
         """When the first held decision may be planned again, as an epoch-ms time."""
         clock = monotonic_s()
-        for entity in [e for e, until in self._until.items() if until <= clock]:
+        released = [e for e, until in self._until.items() if until <= clock]
+        for entity in released:
             del self._until[entity]  # released: planned again like any job
+        if released:
+            # Released since the step's plan skipped them: plan again now, or nothing would
+            # (no record may come to wake the partition).
+            return now
         if not self._until:
             return None
         return now + max(0, int((min(self._until.values()) - clock) * 1000))
