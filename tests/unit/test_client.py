@@ -335,6 +335,8 @@ def _state(job_id: str) -> JobState:
 class FakeMetadata:
     partition = 2
     offset = 41
+    timestamp = 1_000
+    timestamp_type = 0  # CreateTime, like aiokafka's RecordMetadata for such a topic
 
 
 class FakeProducer:
