@@ -18,9 +18,9 @@ import httpx
 import pytest
 from tests.conftest import unique_name
 
+from evsched.adapters.queues import FixedQueues
 from evsched.adapters.topics import ensure_topics
 from evsched.api import create_app
-from evsched.api.queues import FixedQueues
 from evsched.client import App
 from evsched.core import ids
 from evsched.devstack.broker import LocalBroker

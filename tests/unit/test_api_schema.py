@@ -27,9 +27,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from evsched.adapters.queues import FixedQueues
 from evsched.adapters.topics import Topics
 from evsched.api import create_app
-from evsched.api.queues import FixedQueues
 from evsched.client import App
 from evsched.testing import MemoryLog
 from tests.unit.test_api_twin import QUEUES, SETTINGS, TOKEN, MemoryReplica

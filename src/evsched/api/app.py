@@ -10,12 +10,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from evsched import __version__
+from evsched.adapters.queues import KafkaQueues, QueueCatalog
 from evsched.api import jobs, reader, schedules, status, undecodable
 from evsched.api.auth import Tokens
 from evsched.api.context import ApiContext, Reads
 from evsched.api.errors import BodyLimit, install_error_handlers
 from evsched.api.models import Accepted
-from evsched.api.queues import KafkaQueues, QueueCatalog
 from evsched.api.reader import ReplicaView
 from evsched.api.writes import NotYetApplied, Writer
 from evsched.client.app import App

@@ -9,9 +9,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from evsched.adapters.queues import QueueCatalog
 from evsched.api.auth import Tokens
 from evsched.api.errors import ApiError
-from evsched.api.queues import QueueCatalog
 from evsched.api.reader import ReplicaView
 from evsched.api.writes import Writer
 from evsched.client.app import App

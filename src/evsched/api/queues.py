@@ -9,24 +9,9 @@ from __future__ import annotations
 
 import structlog
 
-from evsched.adapters.queues import (
-    FixedQueues,
-    KafkaQueues,
-    QueueCatalog,
-    QueueLookupError,
-    undeclared,
-)
+from evsched.adapters.queues import QueueCatalog, QueueLookupError, undeclared
 from evsched.api.errors import ApiError
 from evsched.metrics import Metrics
-
-__all__ = [
-    "FixedQueues",
-    "KafkaQueues",
-    "QueueCatalog",
-    "QueueLookupError",
-    "require_declared",
-    "undeclared",
-]
 
 log = structlog.get_logger("evsched.api")
 

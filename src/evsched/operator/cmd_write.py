@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from evsched.adapters.clock import now_ms
-from evsched.api.queues import KafkaQueues, undeclared
+from evsched.adapters.queues import KafkaQueues, undeclared
 from evsched.client import App
 from evsched.client.validation import SOURCE, EnqueueOptions, check_id, new_id, resolve_run_at
 from evsched.core.events import Event, JobCancelled, JobRequeued, ScheduleDeleted
