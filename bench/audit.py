@@ -35,10 +35,10 @@ from typing import Any
 from rich.console import Console
 
 from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka import Record
 from evsched.operator.audit import audit
 from evsched.operator.render import audit_table
 from evsched.operator.replica_dir import LocalIndex, open_offline
+from evsched.ports import Record
 from evsched.runtime.projector import Folded, Projector
 from histories import Generator
 

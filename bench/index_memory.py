@@ -29,8 +29,8 @@ from pathlib import Path
 
 from evsched.adapters import avro
 from evsched.adapters.index import COLUMN_FAMILIES, PartitionIndex
-from evsched.adapters.kafka import Record
 from evsched.core import events as ev
+from evsched.ports import Record
 from evsched.runtime.projector import Projector
 
 T0 = 1_767_225_600_000

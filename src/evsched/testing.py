@@ -10,13 +10,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from evsched.adapters.avro import decode_event, encode_dispatch
-from evsched.adapters.kafka import Record
 from evsched.adapters.signing import DispatchKey
-from evsched.client.transport import Appended
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import Event
 from evsched.core.state import JobState
 from evsched.errors import PublishError
+from evsched.ports import Appended, Record
 
 
 class FrozenClock:

@@ -14,9 +14,9 @@ import pytest
 
 from evsched.client import App
 from evsched.client.payload import MAX_JSON_DEPTH, NotJson, decode_args, deeper_than
-from evsched.client.transport import Appended
 from evsched.core import ids
 from evsched.core.events import AttemptStarted, AttemptSucceeded, JobEnqueued, JobLeased
+from evsched.ports import Appended
 from evsched.testing import MemoryLog
 from tests.unit.test_api_twin import SETTINGS, Harness
 

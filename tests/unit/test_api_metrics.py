@@ -11,7 +11,6 @@ import httpx
 import pytest
 
 from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka import Record
 from evsched.client import App
 from evsched.core.events import (
     AttemptStarted,
@@ -23,6 +22,7 @@ from evsched.core.events import (
 from evsched.core.state import Status, Verdict
 from evsched.devstack.process import free_port
 from evsched.metrics import JobCounts, Metrics, serve_metrics
+from evsched.ports import Record
 from evsched.runtime.projector import FoldedEvent, Projector
 from evsched.testing import MemoryLog
 from tests.prometheus import Samples, parse, value

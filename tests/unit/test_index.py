@@ -10,10 +10,10 @@ import pytest
 
 from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka import Record
 from evsched.core import events as ev
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Status, Verdict
+from evsched.ports import Record
 from evsched.runtime.projector import Projector
 
 

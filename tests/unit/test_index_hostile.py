@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka import Record
 from evsched.core import events as ev
 from evsched.core import limits
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Verdict
+from evsched.ports import Record
 from evsched.runtime.projector import Projector
 from tests.strategies import EVENT_STRATEGIES, records
 

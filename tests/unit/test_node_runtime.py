@@ -20,13 +20,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka import Record
 from evsched.adapters.topics import Topics
 from evsched.core import planner
 from evsched.core.events import JobEnqueued
 from evsched.core.state import Status
 from evsched.devstack.process import free_port
 from evsched.metrics import NodeInstruments, serve_metrics
+from evsched.ports import Record
 from evsched.runtime import outbox
 from evsched.runtime import partition as partition_module
 from evsched.runtime.budget import QueueBudget, QueueLoad

@@ -9,7 +9,7 @@ from typing import cast
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
-from evsched.adapters.kafka import Record
+from evsched.ports import Record
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.runner import PartitionRunner
 

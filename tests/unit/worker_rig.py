@@ -9,12 +9,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from evsched.adapters.clock import SYSTEM_CLOCK, Clock
+from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.signing import DispatchKey
 from evsched.client import App
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import AttemptFailed, AttemptSucceeded, Event
 from evsched.metrics import WorkerInstruments
+from evsched.ports import Clock
 from evsched.runtime.worker import Worker, WorkerConfig
 from evsched.settings import Settings
 from evsched.testing import MemoryFeed, MemoryLog

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Protocol
 
 
 def now_ms() -> int:
@@ -14,18 +13,6 @@ def now_ms() -> int:
 def monotonic_s() -> float:
     """Seconds on a clock that never jumps, for timeouts and deadlines."""
     return time.monotonic()
-
-
-class Clock(Protocol):
-    """The clock as an object, for code that takes one; tests pass ``testing.FrozenClock``."""
-
-    def now_ms(self) -> int:
-        """Wall-clock time in epoch milliseconds (UTC)."""
-        ...
-
-    def monotonic_s(self) -> float:
-        """Seconds on a clock that never jumps."""
-        ...
 
 
 class SystemClock:

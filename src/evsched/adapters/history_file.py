@@ -19,8 +19,8 @@ from fastavro.write import Writer
 
 from evsched.adapters import avro
 from evsched.adapters.contract import load_schema_files
-from evsched.adapters.kafka import Record
 from evsched.errors import ContractError, DecodeError, EvschedError
+from evsched.ports import Record
 
 SCHEMA_PATH = "export/LoggedEvent.avsc"
 UNDECODABLE = "undecodable"

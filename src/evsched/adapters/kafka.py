@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -15,6 +14,7 @@ from aiokafka.errors import (
     UnknownProducerId,
 )
 
+from evsched.ports import Record
 from evsched.settings import Settings
 
 # Errors after which a producer can never be used again: close it and make a new one.
@@ -25,19 +25,6 @@ FATAL_PRODUCER_ERRORS: tuple[type[BaseException], ...] = (
     UnknownProducerId,
     TransactionalIdAuthorizationFailed,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A consumed record as the runtime sees it; ``log_at`` is the broker timestamp in epoch ms."""
-
-    topic: str
-    partition: int
-    offset: int
-    log_at: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 def to_record(raw: Any) -> Record:
@@ -113,4 +100,4 @@ def consumer(
     return AIOKafkaConsumer(*topics, **options)
 
 
-__all__ = ["KafkaError", "Record", "consumer", "is_fatal_producer_error", "producer", "to_record"]
+__all__ = ["KafkaError", "consumer", "is_fatal_producer_error", "producer", "to_record"]

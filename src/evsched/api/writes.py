@@ -19,7 +19,6 @@ from evsched.api.errors import ApiError
 from evsched.api.models import EnqueueRequest, RequeueRequest, ScheduleRequest
 from evsched.api.reader import ReplicaView, timeline
 from evsched.client.app import App
-from evsched.client.transport import Appended
 from evsched.client.validation import (
     EnqueueOptions,
     TaskSpec,
@@ -44,6 +43,7 @@ from evsched.core.events import (
 from evsched.core.state import TimelineEntry
 from evsched.errors import InvalidEnqueue, PublishError
 from evsched.metrics import Metrics
+from evsched.ports import Appended
 
 SOURCE = "api"
 log = structlog.get_logger("evsched.api")

@@ -2,9 +2,10 @@
 
 from evsched.client.app import App
 from evsched.client.task import Task, TaskOptions
-from evsched.client.transport import Appended, EventLog, KafkaEventLog
+from evsched.client.transport import KafkaEventLog
 from evsched.core.events import RetryPolicy, TraceContext
-from evsched.runtime.context import Context, JobReader
+from evsched.ports import Appended, EventLog, JobReader
+from evsched.runtime.context import Context
 
 __all__ = [
     "App",

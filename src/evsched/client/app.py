@@ -8,12 +8,12 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, overload
 
-from evsched.adapters.clock import SYSTEM_CLOCK, Clock
+from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.queues import KafkaQueues, QueueCatalog, QueueLookupError, undeclared
 from evsched.adapters.topics import Topics
 from evsched.client.sync import LoopThread
 from evsched.client.task import Handler, Task
-from evsched.client.transport import Appended, EventLog, KafkaEventLog
+from evsched.client.transport import KafkaEventLog
 from evsched.client.validation import (
     SOURCE,
     Delay,
@@ -36,7 +36,7 @@ from evsched.core.events import (
 )
 from evsched.core.state import JobState
 from evsched.errors import EvschedError, NoJobReader, PublishError, UnknownQueue, UnknownTask
-from evsched.runtime.context import JobReader
+from evsched.ports import Appended, Clock, EventLog, JobReader
 from evsched.settings import Settings
 
 

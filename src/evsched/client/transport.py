@@ -3,43 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
 from evsched.adapters.kafka import KafkaError, is_fatal_producer_error, producer
 from evsched.errors import PublishError
+from evsched.ports import Appended
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.transport")
 
 LOG_APPEND_TIME = 1  # a record's timestamp type when the broker stamped it
-
-
-@dataclass(frozen=True, slots=True)
-class Appended:
-    """Where an acknowledged record landed."""
-
-    topic: str
-    partition: int
-    offset: int
-    # The broker's LogAppendTime in epoch ms, when the topic stamps records so (evsched's events
-    # topic does); None otherwise.
-    log_at: int | None = None
-
-
-class EventLog(Protocol):
-    """Appends records and returns only once the broker acknowledged them (acks=all).
-
-    Raises PublishError when it could not; ``testing.MemoryLog`` is the in-memory twin.
-    """
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def append(self, topic: str, key: str, value: bytes) -> Appended: ...
 
 
 class KafkaEventLog:

@@ -17,7 +17,6 @@ import typer
 
 from evsched.client import App
 from evsched.client.payload import MAX_JSON_DEPTH, deeper_than
-from evsched.client.transport import Appended
 from evsched.client.validation import (
     EnqueueOptions,
     TaskSpec,
@@ -33,6 +32,7 @@ from evsched.core.state import Verdict
 from evsched.errors import InvalidEnqueue, InvalidTask
 from evsched.operator.audit import audit
 from evsched.operator.replica_dir import LocalIndex
+from evsched.ports import Appended
 
 # Where each field of a refused call came from on the command line.
 PARAMETERS = {

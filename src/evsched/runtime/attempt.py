@@ -14,11 +14,9 @@ from typing import Any
 import structlog
 
 from evsched.adapters.avro import encode_event
-from evsched.adapters.clock import Clock
 from evsched.client.payload import NotJson, canonical_json, decode_args
 from evsched.client.task import Task, qualified_name
 from evsched.client.tracing import attempt_trace
-from evsched.client.transport import Appended, EventLog
 from evsched.client.validation import MAX_EVENT_BYTES, new_id
 from evsched.core.dispatch import Dispatch, start_deadline_by_log
 from evsched.core.events import (
@@ -30,7 +28,8 @@ from evsched.core.events import (
     LeaseRenewed,
 )
 from evsched.errors import EncodeError, InvalidEnqueue
-from evsched.runtime.context import AttemptIo, Context, JobReader, LeaseWatch
+from evsched.ports import Appended, Clock, EventLog, JobReader
+from evsched.runtime.context import AttemptIo, Context, LeaseWatch
 from evsched.runtime.handler_loop import HandlerEscaped, HandlerLoop, contain
 
 log = structlog.get_logger("evsched.worker")

@@ -5,21 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
-from evsched.adapters.clock import Clock
 from evsched.client.payload import canonical_json, decode_json
 from evsched.core.dispatch import Dispatch, external_idempotency_key
 from evsched.core.events import Effect, TraceContext
-from evsched.core.state import ACTIVE_STATUSES, JobState
-
-
-class JobReader(Protocol):
-    """Reads a job's projected state (a read replica, or the API); None when it is unknown."""
-
-    async def job(self, job_id: str) -> JobState | None: ...
+from evsched.core.state import ACTIVE_STATUSES
+from evsched.ports import Clock, JobReader
 
 
 class AttemptFinished(RuntimeError):

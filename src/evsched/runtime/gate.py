@@ -8,13 +8,11 @@ from collections.abc import Callable
 import structlog
 
 from evsched.adapters.avro import decode_dispatch
-from evsched.adapters.clock import Clock
-from evsched.adapters.kafka import Record
 from evsched.adapters.signing import DispatchKey
 from evsched.core.dispatch import Dispatch, start_deadline, why_not_start
 from evsched.core.state import TERMINAL_STATUSES
 from evsched.errors import DecodeError
-from evsched.runtime.context import JobReader
+from evsched.ports import Clock, JobReader, Record
 
 log = structlog.get_logger("evsched.worker")
 

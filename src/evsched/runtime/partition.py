@@ -23,13 +23,13 @@ from aiokafka.structs import TopicPartition
 from evsched.adapters import avro
 from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka import Record
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
 from evsched.core import planner
 from evsched.core.events import Event, JobEnqueued, entity_id
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import JobState, ScheduleState, Status
+from evsched.ports import Record
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.outbox import (
     TRANSACTION_TRIES,

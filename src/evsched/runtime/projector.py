@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 
 from evsched.adapters import avro
 from evsched.adapters.index import IndexBatch, PartitionIndex
-from evsched.adapters.kafka import Record
 from evsched.core.events import (
     AttemptSucceeded,
     Effect,
@@ -32,6 +31,7 @@ from evsched.core.state import (
     Verdict,
 )
 from evsched.errors import DecodeError
+from evsched.ports import Record
 
 
 @dataclass(frozen=True, slots=True)

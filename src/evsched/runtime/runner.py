@@ -11,7 +11,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import IllegalStateError
 
-from evsched.adapters.kafka import Record
+from evsched.ports import Record
 from evsched.runtime.partition import OwnedPartition
 
 

@@ -11,21 +11,19 @@ import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 import typer
 
-from evsched.adapters.clock import SYSTEM_CLOCK, Clock
-from evsched.adapters.kafka import Record
+from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.signing import DispatchKey
 from evsched.client.app import App
-from evsched.client.transport import EventLog
 from evsched.core.dispatch import Dispatch
 from evsched.errors import EvschedError
 from evsched.metrics import WorkerInstruments
+from evsched.ports import Clock, DispatchFeed, EventLog, JobReader, Record
 from evsched.runtime.attempt import AttemptRunner, ThreadCount
-from evsched.runtime.context import JobReader
 from evsched.runtime.gate import DispatchGate
 from evsched.runtime.handler_loop import BLOCKED_AFTER_S, HandlerLoop
 
@@ -36,24 +34,6 @@ CANCEL_WAIT_S = 2.0
 # Where a pool with no committed offset starts on a dispatch partition: records of the last
 # minute, twice the default dispatch timeout (older ones are past their start deadline).
 START_LOOKBACK_MS = 60_000
-
-
-class DispatchFeed(Protocol):
-    """Dispatch records for a worker pool; ``testing.MemoryFeed`` is the in-memory twin."""
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def take(self, max_records: int, timeout_s: float) -> list[Record]:
-        """Up to ``max_records`` records, committed as they are taken (dispatch is a hint).
-
-        Records whose commit the group refused because it rebalanced are not returned: the
-        partitions' owner after the rebalance reads them again.
-
-        With ``max_records`` 0 it takes nothing but keeps the pool membership alive.
-        """
-        ...
 
 
 def default_worker_id() -> str:

@@ -15,8 +15,8 @@ import typer
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError
 
-from evsched.adapters.clock import SYSTEM_CLOCK, Clock
-from evsched.adapters.kafka import GROUP_TIMEOUTS, KafkaError, Record, consumer, to_record
+from evsched.adapters.clock import SYSTEM_CLOCK
+from evsched.adapters.kafka import GROUP_TIMEOUTS, KafkaError, consumer, to_record
 from evsched.adapters.signing import UNSIGNED_ENV, DispatchKey, dispatch_key_from_env
 from evsched.adapters.topics import TopicMisconfigured, TopicProvisioningError, ensure_topics
 from evsched.client.app import App
@@ -24,6 +24,7 @@ from evsched.client.transport import KafkaEventLog
 from evsched.errors import EvschedError
 from evsched.logging import configure_logging
 from evsched.metrics import MetricsAddr, WorkerInstruments, metrics_port_option, serve_metrics
+from evsched.ports import Clock, Record
 from evsched.runtime.worker import (
     START_LOOKBACK_MS,
     Worker,

@@ -1,0 +1,87 @@
+"""The seams between evsched's engine and the outside: protocols, and the values that cross them.
+
+Each port has a Kafka (or system) implementation in ``evsched.adapters`` and an in-memory twin in
+``evsched.testing``; ``tests/contract`` runs one suite per port against both, so the twins behave
+as the engine relies on Kafka to behave. Nothing here imports a third-party client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from evsched.core.state import JobState
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A consumed record as the runtime sees it; ``log_at`` is the broker timestamp in epoch ms."""
+
+    topic: str
+    partition: int
+    offset: int
+    log_at: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Where an acknowledged record landed."""
+
+    topic: str
+    partition: int
+    offset: int
+    # The broker's LogAppendTime in epoch ms, when the topic stamps records so (evsched's events
+    # topic does); None otherwise.
+    log_at: int | None = None
+
+
+class Clock(Protocol):
+    """Wall time and a monotonic clock: ``adapters.clock.SYSTEM_CLOCK``, ``testing.FrozenClock``."""
+
+    def now_ms(self) -> int:
+        """Wall-clock time in epoch milliseconds (UTC)."""
+        ...
+
+    def monotonic_s(self) -> float:
+        """Seconds on a clock that never jumps."""
+        ...
+
+
+class EventLog(Protocol):
+    """Appends records and returns only once the broker acknowledged them (acks=all).
+
+    Raises PublishError when it could not; ``testing.MemoryLog`` is the in-memory twin.
+    """
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def append(self, topic: str, key: str, value: bytes) -> Appended: ...
+
+
+class DispatchFeed(Protocol):
+    """Dispatch records for a worker pool; ``testing.MemoryFeed`` is the in-memory twin."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def take(self, max_records: int, timeout_s: float) -> list[Record]:
+        """Up to ``max_records`` records, committed as they are taken (dispatch is a hint).
+
+        Records whose commit the group refused because it rebalanced are not returned: the
+        partitions' owner after the rebalance reads them again.
+
+        With ``max_records`` 0 it takes nothing but keeps the pool membership alive.
+        """
+        ...
+
+
+class JobReader(Protocol):
+    """Reads a job's projected state (a read replica, or the API); None when it is unknown."""
+
+    async def job(self, job_id: str) -> JobState | None: ...
