@@ -71,3 +71,36 @@ class NoJobReader(EvschedError):
 
 class StoreError(EvschedError):
     """The RocksDB index could not be opened or written."""
+
+
+class IndexVersionMismatch(StoreError):
+    """A partition's index was written by another fold version: it must be rebuilt from the log."""
+
+    def __init__(self, partition: int, found: int, expected: int) -> None:
+        super().__init__(
+            f"index of partition {partition} was built by fold version {found}, "
+            f"this is {expected}: it must be rebuilt from the log"
+        )
+        self.partition = partition
+        self.found = found
+        self.expected = expected
+
+
+# Broker-side failures, mapped from the Kafka client's errors in ``evsched.adapters``: nothing
+# outside the adapters sees (or catches) a Kafka client type.
+
+
+class BrokerUnavailable(EvschedError):
+    """The broker could not be reached, or gave up on a request; retrying later may succeed."""
+
+
+class Fenced(EvschedError):
+    """A newer producer holds this transactional id: the partition has another owner now."""
+
+
+class PartitionRevoked(EvschedError):
+    """The partition is no longer assigned to this consumer (a rebalance took it)."""
+
+
+class RebalanceCommitFailed(EvschedError):
+    """The group rebalanced before an offset commit: the commit was refused, nothing was lost."""
