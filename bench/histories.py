@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evsched.adapters.avro import encode_event
+from evsched.adapters.kafka_events import partition_for
 from evsched.core import ids
 from evsched.core.events import (
     AttemptCheckpointed,
@@ -37,7 +38,6 @@ from evsched.core.events import (
     RetryPolicy,
 )
 from evsched.core.retry import backoff_ms
-from evsched.runtime.replica import partition_for
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 POLICY = RetryPolicy(initial_backoff_ms=1_000, max_backoff_ms=60_000, multiplier=2.0, jitter=0.1)

@@ -104,3 +104,12 @@ class PartitionRevoked(EvschedError):
 
 class RebalanceCommitFailed(EvschedError):
     """The group rebalanced before an offset commit: the commit was refused, nothing was lost."""
+
+
+class RestoreRefused(EvschedError):
+    """A partition's index cannot be rebuilt from the log without losing history (retention)."""
+
+    def __init__(self, partition: int, reason: str) -> None:
+        super().__init__(f"partition {partition}: {reason}")
+        self.partition = partition
+        self.reason = reason

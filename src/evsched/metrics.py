@@ -258,6 +258,13 @@ class NodeInstruments:
             ["reason"],
             registry=registry,
         )
+        self.index_rebuilds = PromCounter(
+            "evsched_node_index_rebuilds",
+            "Partition indexes the node rebuilt from the log on open, by reason: fold_version "
+            "(another fold version built the index).",
+            ["reason"],
+            registry=registry,
+        )
 
         self.quarantined = PromCounter(
             "evsched_node_decisions_quarantined",

@@ -7,6 +7,7 @@ as the engine relies on Kafka to behave. Nothing here imports a third-party clie
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -85,3 +86,40 @@ class JobReader(Protocol):
     """Reads a job's projected state (a read replica, or the API); None when it is unknown."""
 
     async def job(self, job_id: str) -> JobState | None: ...
+
+
+class PartitionLog(Protocol):
+    """Reads chosen partitions of one topic, read_committed, from offsets the caller seeks to.
+
+    Offsets advance past transaction markers and aborted records, which are never returned; a
+    partition is read up to a target by waiting until ``position`` reaches it, not until a record
+    at the target arrives (the last offset is often a marker). ``adapters.kafka_events`` holds
+    the Kafka implementation, ``testing.MemoryPartitionLog`` the in-memory twin. Broker failures
+    raise ``errors.BrokerUnavailable``.
+    """
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def seek(self, partition: int, offset: int) -> None:
+        """Read ``partition`` from ``offset`` on (below the log's start: from its start)."""
+        ...
+
+    async def position(self, partition: int) -> int:
+        """The offset the next read of ``partition`` starts at."""
+        ...
+
+    async def start_offsets(self, partitions: Collection[int]) -> dict[int, int]:
+        """The first offset each partition still holds (above 0 once retention trimmed it)."""
+        ...
+
+    async def end_offsets(self, partitions: Collection[int]) -> dict[int, int]:
+        """The offset after the last committed record (or marker) of each partition."""
+        ...
+
+    async def read(
+        self, partitions: Collection[int], timeout_s: float, max_records: int
+    ) -> dict[int, list[Record]]:
+        """Records of ``partitions`` from their positions on; waits up to ``timeout_s`` for any."""
+        ...

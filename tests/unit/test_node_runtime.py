@@ -13,29 +13,32 @@ from typing import Any, cast
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
-from aiokafka.structs import TopicPartition
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import MessageSizeTooLargeError
 from prometheus_client import CollectorRegistry, generate_latest
 
 from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
+from evsched.adapters.kafka_events import KafkaGroupConsumer
 from evsched.adapters.topics import Topics
 from evsched.core import planner
 from evsched.core.events import JobEnqueued
 from evsched.core.state import Status
 from evsched.devstack.process import free_port
+from evsched.errors import BrokerUnavailable, PartitionRevoked
 from evsched.metrics import NodeInstruments, serve_metrics
 from evsched.ports import Record
 from evsched.runtime import outbox
 from evsched.runtime import partition as partition_module
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.health import NodeHealth
+from evsched.runtime.lifecycle import Phase
 from evsched.runtime.node import Node, NodeConfig
 from evsched.runtime.outbox import Quarantine, Unusable
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings
+from evsched.testing_restore import MemoryPartitionLog
 from tests.prometheus import parse, value
 
 TOPICS = Topics("ns")
@@ -186,14 +189,25 @@ def test_health_names_failing_partitions_and_backs_off() -> None:
     )
     health.assigned([0, 1])
     assert health.readiness()[0] is True
+    for partition in (0, 1):
+        health.move(partition, Phase.OPENING)
+        health.move(partition, Phase.CATCHING_UP)
     assert health.failed(1, "step failed: OSError()") == 1
+    health.move(1, Phase.OPENING)
     assert health.failed(1, "step failed: OSError()") == 2
     assert health.retry_in_s(1) == 2.0 and health.retry_in_s(0) == 1.0
     ready, text = health.readiness()
-    assert not ready and text == "partition 1 failing: step failed: OSError()"
-    health.stepped(1)
-    assert health.readiness()[0] is True
+    assert not ready
+    assert text == "partition 1 failing: step failed: OSError()\nphases: p0 catching_up, p1 failed"
+    health.move(1, Phase.OPENING)
+    health.move(1, Phase.CATCHING_UP)
+    health.stepped(1, caught_up=True)
+    assert health.readiness() == (
+        True,
+        "ready: 2 partitions assigned, none failing\nphases: p0 catching_up, p1 running",
+    )
     health.failed(0, "open failed")
+    health.closed(0)
     health.assigned([1])  # no longer ours: no longer a problem of this node
     assert health.readiness()[0] is True
 
@@ -201,6 +215,7 @@ def test_health_names_failing_partitions_and_backs_off() -> None:
 async def test_readyz_and_process_metrics_are_served_next_to_metrics() -> None:
     health = NodeHealth()
     health.assigned([3])
+    health.move(3, Phase.OPENING)
     health.failed(3, "step failed: boom")
     port = free_port()
     server = serve_metrics(CollectorRegistry(), port, readiness=health.readiness)
@@ -216,45 +231,19 @@ async def test_readyz_and_process_metrics_are_served_next_to_metrics() -> None:
 
 
 class RefusingConsumer:
-    def pause(self, tp: TopicPartition) -> None:
-        raise RuntimeError("not assigned any more")
+    def pause(self, partition: int) -> None:
+        pass
+
+    def seek(self, partition: int, offset: int) -> None:
+        raise PartitionRevoked("not assigned any more")
 
 
 def test_an_index_opened_for_a_partition_that_then_fails_is_closed(tmp_path: Path) -> None:
     node = Node(NodeConfig(settings=Settings(namespace="ns"), node_id="n", data_dir=tmp_path))
-    consumer = cast(AIOKafkaConsumer, RefusingConsumer())
-    with pytest.raises(RuntimeError):
+    consumer = cast(KafkaGroupConsumer, RefusingConsumer())
+    with pytest.raises(PartitionRevoked):
         node._seek_to_index(consumer, 0)
     PartitionIndex(tmp_path / "p0000", 0).close()  # no "LOCK: No locks available"
-
-
-class FakeConsumer:
-    """Hands out one batch per getmany; records seeks and pauses."""
-
-    def __init__(self, batches: list[dict[TopicPartition, list[Any]]]) -> None:
-        self.batches = batches
-        self.paused: set[TopicPartition] = set()
-        self.seeks: list[tuple[int, int]] = []
-
-    async def getmany(self, **_: object) -> dict[TopicPartition, list[Any]]:
-        await asyncio.sleep(0)
-        return self.batches.pop(0) if self.batches else {}
-
-    def pause(self, tp: TopicPartition) -> None:
-        self.paused.add(tp)
-
-    def resume(self, tp: TopicPartition) -> None:
-        self.paused.discard(tp)
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self.seeks.append((tp.partition, offset))
-
-
-class Raw:
-    def __init__(self, record: Record) -> None:
-        self.topic, self.partition, self.offset = record.topic, record.partition, record.offset
-        self.timestamp, self.key, self.value = record.log_at, record.key, record.value
-        self.headers = list(record.headers)
 
 
 async def test_a_replica_partition_whose_fold_fails_is_retried_and_the_loop_lives_on(
@@ -263,10 +252,9 @@ async def test_a_replica_partition_whose_fold_fails_is_retried_and_the_loop_live
     replica = Replica(Settings(namespace="ns"), tmp_path)
     for p in (0, 1):
         replica.projectors[p] = partition_module.Projector(PartitionIndex(tmp_path / f"p{p}", p))
-    tp0, tp1 = TopicPartition(TOPICS.events, 0), TopicPartition(TOPICS.events, 1)
-    bad = [Raw(enqueued(0, "x", "q"))]
-    good = [Raw(Record(TOPICS.events, 1, 0, 1_000, b"y", enqueued(0, "y", "q").value))]
-    consumer = FakeConsumer([{tp0: bad, tp1: good}, {tp0: bad}])
+    log = MemoryPartitionLog(TOPICS.events, partitions=2)
+    log.append(0, enqueued(0, "x", "q").value, key=b"x", log_at=1_000)
+    log.append(1, enqueued(0, "y", "q").value, key=b"y", log_at=1_000)
     broken = replica.projectors[0]
     calls = 0
     real_commit = broken.commit
@@ -278,16 +266,24 @@ async def test_a_replica_partition_whose_fold_fails_is_retried_and_the_loop_live
             raise OverflowError("index key")
         real_commit(folded)
 
+    seeks: list[tuple[int, int]] = []
+    real_seek = log.seek
+
+    def seek(partition: int, offset: int) -> None:
+        seeks.append((partition, offset))
+        real_seek(partition, offset)
+
     monkeypatch.setattr(broken, "commit", commit)
+    monkeypatch.setattr(log, "seek", seek)
     monkeypatch.setattr("evsched.runtime.replica.RETRY_FIRST_S", 0.0)
-    task = asyncio.create_task(replica._run(cast(AIOKafkaConsumer, consumer)))
+    task = replica.follow(log)
     for _ in range(200):
         await asyncio.sleep(0.01)
-        if replica.index(0).applied_offset() == 0:
+        if replica.index(0).applied_offset() == 0 and not replica.failing:
             break
     assert not task.done()  # the loop lives on
     assert replica.index(1).job("y") is not None  # the other partition was never held back
-    assert consumer.seeks == [(0, 0)]
+    assert seeks == [(0, 0), (1, 0), (0, 0)]  # p0 read again from its index after the failure
     job = replica.index(0).job("x")
     assert job is not None and job.status is Status.SCHEDULED  # retried: folded this time
     assert replica.failing == {}
@@ -306,17 +302,17 @@ class FailingFetches:
         self.fetches = 0
         self.stopped = False
 
-    async def getmany(self, **_: object) -> dict[TopicPartition, list[Any]]:
+    async def read_all(self, timeout_s: float, max_records: int) -> dict[int, list[Record]]:
         self.fetches += 1
         if self.fetches == 1:
-            raise KafkaConnectionError("broker went away")
+            raise BrokerUnavailable("broker went away")
         self.stop_event.set()
         return {}
 
-    def assignment(self) -> set[TopicPartition]:
+    def assignment(self) -> set[int]:
         return set()
 
-    async def stop(self) -> None:
+    async def close(self) -> None:
         self.stopped = True
 
 

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from aiokafka.structs import TopicPartition
 from rich.table import Table
 
-from evsched.adapters import kafka
+from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.topics import Topics, partition_count
 from evsched.operator import rebuild_dirs
 from evsched.operator.exits import ExitCode
@@ -73,14 +72,11 @@ async def _log_ends(settings: Settings) -> dict[int, int]:
     """The end offset of every events partition, read_committed."""
     topic = Topics(settings.namespace).events
     count = await partition_count(settings.bootstrap, topic, **dict(settings.kafka_options))
-    consumer = kafka.consumer(settings, group_id=None, client_id="evsched-rebuild-plan")
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(count)]
-        ends = await consumer.end_offsets(tps)
-    finally:
-        await consumer.stop()
-    return {tp.partition: offset for tp, offset in ends.items()}
+    partitions = range(count)
+    async with KafkaPartitionLog(
+        settings, topic, partitions, client_id="evsched-rebuild-plan"
+    ) as log:
+        return await log.end_offsets(partitions)
 
 
 def _targets(ends: dict[int, int], live_dir: Path | None) -> list[Target]:

@@ -1,42 +1,10 @@
-"""A node's live index opened read-only: its applied offset and digest, even while the node runs.
-
-A read-write open would take RocksDB's lock, which a running node holds, and could create
-files in the node's directory; a read-only open sees a consistent view of what was written.
-"""
+"""A node's live index read while the node runs: its applied offset and digest, for --verify."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rocksdict import AccessType, Options, Rdict
-
-from evsched.adapters.index import COLUMN_FAMILIES, PartitionIndex
-from evsched.errors import StoreError
-
-
-class ReadOnlyIndex(PartitionIndex):
-    """``PartitionIndex``'s reads (``applied_offset``, ``digest``...) over a read-only open.
-
-    It fills the same attributes as ``PartitionIndex.__init__`` does; writes fail in RocksDB.
-    """
-
-    def __init__(self, path: Path, partition: int) -> None:
-        if not (path / "CURRENT").is_file():
-            raise StoreError(f"no RocksDB index at {path}")
-        self.path = path
-        self.partition = partition
-        families = {name: Options(raw_mode=True) for name in COLUMN_FAMILIES}
-        try:
-            self._db = Rdict(
-                str(path),
-                Options(raw_mode=True),
-                column_families=families,
-                access_type=AccessType.read_only(),
-            )
-        except Exception as exc:
-            raise StoreError(f"cannot open index at {path} read-only: {exc}") from exc
-        self._cf = {name: self._db.get_column_family(name) for name in COLUMN_FAMILIES}
-        self._handles = {name: self._db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
+from evsched.adapters.readonly_index import ReadOnlyIndex
 
 
 def live_state(live_dir: Path, partition: int) -> tuple[int, str] | None:

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiokafka.structs import TopicPartition
-
-from evsched.adapters import kafka
 from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index import PartitionIndex
+from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.topics import Topics
 from evsched.runtime.gc_policy import tune_for_folding
-from evsched.runtime.projector import Folded, Projector
+from evsched.runtime.projector import Projector
+from evsched.runtime.restore import restore
 from evsched.settings import Settings
 
 BATCH_RECORDS = 10_000
@@ -108,45 +107,23 @@ def rebuild_one(
 async def _fold_partition(
     plan: PartitionPlan, index: PartitionIndex, report: Callable[[int], None] | None
 ) -> int:
-    tp = TopicPartition(Topics(plan.namespace).events, plan.partition)
-    projector = Projector(index)
-    consumer = kafka.consumer(
+    log = KafkaPartitionLog(
         plan_settings(plan),
-        group_id=None,
+        Topics(plan.namespace).events,
+        [plan.partition],
         client_id=f"evsched-rebuild-p{plan.partition}",
         check_crcs=plan.check_crcs,
         **FETCH_OPTIONS,
     )
-    await consumer.start()
-    try:
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        return await _fold_until(consumer, tp, projector, plan, report)
-    finally:
-        await consumer.stop()
-
-
-async def _fold_until(
-    consumer: Any,
-    tp: TopicPartition,
-    projector: Projector,
-    plan: PartitionPlan,
-    report: Callable[[int], None] | None,
-) -> int:
-    events, folded, pending = 0, Folded(), 0
-    while await consumer.position(tp) <= plan.until:
-        batch = await consumer.getmany(tp, timeout_ms=500, max_records=FETCH_RECORDS)
-        records = [kafka.to_record(r) for r in batch.get(tp, ()) if r.offset <= plan.until]
-        projector.fold(records, folded)
-        events += len(records)
-        pending += len(records)
-        if pending >= plan.batch_records:
-            projector.commit(folded)
-            folded, pending = Folded(), 0
-        if report is not None:
-            report(events)
-    projector.commit(folded)
-    return events
+    async with log:
+        return await restore(
+            log,
+            {plan.partition: Projector(index)},
+            {plan.partition: plan.until + 1},
+            batch_records=plan.batch_records,
+            fetch_records=FETCH_RECORDS,
+            progress=report,
+        )
 
 
 def _init_worker(counts: Any) -> None:

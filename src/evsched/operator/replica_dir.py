@@ -14,16 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
-
-from evsched.adapters import kafka
 from evsched.adapters.index import PartitionIndex
+from evsched.adapters.kafka_events import KafkaPartitionLog, partition_for
 from evsched.adapters.topics import Topics, partition_count
+from evsched.errors import IndexVersionMismatch
 from evsched.operator.exits import ExitCode, OperatorError
-from evsched.runtime.partition import open_index
 from evsched.runtime.projector import Projector
-from evsched.runtime.replica import partition_for
+from evsched.runtime.restore import open_index, restore
 from evsched.settings import Settings
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -79,7 +76,7 @@ def open_offline(data_dir: Path) -> LocalIndex:
 def _open(data_dir: Path, partition: int) -> PartitionIndex:
     try:
         return open_index(data_dir, partition)
-    except RuntimeError as exc:  # built by another fold version
+    except IndexVersionMismatch as exc:
         raise OperatorError(
             ExitCode.UNAVAILABLE, f"{exc}; or delete {data_dir} and let it refill"
         ) from exc
@@ -139,46 +136,23 @@ async def _fold_to_end(
     progress: Progress | None,
 ) -> None:
     projectors = {p: Projector(index) for p, index in local.indexes.items()}
-    consumer = kafka.consumer(
-        settings, group_id=None, client_id="evsched-operator", **FETCH_OPTIONS
+    log = KafkaPartitionLog(
+        settings, topic, projectors, client_id="evsched-operator", **FETCH_OPTIONS
     )
-    await consumer.start()
-    try:
-        tps = {TopicPartition(topic, p): projectors[p] for p in projectors}
-        consumer.assign(list(tps))
-        for tp, projector in tps.items():
-            consumer.seek(tp, projector.next_offset)
-        ends = await consumer.end_offsets(list(tps))
-        targets = {tp: max(ends[tp], at_least.get(tp.partition, -1) + 1) for tp in tps}
-        total = sum(max(0, targets[tp] - p.next_offset) for tp, p in tps.items())
+    async with log:
+        ends = await log.end_offsets(list(projectors))
+        targets = {p: max(end, at_least.get(p, -1) + 1) for p, end in ends.items()}
+        total = sum(
+            max(0, targets[p] - projector.next_offset) for p, projector in projectors.items()
+        )
+        report = None if progress is None else (lambda done: progress(min(done, total), total))
         try:
             async with asyncio.timeout(timeout_s):
-                await _consume(consumer, tps, targets, total, progress)
+                await restore(
+                    log, projectors, targets, fetch_records=FETCH_RECORDS, progress=report
+                )
         except TimeoutError as exc:
-            behind = {tp.partition: targets[tp] for tp in tps}
             raise OperatorError(
                 ExitCode.UNAVAILABLE,
-                f"the replica did not reach the log end {behind} within {timeout_s:g} s",
+                f"the replica did not reach the log end {targets} within {timeout_s:g} s",
             ) from exc
-    finally:
-        await consumer.stop()
-
-
-async def _consume(
-    consumer: AIOKafkaConsumer,
-    tps: dict[TopicPartition, Projector],
-    targets: dict[TopicPartition, int],
-    total: int,
-    progress: Progress | None,
-) -> None:
-    done = 0
-    pending = {tp for tp in tps if await consumer.position(tp) < targets[tp]}
-    while pending:
-        batches = await consumer.getmany(*pending, timeout_ms=200, max_records=FETCH_RECORDS)
-        for tp, raws in batches.items():
-            projector = tps[tp]
-            projector.commit(projector.fold(kafka.to_record(r) for r in raws))
-            done += len(raws)
-        if progress is not None:
-            progress(min(done, total), total)
-        pending = {tp for tp in pending if await consumer.position(tp) < targets[tp]}

@@ -2,7 +2,9 @@
 
 Kafka's group assignment is the ownership: there is no election of our own. Each owned partition
 gets a transactional producer whose id is bound to the partition, so a new owner's producer fences
-a zombie's, and the fold rejects whatever a zombie still manages to write.
+a zombie's, and the fold rejects whatever a zombie still manages to write. Each assigned partition
+goes through the phases of ``runtime.lifecycle``; one whose index another fold version built is
+rebuilt from the log (``runtime.restore``) before it opens.
 """
 
 from __future__ import annotations
@@ -16,22 +18,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import IllegalStateError, ProducerFenced
-from aiokafka.structs import TopicPartition
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import ProducerFenced
 
 from evsched.adapters import kafka
-from evsched.adapters.clock import monotonic_s, now_ms
+from evsched.adapters.clock import now_ms
 from evsched.adapters.index import PartitionIndex
+from evsched.adapters.kafka_events import KafkaGroupConsumer, KafkaPartitionLog
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
 from evsched.core.planner import PlannerLimits
+from evsched.errors import BrokerUnavailable, IndexVersionMismatch, PartitionRevoked
 from evsched.metrics import Metrics, NodeInstruments
+from evsched.ports import PartitionLog
 from evsched.runtime.budget import QueueBudget
 from evsched.runtime.dispatch_topics import QueueTopics
 from evsched.runtime.health import NodeHealth
-from evsched.runtime.partition import OwnedPartition, open_index
+from evsched.runtime.lifecycle import Phase
+from evsched.runtime.node_restore import IndexRestores
+from evsched.runtime.partition import OwnedPartition
+from evsched.runtime.restore import open_index
 from evsched.runtime.runner import PartitionRunner
 from evsched.runtime.startup import until_broker
 from evsched.settings import Settings
@@ -74,14 +80,20 @@ class Node:
             metrics.node.owned.set_function(lambda: len(self.owned))
         self._lock = asyncio.Lock()
         self.queue_topics = QueueTopics(config.settings)
-        self._consumer: AIOKafkaConsumer | None = None
+        self._consumer: KafkaGroupConsumer | None = None
         self._generation = 0  # bumped on every assignment change
-        self._fenced: set[int] = set()  # fenced since the last assignment: not ours to reopen
-        self._retry_at: dict[int, float] = {}
         self._rebalancing = False  # between the group's revoke and assign callbacks
         self.budget = QueueBudget()  # --max-in-flight and --max-unstarted hold per node
         self.health = NodeHealth(None if metrics is None else metrics.node.failing)
         self.log = log.bind(node_id=config.node_id)
+        self.restores = IndexRestores(
+            self._partition_log,
+            data_dir=config.data_dir,
+            health=self.health,
+            counter=None if metrics is None else metrics.node.index_rebuilds,
+            log=self.log,
+            done=self._restored,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         consumer = await until_broker(self._start_consumer, what="events consumer", stop=stop)
@@ -92,7 +104,7 @@ class Node:
             while not stop.is_set():
                 try:
                     await self._poll_once(consumer)
-                except kafka.KafkaError as exc:
+                except BrokerUnavailable as exc:
                     # The consumer retries connections itself; an error that still reaches us
                     # (an authorization, a broker answer it gave up on) must not end the node.
                     self.log.warning("poll_failed", error=repr(exc), retry_in_s=POLL_RETRY_S)
@@ -101,53 +113,49 @@ class Node:
         finally:
             async with self._lock:
                 await self._close_all()
-            await consumer.stop()
+            await consumer.close()
             self.log.info("node_stopped")
 
-    async def _start_consumer(self) -> AIOKafkaConsumer:
-        consumer = kafka.consumer(
+    async def _start_consumer(self) -> KafkaGroupConsumer:
+        consumer = KafkaGroupConsumer(
             self.config.settings,
+            self.topics.events,
             group_id=self.config.group_id,
             client_id=f"evsched-node-{self.config.node_id}",
-            max_poll_records=self.config.max_records,
-            **kafka.GROUP_TIMEOUTS,
+            max_records=self.config.max_records,
+            listener=_Rebalance(self),
         )
-        consumer.subscribe([self.topics.events], listener=_Listener(self))
         self._consumer = consumer  # the group may assign partitions before start() returns
         try:
             await consumer.start()
         except BaseException:
             self._consumer = None
-            with contextlib.suppress(Exception):
-                await consumer.stop()
             raise
         return consumer
 
-    async def _poll_once(self, consumer: AIOKafkaConsumer) -> None:
+    async def _poll_once(self, consumer: KafkaGroupConsumer) -> None:
         """Fetch, and hand each partition's records to its runner; never waits for a step."""
         generation = self._generation
-        batches = await consumer.getmany(
-            timeout_ms=self.config.max_idle_ms, max_records=self.config.max_records
-        )
+        batches = await consumer.read_all(self.config.max_idle_ms / 1000, self.config.max_records)
         if generation != self._generation:
             # The assignment changed while we fetched: these records may predate our seeks.
             # Drop them and fetch again from exactly where each partition's runner stands.
             async with self._lock:
-                for runner in self.owned.values():
-                    with contextlib.suppress(IllegalStateError):
-                        consumer.seek(runner.owner.tp, runner.fetched_to)
+                for partition, runner in self.owned.items():
+                    with contextlib.suppress(PartitionRevoked):
+                        consumer.seek(partition, runner.fetched_to)
             return
-        for tp, raws in batches.items():
-            if (target := self.owned.get(tp.partition)) is not None:
-                target.feed([kafka.to_record(r) for r in raws])
+        for partition, records in batches.items():
+            if (target := self.owned.get(partition)) is not None:
+                target.feed(records)
         # getmany(timeout_ms=0) may return without yielding: let heartbeats, fetches and the
         # partition runners go.
         await asyncio.sleep(0)
         async with self._lock:
             await self._adopt_orphans(consumer)
 
-    async def _adopt_orphans(self, consumer: AIOKafkaConsumer) -> None:
-        """Open assigned partitions that failed to open or were dropped after an error.
+    async def _adopt_orphans(self, consumer: KafkaGroupConsumer) -> None:
+        """Reopen assigned partitions that failed (to open, to step) once their wait is over.
 
         Never while the group rebalances: until the new assignment is set, the consumer still
         lists the old one, and reopening a partition just revoked would start its producer and
@@ -155,18 +163,24 @@ class Node:
         """
         if self._rebalancing:
             return
-        now = monotonic_s()
-        for tp in consumer.assignment():
-            partition = tp.partition
-            if partition in self.owned or partition in self._fenced:
-                continue
-            if self._retry_at.get(partition, 0.0) > now:
-                continue
-            self._retry_at[partition] = now + self.health.retry_in_s(partition)
-            try:
-                await self._open(consumer, self._seek_to_index(consumer, partition))
-            except Exception as exc:
-                self._open_failed(partition, exc)
+        for partition in consumer.assignment():
+            if partition not in self.owned and self.health.retry_due(partition):
+                await self._reopen(consumer, partition)
+
+    async def _reopen(self, consumer: KafkaGroupConsumer, partition: int) -> None:
+        self.health.move(partition, Phase.OPENING)
+        try:
+            index = self._seek_to_index(consumer, partition)
+        except IndexVersionMismatch as exc:
+            self._start_restore(consumer, exc)
+            return
+        except Exception as exc:
+            self._open_failed(partition, exc)
+            return
+        try:
+            await self._open(consumer, index)
+        except Exception as exc:
+            self._open_failed(partition, exc)
 
     def _open_failed(self, partition: int, exc: Exception) -> None:
         # Left unowned (and paused): the poll loop retries it, later each time.
@@ -175,7 +189,7 @@ class Node:
             "partition_open_failed", partition=partition, error=repr(exc), failures=failures
         )
 
-    async def _run_partition(self, consumer: AIOKafkaConsumer, runner: PartitionRunner) -> None:
+    async def _run_partition(self, consumer: KafkaGroupConsumer, runner: PartitionRunner) -> None:
         """Step one partition whenever it has records or its next wake time comes.
 
         Each owned partition runs on its own, so a due lease waits for its own partition's
@@ -189,23 +203,26 @@ class Node:
                     return
                 # Position before records: a fetch landing in between can only make the
                 # "caught up" test late, never early.
-                position = await consumer.position(owner.tp)
+                position = await consumer.position(owner.partition)
                 records = runner.take(self.config.max_records)
                 now = now_ms()
                 if owner.has_work(records, now):
                     await owner.step(records, now, position)
-                    self.health.stepped(owner.partition)
-        except IllegalStateError:
+                    self.health.stepped(owner.partition, caught_up=owner.caught_up)
+        except PartitionRevoked:
             return  # revoked while we fetched; the listener closes it
         except ProducerFenced:
             # A newer producer holds this partition's transactional id: the group gave the
             # partition to someone else and we have not heard yet. Reopening would fence the new
             # owner back, so wait for our next assignment instead.
             self.log.warning("partition_fenced", partition=owner.partition)
-            self._fenced.add(owner.partition)
+            if not runner.closing:  # else revoked meanwhile: the revoke closes it
+                self.health.move(owner.partition, Phase.FENCED)
             self._dropped("fenced")
             await self._drop(runner)
         except Exception as exc:
+            if runner.closing:
+                return  # revoked meanwhile: the revoke closes it
             # Anything else (broker trouble, a producer that must be recreated): drop the
             # partition's in-memory work; _adopt_orphans reopens it from its index, which
             # stays consistent with the log, after a wait that grows while it keeps failing.
@@ -216,9 +233,6 @@ class Node:
                 error=repr(exc),
                 failures=failures,
                 retry_in_s=self.health.retry_in_s(owner.partition),
-            )
-            self._retry_at[owner.partition] = monotonic_s() + self.health.retry_in_s(
-                owner.partition
             )
             self._dropped("error")
             # The exception's frames may hold index handles (a scan, a write batch): RocksDB
@@ -245,8 +259,6 @@ class Node:
         consumer = self._consumer
         assert consumer is not None
         self._generation += 1
-        self._fenced.clear()
-        self._retry_at.clear()
         partitions = list(partitions)
         self.health.assigned(partitions)
         # Seek every partition to its index before anything awaits, and hold its fetches until
@@ -257,8 +269,11 @@ class Node:
                 # Not expected (the revoke closed every partition and adoption waits for this
                 # call), but reopening an open index would fail on its lock and leave it paused.
                 continue
+            self.health.move(partition, Phase.OPENING)
             try:
                 indexes.append(self._seek_to_index(consumer, partition))
+            except IndexVersionMismatch as exc:
+                self._start_restore(consumer, exc)
             except Exception as exc:
                 self._open_failed(partition, exc)
         for index in indexes:
@@ -267,22 +282,42 @@ class Node:
             except Exception as exc:
                 self._open_failed(index.partition, exc)
 
-    def _seek_to_index(self, consumer: AIOKafkaConsumer, partition: int) -> PartitionIndex:
-        """Open the partition's index, pause its fetches and seek past the index (no await)."""
-        tp = TopicPartition(self.topics.events, partition)
+    def _seek_to_index(self, consumer: KafkaGroupConsumer, partition: int) -> PartitionIndex:
+        """Pause the partition's fetches, open its index and seek past it (no await)."""
+        consumer.pause(partition)  # first: held back even when the index does not open
         index = open_index(self.config.data_dir, partition)
         try:
-            consumer.pause(tp)
-            consumer.seek(tp, index.applied_offset() + 1)
+            consumer.seek(partition, index.applied_offset() + 1)
         except BaseException:
             index.close()  # else its lock stays held and every reopen fails
             raise
         return index
 
+    def _partition_log(self, partition: int) -> PartitionLog:
+        return KafkaPartitionLog(
+            self.config.settings,
+            self.topics.events,
+            [partition],
+            client_id=f"evsched-node-{self.config.node_id}-restore-p{partition}",
+        )
+
+    def _start_restore(self, consumer: KafkaGroupConsumer, mismatch: IndexVersionMismatch) -> None:
+        self.restores.start(consumer, mismatch)
+
+    async def _restored(self, consumer: KafkaGroupConsumer, partition: int) -> None:
+        """The partition's index was rebuilt: open it, unless it was revoked meanwhile."""
+        async with self._lock:
+            if self.health.phase(partition) is Phase.RESTORING:
+                await self._reopen(consumer, partition)
+
     async def revoke(self, partitions: Iterable[int]) -> None:
         self._generation += 1
+        partitions = list(partitions)
+        for partition in partitions:
+            await self.restores.cancel(partition)
         runners = [r for p in partitions if (r := self.owned.pop(p, None)) is not None]
         for runner in runners:
+            self.health.move(runner.owner.partition, Phase.CLOSING)
             runner.close()
         for runner in runners:
             await runner.stopped()
@@ -290,21 +325,22 @@ class Node:
             self.log.info(
                 "partition_revoked", partition=runner.owner.partition, **runner.owner.stats
             )
+        for partition in partitions:
+            self.health.closed(partition)
 
-    async def _open(self, consumer: AIOKafkaConsumer, index: PartitionIndex) -> None:
+    async def _open(self, consumer: KafkaGroupConsumer, index: PartitionIndex) -> None:
         partition = index.partition
-        tp = TopicPartition(self.topics.events, partition)
         producer: AIOKafkaProducer | None = None
         owner: OwnedPartition | None = None
         try:
             producer = await self._start_producer(partition)
-            committed = await consumer.committed(tp)
-            end = (await consumer.end_offsets([tp]))[tp]
+            committed = await consumer.committed(partition)
+            end = (await consumer.end_offsets([partition]))[partition]
             owner = self._owner(index, producer, committed, end)
             runner = PartitionRunner(owner, consumer)
             owner.on_wake = runner.kick
-            consumer.seek(tp, runner.fetched_to)
-            consumer.resume(tp)
+            consumer.seek(partition, runner.fetched_to)
+            consumer.resume(partition)
         except BaseException:
             # Whatever failed, the index is closed (its lock released) before a retry reopens it.
             if owner is None:
@@ -316,6 +352,7 @@ class Node:
                     await producer.stop()
             raise
         self.owned[partition] = runner
+        self.health.move(partition, Phase.CATCHING_UP)
         runner.start(self._run_partition(consumer, runner))
         self.log.info(
             "partition_assigned",
@@ -374,7 +411,7 @@ class Node:
         owner.close()
 
     async def _close_all(self) -> None:
-        await self.revoke(list(self.owned))
+        await self.revoke(sorted(set(self.owned) | set(self.health.phases())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,21 +432,21 @@ async def _stop_producer(producer: AIOKafkaProducer) -> None:
     await producer.stop()
 
 
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Rebalance:
     """Opens and closes owned partitions as the group assigns and revokes them."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
 
-    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+    async def revoked(self, partitions: list[int]) -> None:
         # Called at the start of every rebalance (with nothing on the first join).
         self.node._rebalancing = True
         async with self.node._lock:
-            await self.node.revoke(tp.partition for tp in revoked)
+            await self.node.revoke(partitions)
 
-    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+    async def assigned(self, partitions: list[int]) -> None:
         async with self.node._lock:
             try:
-                await self.node.assign(tp.partition for tp in assigned)
+                await self.node.assign(partitions)
             finally:
                 self.node._rebalancing = False

@@ -13,7 +13,6 @@ import contextlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -27,7 +26,6 @@ from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
 from evsched.core import planner
 from evsched.core.events import Event, JobEnqueued, entity_id
-from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Record
 from evsched.runtime.budget import QueueBudget, QueueLoad
@@ -54,19 +52,6 @@ PENDING_TIMEOUT_S = 15.0
 # of their own: their consumer offset rides on the partition's next transaction, or goes out alone
 # once it has waited this long.
 OFFSET_COMMIT_INTERVAL_MS = 500
-
-
-def open_index(data_dir: Path, partition: int) -> PartitionIndex:
-    """The partition's index under ``data_dir``; refuses one built by another fold version."""
-    index = PartitionIndex(data_dir / f"p{partition:04d}", partition)
-    version = index.fold_version()
-    if version not in (None, FOLD_VERSION):
-        index.close()
-        raise RuntimeError(
-            f"index of partition {partition} was built by fold version {version}, "
-            f"this is {FOLD_VERSION}: rebuild it from the log (`evsched rebuild`)"
-        )
-    return index
 
 
 class OwnedPartition:

@@ -1,8 +1,8 @@
 """The read replica: the same fold over every events partition, emitting nothing.
 
 Serves reads (job state, timelines) with read-your-writes: a writer waits until the replica has
-applied the offset its produce returned. ``rebuild`` folds a partition from the start into a fresh
-index, which must equal the live one at the same offset.
+applied the offset its produce returned. It folds with the one restore path
+(``runtime.restore.Restorer``), following the log's end instead of stopping at a target.
 """
 
 from __future__ import annotations
@@ -10,20 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import Any
 
 import structlog
-from aiokafka import AIOKafkaConsumer
-from aiokafka.partitioner import murmur2
-from aiokafka.structs import TopicPartition
 
-from evsched.adapters import kafka
 from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index import PartitionIndex
+from evsched.adapters.kafka_events import KafkaPartitionLog, partition_for
 from evsched.adapters.topics import Topics, partition_count
 from evsched.core.state import JobState, TimelineEntry
-from evsched.errors import EvschedError
+from evsched.errors import BrokerUnavailable, EvschedError
+from evsched.ports import PartitionLog
 from evsched.runtime.projector import CommitHook, Projector
+from evsched.runtime.restore import Restorer
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.replica")
@@ -32,11 +30,9 @@ log = structlog.get_logger("evsched.replica")
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 30.0
 
-
-def partition_for(key: str, partitions: int) -> int:
-    """Kafka's default partitioner for keyed records (murmur2), as every client computes it."""
-    hashed: int = murmur2(key.encode())
-    return (hashed & 0x7FFFFFFF) % partitions
+# Records per read: the replica serves reads, so it folds in moderate steps.
+READ_RECORDS = 5_000
+READ_WAIT_S = 0.1
 
 
 class Replica:
@@ -57,36 +53,40 @@ class Replica:
         # Told what every committed batch folded (e.g. metrics), after it is in the index.
         self.on_commit = on_commit
         self.projectors: dict[int, Projector] = {}
-        self._consumer: AIOKafkaConsumer | None = None
+        self._log: PartitionLog | None = None
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
-        # Partitions whose last fold failed, with the reason: paused, retried after a wait.
+        # Partitions whose last fold failed, with the reason: not read, retried after a wait.
         self.failing: dict[int, str] = {}
         self._failures: dict[int, int] = {}
         self._retry_at: dict[int, float] = {}
+        self._failed_at: dict[int, int] = {}
 
     async def start(self) -> None:
         count = await partition_count(
             self.settings.bootstrap, self.topic, **dict(self.settings.kafka_options)
         )
-        consumer = kafka.consumer(self.settings, group_id=None, client_id=self.client_id)
-        await consumer.start()
-        self._consumer = consumer
-        tps = [TopicPartition(self.topic, p) for p in range(count)]
-        consumer.assign(tps)
-        for tp in tps:
-            index = PartitionIndex(self.data_dir / f"p{tp.partition:04d}", tp.partition)
-            self.projectors[tp.partition] = Projector(index, on_commit=self.on_commit)
-            consumer.seek(tp, index.applied_offset() + 1)
-        self._task = asyncio.create_task(self._run(consumer), name="evsched-replica")
+        log = KafkaPartitionLog(self.settings, self.topic, range(count), client_id=self.client_id)
+        await log.start()
+        for partition in range(count):
+            index = PartitionIndex(self.data_dir / f"p{partition:04d}", partition)
+            self.projectors[partition] = Projector(index, on_commit=self.on_commit)
+        self._task = self.follow(log)
+
+    def follow(self, log: PartitionLog) -> asyncio.Task[None]:
+        """Fold what ``log`` (started, reading every partition) holds past the indexes, forever."""
+        self._log = log
+        restorer = Restorer(log, self.projectors, on_fold_error=self._fold_failed)
+        restorer.seek()
+        return asyncio.create_task(self._run(restorer), name="evsched-replica")
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
+        if self._log is not None:
+            await self._log.close()
         for projector in self.projectors.values():
             projector.index.close()
         self.projectors.clear()
@@ -98,61 +98,61 @@ class Replica:
     async def __aexit__(self, *_: object) -> None:
         await self.stop()
 
-    async def _run(self, consumer: AIOKafkaConsumer) -> None:
+    async def _run(self, restorer: Restorer) -> None:
         while True:
-            self._resume_due(consumer)
+            self._due(restorer)
+            active = [p for p in self.projectors if p not in self._retry_at]
             try:
-                batches = await consumer.getmany(timeout_ms=100, max_records=5_000)
-            except kafka.KafkaError as exc:
-                log.warning("replica_fetch_failed", error=repr(exc), retry_in_s=RETRY_FIRST_S)
+                folded = await restorer.read_once(active, timeout_s=READ_WAIT_S) if active else 0
+            except BrokerUnavailable as exc:
+                log.warning("replica_fetch_failed", error=str(exc), retry_in_s=RETRY_FIRST_S)
                 await asyncio.sleep(RETRY_FIRST_S)
                 continue
-            for tp, raws in batches.items():
-                self._apply(consumer, tp, raws)
-            if batches:
+            if not active:
+                await asyncio.sleep(READ_WAIT_S)
+            self._recovered()
+            if folded:
                 async with self._changed:
                     self._changed.notify_all()
 
-    def _apply(self, consumer: AIOKafkaConsumer, tp: TopicPartition, raws: list[Any]) -> None:
-        """Fold one partition's batch; a failure pauses that partition alone, never the loop.
+    def _fold_failed(self, partition: int, offset: int, exc: Exception) -> None:
+        """A partition's batch did not fold: that partition alone waits, then folds it again.
 
         The fold refuses what it cannot carry out, so this is a second line of defence: the
         partition is retried from its index's offset after a growing wait, and shows in
         ``failing`` (and the log) meanwhile. Reads of the other partitions go on.
         """
-        partition = tp.partition
-        projector = self.projectors[partition]
-        try:
-            projector.commit(projector.fold(kafka.to_record(r) for r in raws))
-        except Exception as exc:
-            failures = self._failures.get(partition, 0) + 1
-            self._failures[partition] = failures
-            wait_s = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** min(failures - 1, 16))
-            self.failing[partition] = f"fold failed at offset {raws[0].offset}: {exc!r}"
-            log.error(
-                "replica_partition_failed",
-                partition=partition,
-                offset=raws[0].offset,
-                error=repr(exc),
-                failures=failures,
-                retry_in_s=wait_s,
-            )
-            # Fold the batch again from what the index holds, once the wait is over.
-            projector.next_offset = projector.index.applied_offset() + 1
-            consumer.pause(tp)
-            consumer.seek(tp, projector.next_offset)
-            self._retry_at[partition] = monotonic_s() + wait_s
-            return
-        if self.failing.pop(partition, None) is not None:
-            log.info("replica_partition_recovered", partition=partition)
-            self._failures.pop(partition, None)
+        failures = self._failures.get(partition, 0) + 1
+        self._failures[partition] = failures
+        wait_s = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** min(failures - 1, 16))
+        self.failing[partition] = f"fold failed at offset {offset}: {exc!r}"
+        log.error(
+            "replica_partition_failed",
+            partition=partition,
+            offset=offset,
+            error=repr(exc),
+            failures=failures,
+            retry_in_s=wait_s,
+        )
+        self._retry_at[partition] = monotonic_s() + wait_s
+        self._failed_at[partition] = offset
 
-    def _resume_due(self, consumer: AIOKafkaConsumer) -> None:
+    def _due(self, restorer: Restorer) -> None:
+        """Failed partitions whose wait is over: read again from their indexes."""
         now = monotonic_s()
-        for partition, at in list(self._retry_at.items()):
-            if at <= now:
-                del self._retry_at[partition]
-                consumer.resume(TopicPartition(self.topic, partition))
+        due = [p for p, at in self._retry_at.items() if at <= now]
+        for partition in due:
+            del self._retry_at[partition]
+        restorer.seek(due)
+
+    def _recovered(self) -> None:
+        """Failed partitions that folded past the offset they failed at run again."""
+        for partition, offset in list(self._failed_at.items()):
+            if partition not in self._retry_at and self.index(partition).applied_offset() >= offset:
+                del self._failed_at[partition]
+                self.failing.pop(partition, None)
+                self._failures.pop(partition, None)
+                log.info("replica_partition_recovered", partition=partition)
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -167,15 +167,15 @@ class Replica:
         Asks the broker for the end offsets (so it raises when the broker is unreachable); the
         read position is past transaction markers, which the applied offset never reaches.
         """
-        consumer = self._consumer
-        if consumer is None:
+        reader = self._log
+        if reader is None:
             raise EvschedError("the replica is not started")
-        tps = [TopicPartition(self.topic, p) for p in sorted(self.projectors)]
+        partitions = sorted(self.projectors)
         try:
-            ends = await consumer.end_offsets(tps)
-            return {tp.partition: max(0, ends[tp] - await consumer.position(tp)) for tp in tps}
-        except kafka.KafkaError as exc:
-            raise EvschedError(f"cannot read the end offsets of {self.topic}: {exc!r}") from exc
+            ends = await reader.end_offsets(partitions)
+            return {p: max(0, ends[p] - await reader.position(p)) for p in partitions}
+        except BrokerUnavailable as exc:
+            raise EvschedError(f"cannot read the end offsets of {self.topic}: {exc}") from exc
 
     def partition_of(self, key: str) -> int:
         return partition_for(key, len(self.projectors))
@@ -199,27 +199,3 @@ class Replica:
                     raise TimeoutError(f"replica did not reach offset {offset} of p{partition}")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), remaining)
-
-
-async def rebuild_partition(
-    settings: Settings, partition: int, until_offset: int, data_dir: Path
-) -> PartitionIndex:
-    """Fold ``partition`` from its start through ``until_offset`` into a fresh index."""
-    topic = Topics(settings.namespace).events
-    tp = TopicPartition(topic, partition)
-    index = PartitionIndex(data_dir, partition)
-    projector = Projector(index)
-    consumer = kafka.consumer(settings, group_id=None, client_id="evsched-rebuild")
-    await consumer.start()
-    try:
-        consumer.assign([tp])
-        consumer.seek(tp, index.applied_offset() + 1)
-        while index.applied_offset() < until_offset:
-            batch = await consumer.getmany(tp, timeout_ms=500, max_records=5_000)
-            records = [kafka.to_record(r) for r in batch.get(tp, []) if r.offset <= until_offset]
-            if not records and await consumer.position(tp) > until_offset:
-                break
-            projector.commit(projector.fold(records))
-    finally:
-        await consumer.stop()
-    return index

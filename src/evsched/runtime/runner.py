@@ -6,13 +6,19 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Protocol
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import IllegalStateError
-
+from evsched.errors import PartitionRevoked
 from evsched.ports import Record
 from evsched.runtime.partition import OwnedPartition
+
+
+class Fetches(Protocol):
+    """Holds back and lets through a partition's fetches (the node's group consumer)."""
+
+    def pause(self, partition: int) -> None: ...
+
+    def resume(self, partition: int) -> None: ...
 
 
 class PartitionRunner:
@@ -23,7 +29,7 @@ class PartitionRunner:
     back only its own fetches and memory stays bounded.
     """
 
-    def __init__(self, owner: OwnedPartition, consumer: AIOKafkaConsumer, backlog: int = 8_000):
+    def __init__(self, owner: OwnedPartition, consumer: Fetches, backlog: int = 8_000):
         self.owner = owner
         self.consumer = consumer
         self.backlog = backlog
@@ -54,7 +60,7 @@ class PartitionRunner:
         self.fetched_to = fresh[-1].offset + 1
         self._kick.set()
         if len(self.inbox) >= self.backlog and not self.paused:
-            self.consumer.pause(self.owner.tp)
+            self.consumer.pause(self.owner.partition)
             self.paused = True
 
     def take(self, limit: int) -> list[Record]:
@@ -64,8 +70,8 @@ class PartitionRunner:
             self._kick.set()  # more to do right away
         if self.paused and len(self.inbox) < self.backlog // 2 and not self.closing:
             self.paused = False
-            with contextlib.suppress(IllegalStateError):  # revoked meanwhile: nothing to resume
-                self.consumer.resume(self.owner.tp)
+            with contextlib.suppress(PartitionRevoked):  # revoked meanwhile: nothing to resume
+                self.consumer.resume(self.owner.partition)
         return records
 
     async def wait(self, timeout_s: float) -> None:
