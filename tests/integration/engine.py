@@ -4,6 +4,7 @@ watch job states, and checks of what actually landed in the log (invariants, eff
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -136,6 +137,23 @@ class Stack:
 
     def node_data(self, name: str = "node-1") -> Path:
         return self.tmp / name
+
+    async def rebuild_verify(self, node: str, data_dir: Path) -> tuple[int, Any]:
+        """``evsched rebuild --verify --live-dir <node's data> --json``: (exit code, document)."""
+        process = await asyncio.create_subprocess_exec(
+            *[sys.executable, "-m", "evsched", "rebuild", "--verify", "--json"],
+            *["--live-dir", str(self.node_data(node)), "--data-dir", str(data_dir)],
+            *["--processes", "1"],
+            cwd=REPO,
+            env=self.env(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await process.communicate()
+        assert process.returncode is not None
+        if not out.strip():
+            return process.returncode, err.decode()
+        return process.returncode, json.loads(out)
 
     def start_worker(self, name: str = "worker-1", *args: str) -> Proc:
         app = "tests.integration.scenario_app:app"
