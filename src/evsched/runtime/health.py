@@ -29,9 +29,13 @@ class NodeHealth:
     """The phase of each assigned partition of one node; read from the metrics server's thread."""
 
     def __init__(
-        self, failing_gauge: Any = None, monotonic: Callable[[], float] = monotonic_s
+        self,
+        failing_gauge: Any = None,
+        monotonic: Callable[[], float] = monotonic_s,
+        logger: Any = log,
     ) -> None:
         self._lock = threading.Lock()
+        self.log = logger
         self._monotonic = monotonic
         self._gauge = failing_gauge
         self.joined = False  # the group assigned partitions at least once
@@ -53,7 +57,7 @@ class NodeHealth:
             old = self._phases.get(partition)
             check(partition, old, new)
             self._phases[partition] = new
-        log.info(
+        self.log.info(
             "partition_phase",
             partition=partition,
             old=None if old is None else old.value,
@@ -113,7 +117,7 @@ class NodeHealth:
         with self._lock:
             failures = self._failures.get(partition, 0)
             self._clear(partition)
-        log.info("partition_recovered", partition=partition, failures=failures)
+        self.log.info("partition_recovered", partition=partition, failures=failures)
 
     def retry_in_s(self, partition: int) -> float:
         failures = self._failures.get(partition, 0)

@@ -84,8 +84,8 @@ class Node:
         self._generation = 0  # bumped on every assignment change
         self._rebalancing = False  # between the group's revoke and assign callbacks
         self.budget = QueueBudget()  # --max-in-flight and --max-unstarted hold per node
-        self.health = NodeHealth(None if metrics is None else metrics.node.failing)
         self.log = log.bind(node_id=config.node_id)
+        self.health = NodeHealth(None if metrics is None else metrics.node.failing, logger=self.log)
         self.restores = IndexRestores(
             self._partition_log,
             data_dir=config.data_dir,

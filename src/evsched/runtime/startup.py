@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import structlog
-from aiokafka.errors import KafkaError
 
 from evsched.adapters.topics import TopicMisconfigured, TopicProvisioningError, TopicRefused
+from evsched.errors import BrokerUnavailable
 
 log = structlog.get_logger("evsched.startup")
 T = TypeVar("T")
@@ -45,7 +45,7 @@ async def until_broker(
             return await action()
         except (TopicMisconfigured, TopicRefused):
             raise
-        except (TopicProvisioningError, KafkaError, OSError, TimeoutError) as exc:
+        except (TopicProvisioningError, BrokerUnavailable, OSError, TimeoutError) as exc:
             log.warning(
                 "broker_unavailable", what=what, error=str(exc), tries=tries, retry_in_s=wait_s
             )
