@@ -1,7 +1,8 @@
 """The operator's local replica: per-partition indexes in a directory, caught up to the log's end.
 
-A read command first folds whatever the log holds beyond the indexes (the same projector as
-nodes and replicas), up to the end offsets captured when it started, then answers from RocksDB.
+A read command first folds whatever the log holds beyond the indexes (the one restore path of
+nodes and replicas, ``runtime.restore``), up to the end offsets captured when it started, then
+answers from RocksDB.
 It waits for consumer positions rather than applied offsets: the last offset of a partition is
 often a transaction marker, which no record's applied offset ever reaches.
 """
