@@ -104,3 +104,7 @@ class PartitionRevoked(EvschedError):
 
 class RebalanceCommitFailed(EvschedError):
     """The group rebalanced before an offset commit: the commit was refused, nothing was lost."""
+
+
+class RecordRefused(EvschedError):
+    """The broker refused a record itself (too large, its topic missing or not allowed)."""

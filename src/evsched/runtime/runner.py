@@ -10,6 +10,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import IllegalStateError
+from aiokafka.structs import TopicPartition
 
 from evsched.ports import Record
 from evsched.runtime.partition import OwnedPartition
@@ -26,6 +27,7 @@ class PartitionRunner:
     def __init__(self, owner: OwnedPartition, consumer: AIOKafkaConsumer, backlog: int = 8_000):
         self.owner = owner
         self.consumer = consumer
+        self.tp = TopicPartition(owner.topics.events, owner.partition)
         self.backlog = backlog
         self.inbox: deque[Record] = deque()
         # The offset after the last record fed: where fetching resumes after a rebalance.
@@ -54,7 +56,7 @@ class PartitionRunner:
         self.fetched_to = fresh[-1].offset + 1
         self._kick.set()
         if len(self.inbox) >= self.backlog and not self.paused:
-            self.consumer.pause(self.owner.tp)
+            self.consumer.pause(self.tp)
             self.paused = True
 
     def take(self, limit: int) -> list[Record]:
@@ -65,7 +67,7 @@ class PartitionRunner:
         if self.paused and len(self.inbox) < self.backlog // 2 and not self.closing:
             self.paused = False
             with contextlib.suppress(IllegalStateError):  # revoked meanwhile: nothing to resume
-                self.consumer.resume(self.owner.tp)
+                self.consumer.resume(self.tp)
         return records
 
     async def wait(self, timeout_s: float) -> None:
