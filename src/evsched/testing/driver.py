@@ -124,7 +124,7 @@ class NodeDriver:
 
     async def step(self) -> int:
         """Fetch new records and step once at the clock's time, if a node would; returns how
-        many decisions were sent."""
+        many decision records (events and dispatch records) were sent."""
         owner = await self.open()
         records = self.broker.records(self.topics.events, self.partition, self._fetched_to)
         records = records[: self.max_records]
@@ -140,7 +140,7 @@ class NodeDriver:
         return await owner.step(records, now, self._fetched_to)
 
     async def settle(self, max_steps: int = 100) -> int:
-        """Step until nothing is left to fold or due; returns how many decisions were sent."""
+        """Step until nothing is left to fold or due; returns how many decision records went."""
         owner = await self.open()
         sent = 0
         for _ in range(max_steps):
@@ -193,8 +193,12 @@ class NodeDriver:
 
     def dispatched(self, queue: str | None = None) -> list[Dispatch]:
         """The dispatch records sent, decoded (those of ``queue`` only, if given)."""
-        prefix = self.topics.dispatch(queue) if queue is not None else self.topics.dispatch("")
-        sent = (r for r in self.sent() if r.topic.startswith(prefix))
+        if queue is None:
+            sent = (
+                r for r in self.sent() if r.topic.startswith(f"{self.topics.namespace}.dispatch.")
+            )
+        else:
+            sent = (r for r in self.sent() if r.topic == self.topics.dispatch(queue))
         return [avro.decode_dispatch(_value(r)) for r in sent]
 
     def effects(self) -> list[Record]:
