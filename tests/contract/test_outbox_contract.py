@@ -85,7 +85,8 @@ class KafkaKit:
         await admin.start()
         try:
             small = {"max.message.bytes": str(SMALL_BYTES)}
-            await admin.create_topics([NewTopic(self.topics.dispatch("small"), 1, 1, topic_configs=small)])
+            topic = NewTopic(self.topics.dispatch("small"), 1, 1, topic_configs=small)
+            await admin.create_topics([topic])
         finally:
             await admin.close()
 
@@ -169,8 +170,8 @@ def lease(kit: Kit, job: str, *, queue: str = "default", size: int = 16) -> list
     return [dispatch, event(kit.topics.events, job, f"leased {job}".encode(), job)]
 
 
-def values(seen: Sequence[tuple[bytes | None, bytes | None]]) -> list[bytes | None]:
-    return [v for _, v in seen]
+def values(seen: Sequence[tuple[bytes | None, bytes | None]]) -> list[bytes]:
+    return [v or b"" for _, v in seen]
 
 
 async def test_records_and_offset_become_visible_together_once_committed(kit: Kit) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, TypeVar, overload
 
 from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
@@ -26,6 +27,8 @@ from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.quarantine import EnsureQueues, Unusable
 from evsched.testing.memory import FrozenClock
 from evsched.testing.outbox import MemoryBroker, MemoryOutbox
+
+E = TypeVar("E", bound=Event)
 
 
 async def every_queue_declared(queues: set[str]) -> dict[str, Unusable]:
@@ -186,7 +189,13 @@ class NodeDriver:
         landed = (r for t in self.broker.transactions for r in t.records)
         return [r for r in landed if topic is None or r.topic == topic]
 
-    def decisions(self, *kinds: type[Event]) -> list[Event]:
+    @overload
+    def decisions(self) -> list[Event]: ...
+
+    @overload
+    def decisions(self, kind: type[E], /, *more: type[E]) -> list[E]: ...
+
+    def decisions(self, *kinds: type[Any]) -> list[Any]:
         """The events the node wrote (leases, expiries, fires), decoded; only ``kinds`` if given."""
         events = [avro.decode_event(_value(r)) for r in self.sent(self.topics.events)]
         return [e for e in events if not kinds or isinstance(e, kinds)]
