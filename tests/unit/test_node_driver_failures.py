@@ -148,8 +148,8 @@ async def test_the_in_flight_limit_holds_per_queue_and_frees_as_jobs_finish(
 async def test_backpressure_keeps_unstarted_jobs_scheduled_not_expiring_in_dispatch(
     tmp_path: Path,
 ) -> None:
-    # Moved from tests/integration/test_node_hardening.py: a slow pool against a short dispatch
-    # timeout. Leasing all 20 at once would expire most of them unstarted.
+    # Moved from tests/integration/test_node_hardening.py: a slow pool (2 at a time, 0.25 s each)
+    # against a short dispatch timeout. Leasing all 20 at once expired most of them unstarted.
     limits = PlannerLimits(dispatch_timeout_ms=2_000, max_unstarted_per_queue=4)
     driver = NodeDriver(tmp_path, limits=limits)
     jobs = [f"j{i}" for i in range(20)]
@@ -160,7 +160,7 @@ async def test_backpressure_keeps_unstarted_jobs_scheduled_not_expiring_in_dispa
         assert len(driver.dispatched()) - len(done) <= 4  # never more unstarted than 4
         for d in [d for d in driver.dispatched() if d.job_id not in done][:2]:  # 2 at a time
             driver.append(started(d))
-            driver.advance(0.1)
+            driver.advance(0.25)  # 20 jobs take 5 s, well past the 2 s dispatch timeout
             driver.append(succeeded(d))
             done.add(d.job_id)
         await driver.settle()

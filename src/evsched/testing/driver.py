@@ -20,7 +20,7 @@ from evsched.adapters.topics import Topics
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import Event, entity_id
 from evsched.core.planner import PlannerLimits
-from evsched.core.state import JobState, ScheduleState
+from evsched.core.state import JobState, ScheduleState, TimelineEntry
 from evsched.ports import Record
 from evsched.runtime.budget import QueueBudget
 from evsched.runtime.partition import OwnedPartition
@@ -216,6 +216,10 @@ class NodeDriver:
     def job(self, job_id: str) -> JobState | None:
         """The job's state as the index holds it (what was committed, nothing in flight)."""
         return self.owner.index.job(job_id)
+
+    def job_timeline(self, job_id: str) -> list[TimelineEntry]:
+        """Every event of the job as the fold judged it (verdict, reason), from the index."""
+        return self.owner.index.timeline(job_id, schedule=False)
 
     def schedule(self, schedule_id: str) -> ScheduleState | None:
         return self.owner.index.schedule(schedule_id)
