@@ -188,12 +188,8 @@ class OwnedPartition:
         with_offset = bool(folded.effects) or self._offset_due(now)
         self._count(steps=1, records=len(records))
         if outgoing or with_offset:
-            position_sent = (
-                ConsumerOffset(self.topics.events, self.partition, offset, self.group_id)
-                if with_offset
-                else None
-            )
-            sent = await self._send(outgoing, position_sent)
+            ours = ConsumerOffset(self.topics.events, self.partition, offset, self.group_id)
+            sent = await self._send(outgoing, ours if with_offset else None)
             self._count(transactions=1, effects=len(folded.effects))
             decisions = [o for o in sent if o.decision is not None]
         for entity in self.quarantine.take_fresh():
