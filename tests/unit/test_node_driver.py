@@ -12,7 +12,7 @@ import pytest
 from evsched.core.events import Effect, JobEnqueued, JobLeased, LeaseExpired, ScheduleFired
 from evsched.core.planner import PlannerLimits
 from evsched.core.state import Status
-from evsched.testing import NodeDriver
+from evsched.testing import NodeDriver, SimulatedCrash
 from tests.unit.node_driver_events import enqueued, every_minute, failed, started, succeeded
 
 LIMITS = PlannerLimits(dispatch_timeout_ms=30_000)
@@ -184,3 +184,23 @@ async def test_effects_are_committed_with_their_offset_exactly_once(driver: Node
     await driver.restart()
     await driver.settle()
     assert len(driver.effects()) == 1 and status(driver, "a") is Status.SUCCEEDED
+
+
+async def test_a_cron_fire_committed_just_before_a_crash_is_not_fired_again(
+    driver: NodeDriver,
+) -> None:
+    driver.clock.wall_ms = 1_700_000_000_000 - 1_700_000_000_000 % 60_000 + 30_000  # mid-minute
+    driver.append(every_minute("s"))
+    await driver.settle()
+    driver.advance(30)
+    driver.crash_after_commit()  # the fire's transaction commits; its index write never happens
+    with pytest.raises(SimulatedCrash):
+        await driver.settle()
+    assert len(driver.decisions(ScheduleFired)) == 1
+    await driver.restart()
+    await driver.settle()
+    [fired] = driver.decisions(ScheduleFired)  # refolded from the log, not decided again
+    assert [e.job_id for e in driver.decisions(JobEnqueued)] == [fired.job_id]
+    assert [d.job_id for d in driver.dispatched()] == [fired.job_id]
+    schedule = driver.schedule("s")
+    assert schedule is not None and schedule.next_fire_at == fired.fire_at + 60_000
