@@ -106,6 +106,10 @@ class RebalanceCommitFailed(EvschedError):
     """The group rebalanced before an offset commit: the commit was refused, nothing was lost."""
 
 
+class RecordRefused(EvschedError):
+    """The broker refused a record itself (too large, its topic missing or not allowed)."""
+
+
 class RestoreRefused(EvschedError):
     """A partition's index cannot be rebuilt from the log without losing history (retention)."""
 

@@ -7,7 +7,7 @@ as the engine relies on Kafka to behave. Nothing here imports a third-party clie
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -86,6 +86,74 @@ class JobReader(Protocol):
     """Reads a job's projected state (a read replica, or the API); None when it is unknown."""
 
     async def job(self, job_id: str) -> JobState | None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outgoing:
+    """A record a partition's owner sends: an effect, a decision's event or its dispatch record."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    partition: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    queue: str | None = None  # set on dispatch records: their topic must exist first
+    # The job or schedule a decision is about; a refused record quarantines every record of its
+    # decision. None on effects, which are never held back.
+    decision: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerOffset:
+    """The consumer group's position sent with a transaction: read ``topic``/``partition`` from
+    ``next_offset`` on."""
+
+    topic: str
+    partition: int
+    next_offset: int
+    group_id: str
+
+
+class Holdback(Protocol):
+    """Where an outbox holds back decisions whose records cannot go: ``runtime.quarantine``."""
+
+    def holds(self, entity: str) -> bool: ...
+
+    def add(
+        self,
+        entity: str,
+        stage: str,
+        reason: str,
+        *,
+        hold_s: float | None = None,
+        quiet: bool = False,
+    ) -> None: ...
+
+
+class PartitionOutbox(Protocol):
+    """Sends one events partition's outputs and consumer offset atomically (a transaction).
+
+    ``KafkaOutbox`` in ``evsched.adapters.kafka_outbox``; ``testing.MemoryOutbox`` is the twin.
+    """
+
+    async def start(self) -> None:
+        """Take the partition's transactional id: an older owner's outbox is fenced from now on."""
+        ...
+
+    async def send(
+        self, outgoing: Sequence[Outgoing], *, offset: ConsumerOffset | None, holdback: Holdback
+    ) -> list[Outgoing]:
+        """Send ``outgoing`` and ``offset`` (if any) in one transaction; returns what was sent.
+
+        A decision whose record is refused (too large, topic unusable) is added to ``holdback``
+        and sent without: only that decision waits, the rest commits. Raises ``Fenced`` when a
+        newer owner took the transactional id, ``RecordRefused`` when an effect (never held
+        back) is refused, ``BrokerUnavailable`` on other broker failures: nothing of the step
+        is visible then.
+        """
+        ...
+
+    async def close(self) -> None: ...
 
 
 class PartitionLog(Protocol):

@@ -15,12 +15,12 @@ from typing import Protocol
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
-from tests.conftest import unique_name
 
 from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.ports import PartitionLog, Record
 from evsched.settings import Settings
 from evsched.testing_restore import MemoryPartitionLog
+from tests.conftest import unique_name
 
 PARTITION = 0
 

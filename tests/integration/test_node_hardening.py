@@ -1,6 +1,9 @@
 """The node under load and bad decisions, with real processes on the real broker: per-queue limits
-that hold across partitions, backpressure, decisions quarantined while their partition proceeds, a
-halted partition in /readyz, and starting against a missing broker or a misconfigured topic."""
+that hold across partitions, decisions quarantined while their partition proceeds, a halted
+partition in /readyz, and starting against a missing broker or a misconfigured topic.
+
+Backpressure (max unstarted per queue) is a partition's own behaviour: it is tested through
+NodeDriver in tests/unit/test_node_driver_failures.py."""
 
 from __future__ import annotations
 
@@ -81,15 +84,6 @@ def max_active(folded: Replay) -> int:
     return peak
 
 
-def applied(folded: Replay, kind: str) -> int:
-    return sum(
-        1
-        for timeline in folded.job_timelines.values()
-        for entry in timeline
-        if entry.kind == kind and entry.verdict is Verdict.APPLIED
-    )
-
-
 def logged(proc: Proc, event: str) -> list[dict[str, object]]:
     lines = []
     for line in proc.log().splitlines():
@@ -119,22 +113,6 @@ async def test_max_in_flight_holds_per_queue_across_all_six_partitions(
     assert len(partitions) == 6  # the jobs were spread over every partition
     # Per partition the limit was 3 before: up to 18 at once with 6 partitions.
     assert 2 <= max_active(folded) <= 3
-
-
-async def test_backpressure_keeps_jobs_scheduled_instead_of_expiring_in_the_dispatch_topic(
-    stack: Stack,
-) -> None:
-    # One worker running 2 at a time, 0.2 s each: 60 jobs take 6 s, far past a 2 s dispatch
-    # timeout. Leasing them all at once expired most of them unstarted (one attempt: dead).
-    stack.start_node("node-1", "--dispatch-timeout-s", "2", "--max-unstarted", "4")
-    start_worker(stack, "--concurrency", "2")
-    warm = await enqueue(stack, "n.sleep", 1, 0)  # the worker has joined its group
-    await stack.wait_status(warm[0], Status.SUCCEEDED)
-    jobs = await enqueue(stack, "n.sleep", 60, 0.2)
-    await wait_for(lambda: all_succeeded(stack, jobs), what="every job to succeed", timeout_s=90)
-    folded = await stack.check()
-    assert applied(folded, "LeaseExpired") == 0
-    assert applied(folded, "AttemptStarted") == 61
 
 
 class EveryQueue:

@@ -13,8 +13,6 @@ from typing import Any, cast
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import MessageSizeTooLargeError
 from prometheus_client import CollectorRegistry, generate_latest
 
 from evsched.adapters import avro
@@ -28,49 +26,31 @@ from evsched.devstack.process import free_port
 from evsched.errors import BrokerUnavailable, PartitionRevoked
 from evsched.metrics import NodeInstruments, serve_metrics
 from evsched.ports import Record
-from evsched.runtime import outbox
 from evsched.runtime import partition as partition_module
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.lifecycle import Phase
 from evsched.runtime.node import Node, NodeConfig
-from evsched.runtime.outbox import Quarantine, Unusable
 from evsched.runtime.partition import OwnedPartition
+from evsched.runtime.quarantine import Quarantine, Unusable
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings
+from evsched.testing import FrozenClock, MemoryBroker, MemoryOutbox
 from evsched.testing_restore import MemoryPartitionLog
 from tests.prometheus import parse, value
 
 TOPICS = Topics("ns")
 
 
-class Producer:
-    """A transactional producer twin: refuses records of the topics in ``refuse`` at send()."""
+def outbox(refuse: set[str] = frozenset()) -> MemoryOutbox:  # type: ignore[assignment]
+    """An outbox twin that refuses records of the topics in ``refuse``."""
+    box = MemoryOutbox(MemoryBroker(FrozenClock()))
+    box.refuse(lambda o: "MessageSizeTooLargeError()" if o.topic in refuse else None)
+    return box
 
-    def __init__(self, refuse: set[str] = frozenset()) -> None:  # type: ignore[assignment]
-        self.refuse = refuse
-        self.committed: list[tuple[str, bytes]] = []
-        self._open: list[tuple[str, bytes]] = []
 
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> Any:
-        self._open = []
-        yield
-        self.committed += self._open
-
-    async def send(self, topic: str, value: bytes, **_: object) -> asyncio.Future[None]:
-        if topic in self.refuse:
-            raise MessageSizeTooLargeError()
-        self._open.append((topic, value))
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
-
-    async def send_offsets_to_transaction(self, *_: object) -> None:
-        return None
-
-    async def partitions_for(self, topic: str) -> set[int]:
-        return {0}
+def committed(box: MemoryOutbox) -> list[tuple[str, bytes]]:
+    return [(r.topic, r.value or b"") for t in box.sent for r in t.records]
 
 
 async def no_new_topics(queues: set[str]) -> Mapping[str, Unusable]:
@@ -85,11 +65,13 @@ def enqueued(offset: int, job_id: str, queue: str) -> Record:
     return Record(TOPICS.events, 0, offset, 1_000, job_id.encode(), avro.encode_event(event))
 
 
-def owned(tmp_path: Path, producer: Producer, **options: Any) -> OwnedPartition:
+async def owned(tmp_path: Path, box: MemoryOutbox, **options: Any) -> OwnedPartition:
+    await box.start()
     return OwnedPartition(
         index=PartitionIndex(tmp_path / "p0000", 0),
         topics=TOPICS,
-        producer=cast(AIOKafkaProducer, producer),
+        outbox=box,
+        clock=box.broker.clock,
         group_id="ns.nodes",
         node_id="n1",
         limits=planner.PlannerLimits(),
@@ -103,17 +85,17 @@ def owned(tmp_path: Path, producer: Producer, **options: Any) -> OwnedPartition:
 async def test_a_decision_that_cannot_be_sent_is_quarantined_and_the_rest_go_out(
     tmp_path: Path,
 ) -> None:
-    producer = Producer(refuse={TOPICS.dispatch("huge")})
-    owner = owned(tmp_path, producer)
+    box = outbox(refuse={TOPICS.dispatch("huge")})
+    owner = await owned(tmp_path, box)
     records = [enqueued(0, "a", "default"), enqueued(1, "b", "huge"), enqueued(2, "c", "default")]
     await owner.step(records, 2_000, 3)
-    leased = {avro.decode_event(v).job_id for t, v in producer.committed if t == TOPICS.events}
+    leased = {avro.decode_event(v).job_id for t, v in committed(box) if t == TOPICS.events}
     assert leased == {"a", "c"}
     assert owner.quarantine.holds("b") and len(owner.quarantine) == 1
     assert owner.index.applied_offset() == 2  # the step committed
     assert owner.pending.entities.keys() == {"a", "c"}  # b is not waited for
     await owner.step([], 2_001, 3)  # held back: not proposed again at once
-    assert len(producer.committed) == 4
+    assert len(committed(box)) == 4
     owner.close()
 
 
@@ -128,14 +110,12 @@ async def test_a_decision_that_cannot_be_encoded_is_quarantined(
         return real(dispatch)
 
     monkeypatch.setattr(partition_module.avro, "encode_dispatch", encode)
-    producer = Producer()
+    box = outbox()
     registry = CollectorRegistry()
     instruments = NodeInstruments(registry)
-    owner = owned(tmp_path, producer, instruments=instruments.partition(0))
+    owner = await owned(tmp_path, box, instruments=instruments.partition(0))
     await owner.step([enqueued(0, "a", "default"), enqueued(1, "b", "default")], 2_000, 2)
-    assert {avro.decode_event(v).job_id for t, v in producer.committed if t == TOPICS.events} == {
-        "a"
-    }
+    assert {avro.decode_event(v).job_id for t, v in committed(box) if t == TOPICS.events} == {"a"}
     assert owner.quarantine.holds("b")
     samples = parse(generate_latest(registry).decode())
     quarantined = "evsched_node_decisions_quarantined_total"
@@ -148,12 +128,15 @@ async def test_the_budget_is_shared_by_partitions_and_full_queues_serve_them_in_
 ) -> None:
     budget = QueueBudget()
     limits = planner.PlannerLimits(max_in_flight_per_queue=3)
-    producers = [Producer(), Producer()]
+    boxes = [outbox(), outbox()]
+    for box in boxes:
+        await box.start()
     owners = [
         OwnedPartition(
             index=PartitionIndex(tmp_path / f"p{p}", p),
             topics=TOPICS,
-            producer=cast(AIOKafkaProducer, producers[p]),
+            outbox=boxes[p],
+            clock=boxes[p].broker.clock,
             group_id="ns.nodes",
             node_id="n1",
             limits=limits,
@@ -340,8 +323,8 @@ async def test_jobs_held_back_at_the_head_of_the_due_index_hide_no_later_job(
     async def ghost_undeclared(queues: set[str]) -> Mapping[str, Unusable]:
         return {q: Unusable(stage="undeclared", reason="no topic") for q in queues if q == "ghost"}
 
-    producer = Producer()
-    owner = owned(tmp_path, producer, scan_limit=2)
+    box = outbox()
+    owner = await owned(tmp_path, box, scan_limit=2)
     owner.ensure_queues = ghost_undeclared
     later = JobEnqueued(
         event_id="e-d", job_id="d", emitted_at=0, source="t", task="t", queue="default",
@@ -352,24 +335,21 @@ async def test_jobs_held_back_at_the_head_of_the_due_index_hide_no_later_job(
     await owner.step([*ghosts, later_record], 2_000, 4)
     assert all(owner.quarantine.holds(f"g{o}") for o in range(3))
     await owner.step([], 6_000, 4)  # d is due now; the ghosts are still held back
-    leased = {avro.decode_event(v).job_id for t, v in producer.committed if t == TOPICS.events}
+    leased = {avro.decode_event(v).job_id for t, v in committed(box) if t == TOPICS.events}
     assert leased == {"d"}
     owner.close()
 
 
-def test_a_hold_that_ends_after_the_plan_looked_wakes_the_partition_at_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_hold_that_ends_after_the_plan_looked_wakes_the_partition_at_once() -> None:
     # The plan skipped a job still held; by the time the wake is computed its hold has ended.
     # Released silently with no wake, it waited for a record that may never come (it did, on
     # an undeclared queue: the job was never planned again).
-    clock = [100.0]
-    monkeypatch.setattr(outbox, "monotonic_s", lambda: clock[0])
-    quarantine = Quarantine(partition=0)
+    clock = FrozenClock(mono_s=100.0)
+    quarantine = Quarantine(partition=0, clock=clock)
     quarantine.add("job", "undeclared", "queue 'q' is not declared", hold_s=2.0, quiet=True)
     assert quarantine.holds("job")  # what the plan saw
     assert quarantine.first_release_ms(5_000) == 7_000
-    clock[0] = 102.001
+    clock.advance(2.001)
     assert quarantine.first_release_ms(5_000) == 5_000  # now, not None
     assert quarantine.first_release_ms(5_000) is None  # nothing left to wait for
     assert not quarantine.holds("job")

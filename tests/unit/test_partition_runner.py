@@ -4,22 +4,30 @@ partition's fetches and draining resumes them; a waiting runner wakes for record
 from __future__ import annotations
 
 import asyncio
-from typing import cast
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from aiokafka.structs import TopicPartition
 
 from evsched.ports import Record
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.runner import PartitionRunner
+from evsched.testing import NodeDriver
 
 TP = TopicPartition("ns.events", 3)
 
 
-class Owner:
-    partition = 3
-    tp = TP
-    resume_offset = 10
-    instruments = None
+@pytest.fixture
+def owner(tmp_path: Path) -> Iterator[OwnedPartition]:
+    """A real partition of ``ns.events`` whose index holds offsets 0 to 9: it resumes at 10."""
+    driver = NodeDriver(tmp_path, partition=TP.partition, namespace="ns")
+    for offset in range(10):
+        driver.append_raw(b"not an event", key=str(offset).encode())
+    asyncio.run(driver.step())
+    assert driver.owner.resume_offset == 10
+    yield driver.owner
+    driver.close()
 
 
 class Consumer:
@@ -42,9 +50,8 @@ def records(first: int, count: int) -> list[Record]:
     return [Record(TP.topic, TP.partition, o, 0, b"k", b"v") for o in range(first, first + count)]
 
 
-def runner(backlog: int = 8) -> tuple[PartitionRunner, Consumer]:
+def runner(owner: OwnedPartition, backlog: int = 8) -> tuple[PartitionRunner, Consumer]:
     consumer = Consumer()
-    owner = cast(OwnedPartition, Owner())
     return PartitionRunner(owner, consumer, backlog=backlog), consumer
 
 
@@ -52,8 +59,8 @@ def offsets(rs: list[Record]) -> list[int]:
     return [r.offset for r in rs]
 
 
-def test_records_come_out_in_order_once_from_the_resume_offset() -> None:
-    r, _ = runner()
+def test_records_come_out_in_order_once_from_the_resume_offset(owner: OwnedPartition) -> None:
+    r, _ = runner(owner)
     r.feed(records(8, 4))  # 8 and 9 are below the index's resume offset
     r.feed(records(11, 3))  # 11 was fed already
     assert offsets(r.take(3)) == [10, 11, 12]
@@ -62,8 +69,10 @@ def test_records_come_out_in_order_once_from_the_resume_offset() -> None:
     assert r.fetched_to == 14
 
 
-def test_a_backlog_pauses_fetching_and_draining_below_half_resumes_it() -> None:
-    r, consumer = runner(backlog=8)
+def test_a_backlog_pauses_fetching_and_draining_below_half_resumes_it(
+    owner: OwnedPartition,
+) -> None:
+    r, consumer = runner(owner, backlog=8)
     r.feed(records(10, 7))
     assert consumer.paused == set()
     r.feed(records(17, 1))
@@ -75,8 +84,8 @@ def test_a_backlog_pauses_fetching_and_draining_below_half_resumes_it() -> None:
     assert consumer.calls == ["pause", "resume"]
 
 
-def test_a_closed_runner_takes_no_more_records_and_never_resumes() -> None:
-    r, consumer = runner(backlog=2)
+def test_a_closed_runner_takes_no_more_records_and_never_resumes(owner: OwnedPartition) -> None:
+    r, consumer = runner(owner, backlog=2)
     r.feed(records(10, 2))
     r.close()
     r.feed(records(12, 2))
@@ -84,9 +93,9 @@ def test_a_closed_runner_takes_no_more_records_and_never_resumes() -> None:
     assert consumer.calls == ["pause"]
 
 
-def test_wait_returns_on_records_on_close_and_on_timeout() -> None:
+def test_wait_returns_on_records_on_close_and_on_timeout(owner: OwnedPartition) -> None:
     async def scenario() -> list[str]:
-        r, _ = runner()
+        r, _ = runner(owner)
         seen: list[str] = []
         loop = asyncio.get_running_loop()
 

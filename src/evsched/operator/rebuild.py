@@ -1,9 +1,10 @@
 """Rebuilds: the log folded into fresh indexes, partitions in parallel processes, then digested.
 
 Each partition is fetched in large batches (a rebuild is throughput, not latency) and folded
-by the one restore path (``runtime.restore``, the node's projector), in a process of its own: the fold is CPU-bound Python, so processes,
-not threads or tasks, are what use more cores. Measured, the size of the index writes hardly
-matters (``docs/benchmarks.md``); ``batch_records`` bounds the memory a batch holds.
+by the one restore path (``runtime.restore``, the node's projector), in a process of its own:
+the fold is CPU-bound Python, so processes, not threads or tasks, are what use more cores.
+Measured, the size of the index writes hardly matters (``docs/benchmarks.md``);
+``batch_records`` bounds the memory a batch holds.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from evsched.adapters.topics import (
     TopicRefused,
     ensure_topics,
 )
-from evsched.runtime.outbox import Unusable
+from evsched.runtime.quarantine import Unusable
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.node")

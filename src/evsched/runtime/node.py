@@ -11,24 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import ProducerFenced
 
-from evsched.adapters import kafka
-from evsched.adapters.clock import now_ms
+from evsched.adapters.clock import SYSTEM_CLOCK, now_ms
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka_events import KafkaGroupConsumer, KafkaPartitionLog
+from evsched.adapters.kafka_outbox import KafkaOutbox
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
 from evsched.core.planner import PlannerLimits
-from evsched.errors import BrokerUnavailable, IndexVersionMismatch, PartitionRevoked
+from evsched.errors import BrokerUnavailable, Fenced, IndexVersionMismatch, PartitionRevoked
 from evsched.metrics import Metrics, NodeInstruments
 from evsched.ports import PartitionLog
 from evsched.runtime.budget import QueueBudget
@@ -211,7 +208,7 @@ class Node:
                     self.health.stepped(owner.partition, caught_up=owner.caught_up)
         except PartitionRevoked:
             return  # revoked while we fetched; the listener closes it
-        except ProducerFenced:
+        except Fenced:
             # A newer producer holds this partition's transactional id: the group gave the
             # partition to someone else and we have not heard yet. Reopening would fence the new
             # owner back, so wait for our next assignment instead.
@@ -330,13 +327,13 @@ class Node:
 
     async def _open(self, consumer: KafkaGroupConsumer, index: PartitionIndex) -> None:
         partition = index.partition
-        producer: AIOKafkaProducer | None = None
+        outbox: KafkaOutbox | None = None
         owner: OwnedPartition | None = None
         try:
-            producer = await self._start_producer(partition)
+            outbox = await self._start_outbox(partition)
             committed = await consumer.committed(partition)
             end = (await consumer.end_offsets([partition]))[partition]
-            owner = self._owner(index, producer, committed, end)
+            owner = self._owner(index, outbox, committed, end)
             runner = PartitionRunner(owner, consumer)
             owner.on_wake = runner.kick
             consumer.seek(partition, runner.fetched_to)
@@ -347,9 +344,8 @@ class Node:
                 index.close()
             else:
                 owner.close()  # leaves the node's budget too
-            if producer is not None:
-                with contextlib.suppress(Exception):
-                    await producer.stop()
+            if outbox is not None:
+                await outbox.close()
             raise
         self.owned[partition] = runner
         self.health.move(partition, Phase.CATCHING_UP)
@@ -362,29 +358,25 @@ class Node:
             end_offset=end,
         )
 
-    async def _start_producer(self, partition: int) -> AIOKafkaProducer:
-        """The partition's transactional producer, started: this fences any older one."""
-        producer = kafka.producer(
+    async def _start_outbox(self, partition: int) -> KafkaOutbox:
+        """The partition's transactional outbox, started: this fences any older one."""
+        outbox = KafkaOutbox(
             self.config.settings,
             client_id=f"evsched-node-{self.config.node_id}-p{partition}",
             transactional_id=self.config.transactional_id(partition),
         )
-        try:
-            await producer.start()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await producer.stop()
-            raise
-        return producer
+        await outbox.start()
+        return outbox
 
     def _owner(
-        self, index: PartitionIndex, producer: AIOKafkaProducer, committed: int | None, end: int
+        self, index: PartitionIndex, outbox: KafkaOutbox, committed: int | None, end: int
     ) -> OwnedPartition:
         metrics = self.metrics
         return OwnedPartition(
             index=index,
             topics=self.topics,
-            producer=producer,
+            outbox=outbox,
+            clock=SYSTEM_CLOCK,
             group_id=self.config.group_id,
             node_id=self.config.node_id,
             limits=self.config.limits,
@@ -394,7 +386,6 @@ class Node:
             on_commit=None if metrics is None else metrics.folded.observe_commit,
             instruments=None if metrics is None else metrics.node.partition(index.partition),
             budget=self.budget,
-            new_producer=functools.partial(self._start_producer, index.partition),
             dispatch_key=self.config.dispatch_key,
         )
 
@@ -406,8 +397,7 @@ class Node:
             await self._close(runner.owner)
 
     async def _close(self, owner: OwnedPartition) -> None:
-        with contextlib.suppress(Exception):
-            await _stop_producer(owner.producer)
+        await owner.outbox.close()
         owner.close()
 
     async def _close_all(self) -> None:
@@ -426,10 +416,6 @@ class NodeMetrics:
         # A node folds only the partitions it owns: no jobs-by-status gauge (the API has it).
         folded = Metrics(job_counts=False)
         return cls(folded=folded, node=NodeInstruments(folded.registry))
-
-
-async def _stop_producer(producer: AIOKafkaProducer) -> None:
-    await producer.stop()
 
 
 class _Rebalance:

@@ -1,44 +1,33 @@
 """One owned events partition: fold its records, decide, and commit outputs with offsets atomically.
 
 Each step folds new records into an index batch, plans leases, expiries and cron fires on top of
-it, then sends effects, decisions and dispatch records in one Kafka transaction. Effects always
-travel with the consumer offset of the records they came from; other steps commit the offset
-every ``OFFSET_COMMIT_INTERVAL_MS``. Only after the transaction commits is the index written, so
-the index never holds a decision or an effect the log does not.
+it, then sends effects, decisions and dispatch records in one transaction of its outbox. Effects
+always travel with the consumer offset of the records they came from; other steps commit the
+offset every ``OFFSET_COMMIT_INTERVAL_MS``. Only after the transaction commits is the index
+written, so the index never holds a decision or an effect the log does not.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from aiokafka import AIOKafkaProducer
-from aiokafka.structs import TopicPartition
 
 from evsched.adapters import avro
-from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
 from evsched.core import planner
 from evsched.core.events import Event, JobEnqueued, entity_id
 from evsched.core.state import JobState, ScheduleState, Status
-from evsched.ports import Record
+from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.budget import QueueBudget, QueueLoad
-from evsched.runtime.outbox import (
-    TRANSACTION_TRIES,
-    EnsureQueues,
-    Outgoing,
-    ProducerSpoiled,
-    Quarantine,
-    transact,
-)
 from evsched.runtime.pending import Pending
 from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
+from evsched.runtime.quarantine import EnsureQueues, Quarantine, hold_unusable
 
 if TYPE_CHECKING:
     from evsched.metrics import PartitionInstruments
@@ -62,7 +51,8 @@ class OwnedPartition:
         *,
         index: PartitionIndex,
         topics: Topics,
-        producer: AIOKafkaProducer,
+        outbox: PartitionOutbox,
+        clock: Clock,
         group_id: str,
         node_id: str,
         limits: planner.PlannerLimits,
@@ -74,15 +64,13 @@ class OwnedPartition:
         instruments: PartitionInstruments | None = None,
         dispatch_key: DispatchKey | None = None,
         budget: QueueBudget | None = None,
-        new_producer: Callable[[], Awaitable[AIOKafkaProducer]] | None = None,
     ) -> None:
         partition = index.partition
         self.dispatch_key = dispatch_key
         self.partition = partition
-        self.tp = TopicPartition(topics.events, partition)
         self.topics = topics
-        self.producer = producer
-        self.new_producer = new_producer  # a fresh producer with the same transactional id
+        self.outbox = outbox
+        self.clock = clock
         self.group_id = group_id
         self.source = f"node-{node_id}"
         self.limits = limits
@@ -97,7 +85,7 @@ class OwnedPartition:
         # decisions must be seen before proposing new ones.
         self.end_offset = end_offset
         self.caught_up = False
-        self.pending = Pending()
+        self.pending = Pending(clock)
         self.wake_at: int | None = None
         # The consumer offset the group holds for this partition, and when records past it were
         # first folded without a transaction of their own (epoch ms).
@@ -105,7 +93,7 @@ class OwnedPartition:
         self.uncommitted_since: int | None = None
         self.stats: Counter[str] = Counter()
         self.log = log.bind(partition=partition)
-        self.quarantine = Quarantine(partition, instruments)
+        self.quarantine = Quarantine(partition, clock, instruments)
         # The node's per-queue limits are shared by all its partitions (None: this one alone).
         self.budget = budget
         self.woken = False  # another partition made room since the last step
@@ -169,7 +157,7 @@ class OwnedPartition:
             self.log.debug(
                 "records_folded", first=fresh[0].offset, last=fresh[-1].offset, count=len(fresh)
             )
-        self.pending.settle(folded.seen_event_ids, monotonic_s())
+        self.pending.settle(folded.seen_event_ids, self.clock.monotonic_s())
         # Folded completions and starts free room that other partitions may be waiting for.
         freed = self.budget is not None and self._held() < held
         self.caught_up = self.caught_up or position >= self.end_offset
@@ -185,9 +173,8 @@ class OwnedPartition:
         with_offset = bool(folded.effects) or self._offset_due(now)
         self._count(steps=1, records=len(records))
         if outgoing or with_offset:
-            sent = await self._send(
-                outgoing, (self.tp, offset, self.group_id) if with_offset else None
-            )
+            ours = ConsumerOffset(self.topics.events, self.partition, offset, self.group_id)
+            sent = await self._send(outgoing, ours if with_offset else None)
             self._count(transactions=1, effects=len(folded.effects))
             decisions = [o for o in sent if o.decision is not None]
         for entity in self.quarantine.take_fresh():
@@ -205,26 +192,11 @@ class OwnedPartition:
         return len(decisions)
 
     async def _send(
-        self, outgoing: list[Outgoing], offset: tuple[TopicPartition, int, str] | None
+        self, outgoing: list[Outgoing], offset: ConsumerOffset | None
     ) -> list[Outgoing]:
-        """One transaction; after a refused batch, again with a new producer, without culprits."""
-        for _ in range(TRANSACTION_TRIES):
-            try:
-                return await transact(
-                    self.producer,
-                    outgoing,
-                    offset=offset,
-                    quarantine=self.quarantine,
-                    ensure_queues=self.ensure_queues,
-                )
-            except ProducerSpoiled:
-                if self.new_producer is None:
-                    raise
-                with contextlib.suppress(Exception):
-                    await self.producer.stop()
-                # Same transactional id: the new producer's epoch aborts the old transaction.
-                self.producer = await self.new_producer()
-        raise RuntimeError(f"records refused in {TRANSACTION_TRIES} transactions in a row")
+        """One transaction, without the decisions held back (on an unusable queue, or refused)."""
+        records = await hold_unusable(outgoing, self.quarantine, self.ensure_queues)
+        return await self.outbox.send(records, offset=offset, holdback=self.quarantine)
 
     def _count(self, **counts: int) -> None:
         self.stats.update(counts)
@@ -256,7 +228,7 @@ class OwnedPartition:
         return min(times) if times else None
 
     def _plan(self, folded: Folded, now: int) -> list[Outgoing]:
-        deadline = monotonic_s() + PENDING_TIMEOUT_S
+        deadline = self.clock.monotonic_s() + PENDING_TIMEOUT_S
         out: list[Outgoing] = []
         for lease in self._plan_leases(folded, now):
             job_id = lease.event.job_id

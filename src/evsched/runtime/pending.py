@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from evsched.adapters.clock import monotonic_s
+from evsched.ports import Clock
 
 
 @dataclass(slots=True)
 class Pending:
-    """Decisions sent but not yet folded back, so the next step doesn't propose them again."""
+    """Decisions sent but not yet folded back, so the next step doesn't propose them again.
 
+    Deadlines are in ``clock``'s monotonic seconds.
+    """
+
+    clock: Clock
     by_event: dict[str, tuple[str, float]] = field(default_factory=dict)
     entities: dict[str, int] = field(default_factory=dict)
     leases_by_queue: dict[str, int] = field(default_factory=dict)
@@ -28,7 +32,7 @@ class Pending:
         if not self.by_event:
             return None
         soonest = min(deadline for _, deadline in self.by_event.values())
-        return now + max(0, int((soonest - monotonic_s()) * 1000))
+        return now + max(0, int((soonest - self.clock.monotonic_s()) * 1000))
 
     def settle(self, event_ids: set[str], monotonic_now: float) -> None:
         done = [e for e, (_, dl) in self.by_event.items() if e in event_ids or dl <= monotonic_now]

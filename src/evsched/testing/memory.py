@@ -1,4 +1,4 @@
-"""In-memory twins of the runtime's seams (event log, dispatch feed, job reader), a frozen clock."""
+"""In-memory twins of the event log, dispatch feed and job reader; a frozen clock."""
 
 from __future__ import annotations
 

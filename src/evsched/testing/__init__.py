@@ -1,0 +1,21 @@
+"""Test helpers for evsched and its users: in-memory twins of the seams, a frozen clock, NodeDriver.
+
+Each twin behaves as ``tests/contract`` proves the real adapter does.
+"""
+
+from evsched.testing.driver import NodeDriver
+from evsched.testing.memory import FrozenClock, MemoryFeed, MemoryLog, MemoryReader, Written
+from evsched.testing.outbox import MemoryBroker, MemoryOutbox, SimulatedCrash, Transaction
+
+__all__ = [
+    "FrozenClock",
+    "MemoryBroker",
+    "MemoryFeed",
+    "MemoryLog",
+    "MemoryOutbox",
+    "MemoryReader",
+    "NodeDriver",
+    "SimulatedCrash",
+    "Transaction",
+    "Written",
+]
