@@ -20,19 +20,18 @@ import structlog
 
 from evsched.adapters.clock import SYSTEM_CLOCK, now_ms
 from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka_events import KafkaGroupConsumer, KafkaPartitionLog
+from evsched.adapters.kafka_events import KafkaGroupConsumer
 from evsched.adapters.kafka_outbox import KafkaOutbox
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
 from evsched.core.planner import PlannerLimits
 from evsched.errors import BrokerUnavailable, Fenced, IndexVersionMismatch, PartitionRevoked
 from evsched.metrics import Metrics, NodeInstruments
-from evsched.ports import PartitionLog
 from evsched.runtime.budget import QueueBudget
 from evsched.runtime.dispatch_topics import QueueTopics
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.lifecycle import Phase
-from evsched.runtime.node_restore import IndexRestores
+from evsched.runtime.node_restore import IndexRestores, kafka_reader
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.restore import open_index
 from evsched.runtime.runner import PartitionRunner
@@ -84,7 +83,7 @@ class Node:
         self.log = log.bind(node_id=config.node_id)
         self.health = NodeHealth(None if metrics is None else metrics.node.failing, logger=self.log)
         self.restores = IndexRestores(
-            self._partition_log,
+            kafka_reader(config.settings, self.topics.events, f"evsched-node-{config.node_id}"),
             data_dir=config.data_dir,
             health=self.health,
             counter=None if metrics is None else metrics.node.index_rebuilds,
@@ -169,7 +168,7 @@ class Node:
         try:
             index = self._seek_to_index(consumer, partition)
         except IndexVersionMismatch as exc:
-            self._start_restore(consumer, exc)
+            self.restores.start(consumer, exc)
             return
         except Exception as exc:
             self._open_failed(partition, exc)
@@ -270,7 +269,7 @@ class Node:
             try:
                 indexes.append(self._seek_to_index(consumer, partition))
             except IndexVersionMismatch as exc:
-                self._start_restore(consumer, exc)
+                self.restores.start(consumer, exc)
             except Exception as exc:
                 self._open_failed(partition, exc)
         for index in indexes:
@@ -289,17 +288,6 @@ class Node:
             index.close()  # else its lock stays held and every reopen fails
             raise
         return index
-
-    def _partition_log(self, partition: int) -> PartitionLog:
-        return KafkaPartitionLog(
-            self.config.settings,
-            self.topics.events,
-            [partition],
-            client_id=f"evsched-node-{self.config.node_id}-restore-p{partition}",
-        )
-
-    def _start_restore(self, consumer: KafkaGroupConsumer, mismatch: IndexVersionMismatch) -> None:
-        self.restores.start(consumer, mismatch)
 
     async def _restored(self, consumer: KafkaGroupConsumer, partition: int) -> None:
         """The partition's index was rebuilt: open it, unless it was revoked meanwhile."""

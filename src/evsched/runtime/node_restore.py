@@ -13,10 +13,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.errors import IndexVersionMismatch, RestoreRefused
 from evsched.ports import PartitionLog
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.restore import Rebuilt, index_path, rebuild_index
+from evsched.settings import Settings
 
 # A partition whose index cannot be rebuilt (its log was trimmed) is tried again this rarely:
 # only an operator can fix it, and each try logs the error again.
@@ -33,6 +35,17 @@ class Committed(Protocol):
 Done = Callable[[Any, int], Awaitable[None]]
 # A reader of one partition of the events topic, not started yet.
 OpenLog = Callable[[int], PartitionLog]
+
+
+def kafka_reader(settings: Settings, topic: str, client_id: str) -> OpenLog:
+    """Readers of one partition of ``topic`` each, named after the node's ``client_id``."""
+
+    def open_log(partition: int) -> PartitionLog:
+        return KafkaPartitionLog(
+            settings, topic, [partition], client_id=f"{client_id}-restore-p{partition}"
+        )
+
+    return open_log
 
 
 class IndexRestores:
