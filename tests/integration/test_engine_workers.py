@@ -31,10 +31,10 @@ from aiokafka.errors import CommitFailedError, KafkaTimeoutError
 from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, effect_id, wait_for
 
+from evsched.adapters.kafka_feed import KafkaDispatchFeed
 from evsched.adapters.topics import ensure_topics
 from evsched.core.events import AttemptCheckpointed, AttemptStarted, Event
 from evsched.core.state import JobState, Status, TimelineEntry, Verdict
-from evsched.runtime.worker_kafka import KafkaDispatchFeed
 
 pytestmark = pytest.mark.asyncio
 # The scenarios need the broker (their ``stack`` fixture asks for it) and take ~12 s each.
