@@ -118,8 +118,10 @@ class KafkaDispatchFeed:
         if not fresh:
             return
         since = self._clock.now_ms() - self._lookback_ms
-        found = await c.offsets_for_times(dict.fromkeys(fresh, since))
+        # The ends first: a record written between the two requests is then either found by
+        # time or at or after its partition's end, never skipped.
         ends = await c.end_offsets(fresh)
+        found = await c.offsets_for_times(dict.fromkeys(fresh, since))
         starts = {tp: ends[tp] if found.get(tp) is None else found[tp].offset for tp in fresh}
         for tp, offset in starts.items():
             c.seek(tp, offset)
