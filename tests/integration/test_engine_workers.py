@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import pytest
 import pytest_asyncio
 from aiokafka import TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaTimeoutError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaTimeoutError
 from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, effect_id, wait_for
 
@@ -344,6 +344,8 @@ class _RefusingConsumer:
         # The group rebalanced under the worker (it was evicted, e.g. frozen past the session
         # timeout): the record's partition is another member's now, which reads it again.
         (CommitFailedError("the group has already rebalanced"), 0),
+        # A rebalance began (or ended) without the record's partition here: the same.
+        (IllegalStateError("No partitions assigned"), 0),
         # Any other commit failure: run it; at worst it is dispatched twice, and fenced.
         (KafkaTimeoutError(), 1),
     ],

@@ -41,7 +41,7 @@ from evsched.settings import Settings
 
 
 class _LoopLog:
-    """One EventLog per event loop: aiokafka clients must stay on the loop they started on."""
+    """One EventLog per event loop: Kafka clients must stay on the loop they started on."""
 
     def __init__(
         self,
