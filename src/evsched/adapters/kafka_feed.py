@@ -73,7 +73,7 @@ class KafkaDispatchFeed:
         try:
             await self._consumer.start()
         except KafkaError as exc:
-            await self._consumer.stop()
+            await self.close()
             raise BrokerUnavailable(f"the worker's consumer could not start: {exc!r}") from exc
 
     async def close(self) -> None:

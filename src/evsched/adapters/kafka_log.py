@@ -64,7 +64,7 @@ class KafkaEventLog:
                 try:
                     await fresh.start()
                 except KafkaError as exc:
-                    await fresh.stop()
+                    await self._stop(fresh)
                     raise PublishError(
                         f"cannot reach Kafka at {self._settings.bootstrap}: {exc!r}"
                     ) from exc
