@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.exported_metrics import exported_names, referenced_names
+from tests.promtool import promtool
 
 PROMETHEUS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 RULES = PROMETHEUS_DIR / "alerts.yml"
 RULE_TESTS = PROMETHEUS_DIR / "alerts_test.yml"
-PROMTOOL_TIMEOUT_S = 60
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -24,36 +20,14 @@ def _rules() -> list[dict[str, Any]]:
     return [rule for group in groups for rule in group["rules"]]
 
 
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    """Debian's ``prometheus`` package ships it; CI installs it, so there it must be found."""
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI", "").strip().lower() == "true":
-            pytest.fail("promtool is missing: `apt-get install prometheus` (.ci/run does)")
-        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
-    return path
-
-
-def run(promtool: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [promtool, *args],
-        cwd=PROMETHEUS_DIR,
-        capture_output=True,
-        text=True,
-        timeout=PROMTOOL_TIMEOUT_S,
-        check=False,
-    )
-
-
-def test_promtool_accepts_the_rules(promtool: str) -> None:
-    done = run(promtool, "check", "rules", RULES.name)
+def test_promtool_accepts_the_rules() -> None:
+    done = promtool("check", "rules", RULES.name, cwd=PROMETHEUS_DIR)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"SUCCESS: {len(_rules())} rules found" in done.stdout
 
 
-def test_the_rules_pass_their_promtool_unit_tests(promtool: str) -> None:
-    done = run(promtool, "test", "rules", RULE_TESTS.name)
+def test_the_rules_pass_their_promtool_unit_tests() -> None:
+    done = promtool("test", "rules", RULE_TESTS.name, cwd=PROMETHEUS_DIR)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
 
