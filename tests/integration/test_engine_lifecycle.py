@@ -112,6 +112,12 @@ async def test_node_and_worker_serve_prometheus_metrics(stack: Stack) -> None:
     assert total(node, "evsched_start_lateness_seconds_count") >= 1
     assert total(worker, "evsched_worker_attempt_seconds_count", task="s.effect") >= 1
     assert total(worker, "evsched_worker_running_attempts") >= 0
+    # What the alert rules read: each partition's owner, and the queues workers serve.
+    owned = {
+        dict(labels)["partition"] for name, labels in node if name == "evsched_node_partition_owned"
+    }
+    assert owned == {str(p) for p in range(stack.partitions)}
+    assert total(worker, "evsched_worker_queues", queue="default") == 1
 
 
 async def test_delayed_job_never_starts_before_run_at(stack: Stack) -> None:
@@ -147,6 +153,11 @@ async def test_permanent_failure_is_dead_at_once(stack: Stack) -> None:
     assert state.attempt == 1
     assert state.last_error is not None and not state.last_error.retryable
     assert state.last_error.error_type.endswith("ValueError")
+
+    async def dead_letter_counted() -> bool:
+        return total(await scrape(NODE_METRICS), "evsched_dead_letters_total", queue="default") >= 1
+
+    await wait_for(dead_letter_counted, what="the dead letter counted by the node")
 
 
 async def test_exhausted_attempts_dead_letter_then_requeue_runs_again(stack: Stack) -> None:

@@ -93,6 +93,7 @@ class Worker:
         self.handlers = HandlerLoop(config.blocked_after_s)
         if instruments is not None:
             instruments.running.set_function(lambda: self.running)
+            instruments.serving(config.queues)
         self._gate = DispatchGate(
             key=dispatch_key,
             clock=clock,
