@@ -19,7 +19,7 @@ from evsched.metrics import MetricsAddr, metrics_port_option
 from evsched.operator import register as register_operator_commands
 from evsched.runtime.node import NodeConfig
 from evsched.runtime.node_process import serve_node
-from evsched.runtime.worker_kafka import load_dispatch_key, worker_command
+from evsched.runtime.worker_process import load_dispatch_key, worker_command
 from evsched.settings import Settings, SettingsError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="evsched: event-sourced jobs.")

@@ -153,6 +153,12 @@ class Metrics:
             ["partition"],
             registry=r,
         )
+        self.dead_letters = PromCounter(
+            "evsched_dead_letters",
+            "Jobs that went dead (out of attempts, a permanent failure, an expired last lease).",
+            ["queue"],
+            registry=r,
+        )
         self.writes_unconfirmed = PromCounter(
             "evsched_api_writes_unconfirmed",
             "API writes answered 202 unconfirmed: the broker did not acknowledge them in time.",
@@ -178,6 +184,8 @@ class Metrics:
             if entry.verdict is Verdict.APPLIED:
                 self.jobs.move(folded.before, after)
                 self._applied(entry.kind, entry.log_at, after)
+                if after.status is Status.DEAD and not _was_dead(folded.before):
+                    self.dead_letters.labels(after.queue).inc()
             elif entry.verdict is Verdict.STALE and entry.kind in COMPLETIONS:
                 self.stale_completions.labels(after.queue, entry.kind).inc()
 
@@ -206,6 +214,10 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
+def _was_dead(before: JobState | None) -> bool:
+    return before is not None and before.status is Status.DEAD
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionInstruments:
     """One owned partition's counters, bound to its label once."""
@@ -225,6 +237,8 @@ class NodeInstruments:
     """What a node's partition runners do: steps, transactions, decisions, backlog."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
         def counter(name: str, doc: str) -> PromCounter:
             return PromCounter(name, doc, ["partition"], registry=registry)
 
@@ -281,6 +295,11 @@ class NodeInstruments:
             registry=registry,
         )
 
+    def watch_owned(self, owned: Callable[[], Iterable[int]]) -> None:
+        """Read the owned partitions at scrape time: their count, and one series per partition."""
+        self.owned.set_function(lambda: len(list(owned())))
+        self._registry.register(_OwnedCollector(owned))
+
     def partition(self, partition: int) -> PartitionInstruments:
         label = str(partition)
         return PartitionInstruments(
@@ -292,6 +311,23 @@ class NodeInstruments:
             inbox=self.inbox.labels(label),
             quarantined=lambda stage: self.quarantined.labels(label, stage),
         )
+
+
+class _OwnedCollector:
+    """``evsched_node_partition_owned{partition}``: so a dashboard and an alert see each owner."""
+
+    def __init__(self, owned: Callable[[], Iterable[int]]) -> None:
+        self._owned = owned
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "evsched_node_partition_owned",
+            "1 for each events partition this node owns now (runs its fold and scheduler).",
+            labels=["partition"],
+        )
+        for partition in sorted(self._owned()):
+            family.add_metric([str(partition)], 1)
+        yield family
 
 
 ATTEMPT_BUCKETS_S = (
@@ -346,6 +382,16 @@ class WorkerInstruments:
             "Attempts running on this worker now.",
             registry=registry,
         )
+        self.queues = Gauge(
+            "evsched_worker_queues",
+            "1 for each queue this worker takes dispatch records from.",
+            ["queue"],
+            registry=registry,
+        )
+
+    def serving(self, queues: Iterable[str]) -> None:
+        for queue in queues:
+            self.queues.labels(queue).set(1)
 
     def finished(self, task: str, outcome: str, seconds: float) -> None:
         self.attempts.labels(task, outcome).inc()

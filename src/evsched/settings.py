@@ -17,7 +17,7 @@ DEFAULT_BOOTSTRAP = f"127.0.0.1:{DEFAULT_BROKER_PORT}"
 DEFAULT_NAMESPACE = "evsched"
 DEFAULT_EVENT_PARTITIONS = 6
 
-# Client security settings passed through to aiokafka, for clusters beyond the local one.
+# Client security settings passed through to the Kafka client, for clusters beyond the local one.
 _SECURITY_ENV = {
     "EVSCHED_KAFKA_SECURITY_PROTOCOL": "security_protocol",
     "EVSCHED_KAFKA_SASL_MECHANISM": "sasl_mechanism",
@@ -68,7 +68,7 @@ class Settings:
 
 
 def kafka_options(env: Mapping[str, str]) -> dict[str, Any]:
-    """aiokafka's security options from ``EVSCHED_KAFKA_*``; TLS gets an SSL context.
+    """The Kafka client's security options from ``EVSCHED_KAFKA_*``; TLS gets an SSL context.
 
     Without ``EVSCHED_KAFKA_SSL_CAFILE`` a TLS protocol (SSL, SASL_SSL) verifies the broker
     against the system's trust store, as any TLS client would.

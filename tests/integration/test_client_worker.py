@@ -33,7 +33,7 @@ from evsched.core.state import Status
 from evsched.runtime.node import Node, NodeConfig
 from evsched.runtime.replica import Replica
 from evsched.runtime.worker import Worker, WorkerConfig
-from evsched.runtime.worker_kafka import ensure_worker_topics, kafka_worker
+from evsched.runtime.worker_process import ensure_worker_topics, kafka_worker
 from evsched.settings import Settings
 
 pytestmark = pytest.mark.broker

@@ -27,14 +27,14 @@ from types import SimpleNamespace
 import pytest
 import pytest_asyncio
 from aiokafka import TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaTimeoutError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaTimeoutError
 from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, effect_id, wait_for
 
+from evsched.adapters.kafka_feed import KafkaDispatchFeed
 from evsched.adapters.topics import ensure_topics
 from evsched.core.events import AttemptCheckpointed, AttemptStarted, Event
 from evsched.core.state import JobState, Status, TimelineEntry, Verdict
-from evsched.runtime.worker_kafka import KafkaDispatchFeed
 
 pytestmark = pytest.mark.asyncio
 # The scenarios need the broker (their ``stack`` fixture asks for it) and take ~12 s each.
@@ -344,6 +344,8 @@ class _RefusingConsumer:
         # The group rebalanced under the worker (it was evicted, e.g. frozen past the session
         # timeout): the record's partition is another member's now, which reads it again.
         (CommitFailedError("the group has already rebalanced"), 0),
+        # A rebalance began (or ended) without the record's partition here: the same.
+        (IllegalStateError("No partitions assigned"), 0),
         # Any other commit failure: run it; at worst it is dispatched twice, and fenced.
         (KafkaTimeoutError(), 1),
     ],

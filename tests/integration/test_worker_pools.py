@@ -32,7 +32,7 @@ from evsched.metrics import WorkerInstruments
 from evsched.runtime.node import Node, NodeConfig
 from evsched.runtime.replica import Replica
 from evsched.runtime.worker import Worker, WorkerConfig
-from evsched.runtime.worker_kafka import kafka_worker
+from evsched.runtime.worker_process import kafka_worker
 from evsched.settings import Settings
 
 pytestmark = pytest.mark.broker

@@ -1,8 +1,8 @@
 """The client library: define tasks, enqueue jobs, cancel, requeue and schedule them."""
 
+from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.client.app import App
 from evsched.client.task import Task, TaskOptions
-from evsched.client.transport import KafkaEventLog
 from evsched.core.events import RetryPolicy, TraceContext
 from evsched.ports import Appended, EventLog, JobReader
 from evsched.runtime.context import Context

@@ -9,11 +9,11 @@ from types import TracebackType
 from typing import Any, overload
 
 from evsched.adapters.clock import SYSTEM_CLOCK
+from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.queues import KafkaQueues, QueueCatalog, QueueLookupError, undeclared
 from evsched.adapters.topics import Topics
 from evsched.client.sync import LoopThread
 from evsched.client.task import Handler, Task
-from evsched.client.transport import KafkaEventLog
 from evsched.client.validation import (
     SOURCE,
     Delay,
@@ -41,7 +41,7 @@ from evsched.settings import Settings
 
 
 class _LoopLog:
-    """One EventLog per event loop: aiokafka clients must stay on the loop they started on."""
+    """One EventLog per event loop: Kafka clients must stay on the loop they started on."""
 
     def __init__(
         self,

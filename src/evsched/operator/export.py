@@ -9,13 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition
-
-from evsched.adapters import kafka
 from evsched.adapters.history_file import HistoryWriter, LoggedEvent
+from evsched.adapters.kafka_range import KafkaRangeReader
 from evsched.adapters.topics import Topics, partition_count
-from evsched.operator.replica_dir import FETCH_OPTIONS, FETCH_RECORDS, LocalIndex
+from evsched.operator.replica_dir import LocalIndex
 from evsched.settings import Settings
 
 # Called with (records exported so far, records in the selection).
@@ -62,57 +59,29 @@ async def export_range(
     topic = Topics(settings.namespace).events
     count = await partition_count(settings.bootstrap, topic, **dict(settings.kafka_options))
     partitions = range(count) if selection.partition is None else [selection.partition]
-    tps = [TopicPartition(topic, p) for p in partitions if 0 <= p < count]
-    if not tps:
+    wanted = [p for p in partitions if 0 <= p < count]
+    if not wanted:
         raise ValueError(f"partition {selection.partition} is not in 0..{count - 1}")
-    consumer = kafka.consumer(settings, group_id=None, client_id="evsched-export", **FETCH_OPTIONS)
-    await consumer.start()
-    try:
-        consumer.assign(tps)
-        bounds = await _bounds(consumer, tps, selection)
+    async with KafkaRangeReader(settings, topic) as reader:
+        bounds = _selected(await reader.bounds(wanted), selection)
         total = sum(hi - lo for lo, hi in bounds.values())
         done = 0
-        for tp in tps:  # one partition after the other: the file is sorted by (partition, offset)
-            done = await _copy(
-                consumer, tp, bounds[tp], writer, done=done, total=total, progress=progress
-            )
-    finally:
-        await consumer.stop()
+        for partition in wanted:  # one after the other: the file is sorted by (partition, offset)
+            low, high = bounds[partition]
+            async for batch in reader.batches(partition, low, high):
+                for record in batch:
+                    writer.write(LoggedEvent.from_record(record))
+                done += len(batch)
+                if progress is not None:
+                    progress(done, total)
     return writer.count
 
 
-async def _bounds(
-    consumer: AIOKafkaConsumer, tps: list[TopicPartition], selection: LogRange
-) -> dict[TopicPartition, tuple[int, int]]:
+def _selected(held: dict[int, tuple[int, int]], selection: LogRange) -> dict[int, tuple[int, int]]:
     """Per partition, [low, high) offsets to read: the selection within what the log holds."""
-    firsts = await consumer.beginning_offsets(tps)
-    ends = await consumer.end_offsets(tps)
-    bounds: dict[TopicPartition, tuple[int, int]] = {}
-    for tp in tps:
-        low = max(selection.start, firsts[tp])
-        high = ends[tp] if selection.end is None else min(selection.end + 1, ends[tp])
-        bounds[tp] = (low, max(low, high))
+    bounds: dict[int, tuple[int, int]] = {}
+    for partition, (first, end) in held.items():
+        low = max(selection.start, first)
+        high = end if selection.end is None else min(selection.end + 1, end)
+        bounds[partition] = (low, max(low, high))
     return bounds
-
-
-async def _copy(
-    consumer: AIOKafkaConsumer,
-    tp: TopicPartition,
-    bounds: tuple[int, int],
-    writer: HistoryWriter,
-    *,
-    done: int,
-    total: int,
-    progress: Progress | None,
-) -> int:
-    low, high = bounds
-    consumer.seek(tp, low)
-    while low < high and await consumer.position(tp) < high:
-        batch = await consumer.getmany(tp, timeout_ms=500, max_records=FETCH_RECORDS)
-        for raw in batch.get(tp, []):
-            if raw.offset < high:
-                writer.write(LoggedEvent.from_record(kafka.to_record(raw)))
-                done += 1
-        if progress is not None:
-            progress(done, total)
-    return done

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from aiokafka.errors import KafkaError
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -140,7 +139,7 @@ async def refresh_to(
 
 
 def run(main: Callable[[], Awaitable[ExitCode | None]]) -> None:
-    """Run a command's coroutine; evsched and Kafka errors end it with their exit code."""
+    """Run a command's coroutine; evsched errors (Kafka's too) end it with their exit code."""
     guarded(lambda: asyncio.run(_call(main)))
 
 
@@ -154,7 +153,7 @@ def guarded(main: Callable[[], ExitCode | None]) -> None:
     except SettingsError as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(int(ExitCode.USAGE)) from None
-    except (EvschedError, KafkaError, OSError) as exc:
+    except (EvschedError, OSError) as exc:  # BrokerUnavailable is how Kafka's failures arrive
         err.print(f"[red]error:[/red] {escape(str(exc) or type(exc).__name__)}", soft_wrap=True)
         raise typer.Exit(int(ExitCode.UNAVAILABLE)) from None
     except KeyboardInterrupt:

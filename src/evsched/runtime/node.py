@@ -73,7 +73,7 @@ class Node:
         self.topics = Topics(config.settings.namespace)
         self.owned: dict[int, PartitionRunner] = {}
         if metrics is not None:  # read at scrape time
-            metrics.node.owned.set_function(lambda: len(self.owned))
+            metrics.node.watch_owned(lambda: list(self.owned))
         self._lock = asyncio.Lock()
         self.queue_topics = QueueTopics(config.settings)
         self._consumer: KafkaGroupConsumer | None = None

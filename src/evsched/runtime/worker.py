@@ -17,6 +17,7 @@ import structlog
 import typer
 
 from evsched.adapters.clock import SYSTEM_CLOCK
+from evsched.adapters.kafka_feed import START_LOOKBACK_MS
 from evsched.adapters.signing import DispatchKey
 from evsched.client.app import App
 from evsched.core.dispatch import Dispatch
@@ -31,9 +32,6 @@ log = structlog.get_logger("evsched.worker")
 RUN_AT_CHECK_S = 1.0
 # After the grace period: how long cancelled attempts (and their handlers) get to wind down.
 CANCEL_WAIT_S = 2.0
-# Where a pool with no committed offset starts on a dispatch partition: records of the last
-# minute, twice the default dispatch timeout (older ones are past their start deadline).
-START_LOOKBACK_MS = 60_000
 
 
 def default_worker_id() -> str:
@@ -95,6 +93,7 @@ class Worker:
         self.handlers = HandlerLoop(config.blocked_after_s)
         if instruments is not None:
             instruments.running.set_function(lambda: self.running)
+            instruments.serving(config.queues)
         self._gate = DispatchGate(
             key=dispatch_key,
             clock=clock,

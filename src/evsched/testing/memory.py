@@ -15,7 +15,7 @@ from evsched.core.dispatch import Dispatch
 from evsched.core.events import Event
 from evsched.core.state import JobState
 from evsched.errors import PublishError
-from evsched.ports import Appended, Record
+from evsched.ports import Appended, Clock, Record
 
 
 class FrozenClock:
@@ -83,14 +83,16 @@ class _Waiters:
 class MemoryLog:
     """The EventLog twin: keeps what it acknowledges; ``fail_next`` makes an append fail."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock | None = None) -> None:
         self._lock = threading.Lock()
+        self._clock = clock
         self._records: list[Written] = []
         self._failures: deque[BaseException] = deque()
         self._waiters = _Waiters()
         self.started = 0
         self.closed = 0
-        # The LogAppendTime acknowledgements report (None: like a topic with CreateTime).
+        # The LogAppendTime acknowledgements report when set; else, given a clock, its time at
+        # the append (like evsched's events topic); else None (like a topic with CreateTime).
         self.log_at: int | None = None
 
     async def start(self) -> None:
@@ -106,8 +108,11 @@ class MemoryLog:
                 raise self._failures.popleft()
             offset = sum(1 for r in self._records if r.topic == topic)
             self._records.append(Written(topic, key, value, offset))
+            log_at = self.log_at
+            if log_at is None and self._clock is not None:
+                log_at = self._clock.now_ms()
         self._waiters.notify()
-        return Appended(topic, 0, offset, self.log_at)
+        return Appended(topic, 0, offset, log_at)
 
     def fail_next(self, error: BaseException | None = None, times: int = 1) -> None:
         """The next ``times`` appends raise ``error`` (a PublishError by default)."""

@@ -1,4 +1,4 @@
-"""Appending encoded events to the log: a small protocol and its Kafka implementation."""
+"""The EventLog on Kafka: an idempotent producer whose errors leave it as PublishError."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class KafkaEventLog:
         async with self._lock:
             old, self._producer = self._producer, None
         if old is not None:
-            await old.stop()
+            await self._stop(old)
 
     async def append(self, topic: str, key: str, value: bytes) -> Appended:
         for attempt in (1, 2):
@@ -64,7 +64,7 @@ class KafkaEventLog:
                 try:
                     await fresh.start()
                 except KafkaError as exc:
-                    await fresh.stop()
+                    await self._stop(fresh)
                     raise PublishError(
                         f"cannot reach Kafka at {self._settings.bootstrap}: {exc!r}"
                     ) from exc
@@ -75,7 +75,11 @@ class KafkaEventLog:
         async with self._lock:
             if self._producer is broken:
                 self._producer = None
+        await self._stop(broken)
+
+    @staticmethod
+    async def _stop(spent: Any) -> None:
         try:
-            await broken.stop()
-        except KafkaError as exc:
+            await spent.stop()
+        except KafkaError as exc:  # what it had not sent was already reported as a PublishError
             log.warning("producer_stop_failed", error=repr(exc))

@@ -1,4 +1,4 @@
-"""The worker on Kafka: its dispatch consumer, start positions, topics and the command line."""
+"""The worker process: wired to Kafka's adapters, waiting for the broker, and its command line."""
 
 from __future__ import annotations
 
@@ -7,26 +7,20 @@ import itertools
 import os
 import signal
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Annotated, Any
+from typing import Annotated
 
 import structlog
 import typer
-from aiokafka import ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError
 
-from evsched.adapters.clock import SYSTEM_CLOCK
-from evsched.adapters.kafka import GROUP_TIMEOUTS, KafkaError, consumer, to_record
+from evsched.adapters.kafka_feed import START_LOOKBACK_MS, KafkaDispatchFeed
+from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.signing import UNSIGNED_ENV, DispatchKey, dispatch_key_from_env
 from evsched.adapters.topics import TopicMisconfigured, TopicProvisioningError, ensure_topics
 from evsched.client.app import App
-from evsched.client.transport import KafkaEventLog
 from evsched.errors import EvschedError
 from evsched.logging import configure_logging
 from evsched.metrics import MetricsAddr, WorkerInstruments, metrics_port_option, serve_metrics
-from evsched.ports import Clock, Record
 from evsched.runtime.worker import (
-    START_LOOKBACK_MS,
     Worker,
     WorkerConfig,
     load_app,
@@ -42,120 +36,6 @@ BROKER_RETRY_MAX_S = 15.0
 BROKER_TRY_S = 10.0
 
 
-class KafkaDispatchFeed:
-    """A consumer in group ``<ns>.workers.<pool>`` on the dispatch topics of the pool's queues.
-
-    It fetches only as many records as the worker can start; while the worker is full, its
-    partitions are paused and polled, so the group does not evict it for being idle.
-
-    Where the pool has no committed offset yet (a new pool, or a queue newly added to it), it
-    starts at the records of the last ``start_lookback_ms``, not at offset 0: anything older is
-    past its start deadline and would only be skipped, or re-run a job that has long finished.
-    That start is committed at once, so every later member of the pool starts there as well.
-    """
-
-    def __init__(
-        self,
-        consumer_factory: Any,
-        topics: Sequence[str] = (),
-        *,
-        start_lookback_ms: int = START_LOOKBACK_MS,
-        clock: Clock = SYSTEM_CLOCK,
-    ) -> None:
-        self._factory = consumer_factory
-        self._topics = tuple(topics)
-        self._lookback_ms = start_lookback_ms
-        self._clock = clock
-        self._consumer: Any = None
-
-    async def start(self) -> None:
-        self._consumer = self._factory()
-        if self._topics:
-            self._consumer.subscribe(self._topics, listener=_StartWhereLive(self))
-        try:
-            await self._consumer.start()
-        except KafkaError as exc:
-            await self._consumer.stop()
-            raise EvschedError(f"the worker's consumer could not start: {exc!r}") from exc
-
-    async def close(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
-
-    async def take(self, max_records: int, timeout_s: float) -> list[Record]:
-        c = self._consumer
-        try:
-            if max_records <= 0:
-                c.pause(*c.assignment())
-                await c.getmany(timeout_ms=0)
-                return []
-            if paused := c.paused():
-                c.resume(*paused)
-            batches = await c.getmany(timeout_ms=int(timeout_s * 1000), max_records=max_records)
-        except KafkaError as exc:
-            log.warning("dispatch_poll_failed", error=repr(exc))
-            await asyncio.sleep(timeout_s)  # back off, then let the loop poll again
-            return []
-        if not batches:
-            return []
-        if not await self._commit({tp: rs[-1].offset + 1 for tp, rs in batches.items()}):
-            return []
-        return [to_record(raw) for records in batches.values() for raw in records]
-
-    async def position_new(self, assigned: Iterable[TopicPartition]) -> None:
-        """Give partitions the pool has never committed a start, and commit it."""
-        c = self._consumer
-        fresh = [tp for tp in assigned if await c.committed(tp) is None]
-        if not fresh:
-            return
-        since = self._clock.now_ms() - self._lookback_ms
-        found = await c.offsets_for_times(dict.fromkeys(fresh, since))
-        ends = await c.end_offsets(fresh)
-        starts = {tp: ends[tp] if found.get(tp) is None else found[tp].offset for tp in fresh}
-        for tp, offset in starts.items():
-            c.seek(tp, offset)
-        log.info("dispatch_start_positioned", offsets=_named(starts), lookback_ms=self._lookback_ms)
-        try:
-            await c.commit(starts)
-        except KafkaError as exc:  # the next take commits it; until then a rebalance re-decides
-            log.warning("dispatch_start_commit_failed", error=repr(exc))
-
-    async def _commit(self, offsets: dict[Any, int]) -> bool:
-        """Commit what was taken; False when the records must not run here."""
-        try:
-            await self._consumer.commit(offsets)
-        except CommitFailedError as exc:
-            # The group rebalanced under this member (e.g. it was evicted after a freeze): the
-            # offsets stay where they were, and whoever owns the partitions after the rebalance
-            # (another member, or this one after rejoining) reads these records again from there.
-            # Running them here as well would run the same live token twice, which fencing
-            # cannot tell apart.
-            log.warning(
-                "dispatch_dropped_after_rebalance", offsets=_named(offsets), error=repr(exc)
-            )
-            return False
-        except KafkaError as exc:
-            # Anything else: the records may be dispatched again, which fencing makes safe;
-            # dropping them could lose them.
-            log.warning("dispatch_commit_failed", error=repr(exc))
-        return True
-
-
-def _named(offsets: dict[Any, int]) -> dict[str, int]:
-    return {f"{tp.topic}[{tp.partition}]": offset for tp, offset in sorted(offsets.items())}
-
-
-class _StartWhereLive(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, feed: KafkaDispatchFeed) -> None:
-        self._feed = feed
-
-    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        return None
-
-    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        await self._feed.position_new(assigned)
-
-
 def kafka_worker(
     app: App,
     config: WorkerConfig,
@@ -166,9 +46,11 @@ def kafka_worker(
     client_id = f"evsched-worker-{config.worker_id}"
     topics = [app.topics.dispatch(queue) for queue in config.queues]
     group = f"{app.settings.namespace}.workers.{config.pool}"
-    feed = KafkaDispatchFeed(
-        lambda: consumer(app.settings, group_id=group, client_id=client_id, **GROUP_TIMEOUTS),
+    feed = KafkaDispatchFeed.for_pool(
+        app.settings,
         topics,
+        group_id=group,
+        client_id=client_id,
         start_lookback_ms=config.start_lookback_ms,
     )
     events = KafkaEventLog(app.settings, client_id=client_id)

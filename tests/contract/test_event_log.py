@@ -1,0 +1,179 @@
+"""The EventLog contract: ``testing.MemoryLog`` and ``adapters.kafka_log.KafkaEventLog`` alike.
+
+What the engine relies on: an append returns once the record is in the log, offsets grow per
+partition, one key keeps its order, the events topic reports the broker's append time, and a
+write that did not happen is a PublishError (after which the log still works).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import pytest
+from aiokafka.structs import TopicPartition
+
+from evsched.adapters import kafka
+from evsched.adapters.clock import SYSTEM_CLOCK
+from evsched.adapters.kafka_log import KafkaEventLog
+from evsched.adapters.topics import Topics
+from evsched.errors import PublishError
+from evsched.ports import EventLog
+from evsched.settings import Settings
+from evsched.testing import MemoryLog
+
+# Broker and test read the same machine clock, in whole milliseconds, rounded differently.
+CLOCK_SLACK_MS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A record as read back from the log."""
+
+    partition: int
+    offset: int
+    key: str
+    value: bytes
+
+
+class LogHarness(Protocol):
+    log: EventLog
+    topic: str
+
+    async def stored(self) -> list[Stored]:
+        """Every record of ``topic``, in offset order per partition."""
+        ...
+
+    async def refused_append(self) -> None:
+        """An append the implementation refuses (it must raise PublishError)."""
+        ...
+
+
+class EventLogContract:
+    """The suite; a subclass provides the ``harness`` fixture."""
+
+    async def test_an_append_returns_once_its_record_is_in_the_log(
+        self, harness: LogHarness
+    ) -> None:
+        appended = await harness.log.append(harness.topic, "job-1", b"first")
+        assert appended.topic == harness.topic
+        assert Stored(appended.partition, appended.offset, "job-1", b"first") in (
+            await harness.stored()
+        )
+
+    async def test_offsets_grow_per_partition(self, harness: LogHarness) -> None:
+        acks = [await harness.log.append(harness.topic, f"job-{i % 6}", b"v") for i in range(18)]
+        per_partition: dict[int, list[int]] = defaultdict(list)
+        for ack in acks:
+            per_partition[ack.partition].append(ack.offset)
+        for partition, offsets in per_partition.items():
+            assert offsets == sorted(set(offsets)), f"partition {partition}: {offsets}"
+
+    async def test_one_key_keeps_its_order(self, harness: LogHarness) -> None:
+        values = [f"step-{i}".encode() for i in range(10)]
+        acks = [await harness.log.append(harness.topic, "job-ordered", v) for v in values]
+        assert len({ack.partition for ack in acks}) == 1, "one key, one partition"
+        assert [ack.offset for ack in acks] == sorted(ack.offset for ack in acks)
+        read = [s.value for s in await harness.stored() if s.key == "job-ordered"]
+        assert read == values
+
+    async def test_an_ack_carries_the_append_time_of_the_events_topic(
+        self, harness: LogHarness
+    ) -> None:
+        before = SYSTEM_CLOCK.now_ms()
+        first = await harness.log.append(harness.topic, "job-t", b"a")
+        second = await harness.log.append(harness.topic, "job-t", b"b")
+        after = SYSTEM_CLOCK.now_ms()
+        assert first.log_at is not None and second.log_at is not None
+        assert before - CLOCK_SLACK_MS <= first.log_at <= second.log_at <= after + CLOCK_SLACK_MS
+
+    async def test_a_refused_append_is_a_publish_error_and_the_log_goes_on(
+        self, harness: LogHarness
+    ) -> None:
+        with pytest.raises(PublishError):
+            await harness.refused_append()
+        appended = await harness.log.append(harness.topic, "job-after", b"after")
+        stored = await harness.stored()
+        assert [s.value for s in stored] == [b"after"]
+        assert stored[0].offset == appended.offset
+
+
+# --- the twin -------------------------------------------------------------------------------------
+
+
+class MemoryHarness:
+    def __init__(self) -> None:
+        # A clock makes the twin stamp its acknowledgements, as the LogAppendTime events topic.
+        self.memory = MemoryLog(clock=SYSTEM_CLOCK)
+        self.log: EventLog = self.memory
+        self.topic = "ns.events"
+
+    async def stored(self) -> list[Stored]:
+        records = [r for r in self.memory.records if r.topic == self.topic]
+        return [Stored(0, r.offset, r.key, r.value) for r in records]
+
+    async def refused_append(self) -> None:
+        self.memory.fail_next()
+        await self.log.append(self.topic, "job-refused", b"refused")
+
+
+class TestMemoryLog(EventLogContract):
+    @pytest.fixture
+    async def harness(self) -> AsyncIterator[LogHarness]:
+        memory = MemoryHarness()
+        await memory.log.start()
+        yield memory
+        await memory.log.close()
+
+
+# --- Kafka ----------------------------------------------------------------------------------------
+
+
+class KafkaHarness:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.log: EventLog = KafkaEventLog(settings, client_id="evsched-contract")
+        self.topic = Topics(settings.namespace).events
+
+    async def stored(self) -> list[Stored]:
+        reader = kafka.consumer(self.settings, group_id=None, client_id="evsched-contract-read")
+        await reader.start()
+        try:
+            tps = [TopicPartition(self.topic, p) for p in range(self.settings.event_partitions)]
+            reader.assign(tps)
+            ends = await reader.end_offsets(tps)
+            stored: list[Stored] = []
+            for tp in tps:
+                reader.seek(tp, 0)
+                while await reader.position(tp) < ends[tp]:
+                    batch = await reader.getmany(tp, timeout_ms=1_000)
+                    stored += [
+                        Stored(r.partition, r.offset, r.key.decode(), r.value)
+                        for r in batch.get(tp, [])
+                    ]
+            return stored
+        finally:
+            await reader.stop()
+
+    async def refused_append(self) -> None:
+        # Beyond the producer's max_request_size (1 MB): refused before it is sent.
+        await self.log.append(self.topic, "job-refused", b"x" * (2 << 20))
+
+
+@pytest.mark.broker
+class TestKafkaEventLog(EventLogContract):
+    @pytest.fixture
+    async def harness(self, settings: Settings) -> AsyncIterator[LogHarness]:
+        real = KafkaHarness(settings)
+        await real.log.start()
+        yield real
+        await real.log.close()
+
+    async def test_an_unreachable_broker_is_a_publish_error(self, settings: Settings) -> None:
+        nowhere = Settings(bootstrap="127.0.0.1:1", namespace=settings.namespace)
+        log = KafkaEventLog(nowhere, client_id="evsched-contract-nowhere")
+        with pytest.raises(PublishError, match=r"127\.0\.0\.1:1"):
+            await log.append(Topics(nowhere.namespace).events, "job-1", b"lost")
+        await log.close()
