@@ -12,11 +12,11 @@ import uvicorn
 
 from evsched.api.app import create_app
 from evsched.api.auth import AuthConfigError, load_tokens
+from evsched.client.loader import load_app
 from evsched.logging import configure_logging
 from evsched.metrics import Metrics
 from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.replica import Replica
-from evsched.runtime.worker import load_app
 from evsched.settings import Settings, SettingsError
 
 log = structlog.get_logger("evsched.api")

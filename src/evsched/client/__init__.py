@@ -1,11 +1,11 @@
 """The client library: define tasks, enqueue jobs, cancel, requeue and schedule them."""
 
 from evsched.client.app import App
+from evsched.client.context import Context
 from evsched.client.task import Task, TaskOptions
 from evsched.client.transport import KafkaEventLog
 from evsched.core.events import RetryPolicy, TraceContext
 from evsched.ports import Appended, EventLog, JobReader
-from evsched.runtime.context import Context
 
 __all__ = [
     "App",

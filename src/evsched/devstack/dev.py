@@ -89,7 +89,7 @@ class DevStack:
         self._wait()
 
     def _queues(self) -> list[str]:
-        from evsched.runtime.worker import load_app  # noqa: PLC0415 — imports the user's app
+        from evsched.client.loader import load_app  # noqa: PLC0415 — imports the user's app
 
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())

@@ -20,6 +20,7 @@ from evsched.adapters.kafka import GROUP_TIMEOUTS, KafkaError, consumer, to_reco
 from evsched.adapters.signing import UNSIGNED_ENV, DispatchKey, dispatch_key_from_env
 from evsched.adapters.topics import TopicMisconfigured, TopicProvisioningError, ensure_topics
 from evsched.client.app import App
+from evsched.client.loader import load_app
 from evsched.client.transport import KafkaEventLog
 from evsched.errors import EvschedError
 from evsched.logging import configure_logging
@@ -29,7 +30,6 @@ from evsched.runtime.worker import (
     START_LOOKBACK_MS,
     Worker,
     WorkerConfig,
-    load_app,
     serve,
     wait_set,
 )
