@@ -1,4 +1,8 @@
-"""Checks task definitions and client calls, and turns valid calls into events (or raises)."""
+"""Caller input to checked events: task definitions and enqueue or schedule calls, from any edge.
+
+The client, the HTTP API and the operator CLI all turn what a caller asked for into events here, so
+one set of checks (ids, times, labels, limits, size on the wire) holds whoever writes.
+"""
 
 from __future__ import annotations
 
