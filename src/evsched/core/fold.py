@@ -7,6 +7,7 @@ and every replay reaches the same states and verdicts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, assert_never
 
 from evsched.core import ids, limits, retry
@@ -53,6 +54,9 @@ TokenEvent = (
 # A step's result: the new state, the verdict and a one-line human reading of it.
 Step = tuple[JobState | None, Verdict, str]
 
+# A replacer per set of changed fields (a handful: one per kind of transition).
+_REPLACERS: dict[tuple[str, ...], Callable[..., JobState]] = {}
+
 
 def fold(
     state: JobState | None, event: JobEvent, position: Position
@@ -78,7 +82,7 @@ def _applied(state: JobState, event: JobEvent, position: Position, **changes: An
     misspelt field name still raises.
     """
     names = tuple(changes)
-    replace = state_replacer(names)
+    replace = _REPLACERS.get(names) or _REPLACERS.setdefault(names, state_replacer(names))
     recent = (*state.recent_event_ids, event.event_id)[-RECENT_EVENT_IDS:]
     return replace(state, *changes.values(), recent, position.log_at)
 

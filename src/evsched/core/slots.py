@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import MISSING, fields
-from functools import cache
 from typing import Any
 
 from evsched.core.state import JobState, TimelineEntry
@@ -47,13 +46,11 @@ new_entry: Callable[..., TimelineEntry] = slot_filler(TimelineEntry, keywords(Ti
 _STATE_FIELDS = frozenset(f.name for f in fields(JobState))
 
 
-# Cached: one replacer per set of changed fields (a handful, one per kind of transition), and the
-# C-level cache lookup costs the fold no more than the dict lookup it replaces.
-@cache
 def state_replacer(names: tuple[str, ...]) -> Callable[..., JobState]:
     """``replacer(old, *values, recent, at)``: ``old`` with ``names`` and the step's marks set.
 
-    A misspelt field name raises ``AttributeError``.
+    Generating one costs a compile: callers keep the ones they made. A misspelt field name
+    raises ``AttributeError``.
     """
     unknown = set(names) - _STATE_FIELDS
     if unknown:
