@@ -32,8 +32,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from evsched.adapters.index import PartitionIndex
-from evsched.core.state import JobState, Status, Verdict
-from evsched.runtime.projector import FoldedEvent
+from evsched.core.state import FoldedEvent, JobState, Status, Verdict
 
 log = structlog.get_logger("evsched.metrics")
 

@@ -19,8 +19,9 @@ from evsched.api.models import Accepted
 from evsched.api.reader import ReplicaView
 from evsched.api.writes import NotYetApplied, Writer
 from evsched.client.app import App
+from evsched.core.state import FoldedEvent
 from evsched.metrics import Metrics
-from evsched.runtime.projector import CommitHook, FoldedEvent
+from evsched.runtime.projector import CommitHook
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.api")
