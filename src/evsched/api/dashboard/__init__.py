@@ -27,6 +27,8 @@ def install(api: FastAPI, ctx: ApiContext) -> Board:
         sessions=Sessions(ctx.tokens),
         templates=templates(),
     )
+    for name in board.templates.env.list_templates():
+        board.templates.env.get_template(name)  # compiled now, not on the first page view
     api.state.evsched_dashboard = board
     api.add_exception_handler(NeedsLogin, to_login)
     api.include_router(pages.router)
