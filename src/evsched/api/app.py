@@ -101,8 +101,7 @@ def create_app(
     for router in (jobs.router, schedules.router, status.reads, undecodable.router):
         api.include_router(router, dependencies=guard)
     api.include_router(status.router)
-    board = dashboard.install(api, ctx)
-    _hook(replica, board.live.observe_commit)
+    metrics.followers.append(dashboard.install(api, ctx).live.observe_commit)
     if replica.running:
         _seed(ctx)
     return api

@@ -6,6 +6,7 @@ judged exactly as the same request to ``/v1`` would be.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from datetime import datetime
 from typing import Annotated
 from urllib.parse import quote
@@ -43,10 +44,10 @@ def _allowed(view: Viewer, csrf: str | None) -> HTMLResponse | None:
     return None
 
 
-async def _one(write: object) -> str:
+async def _one(write: Awaitable[object]) -> str:
     """Run one API write; its outcome in words."""
     try:
-        await write  # type: ignore[misc]
+        await write
     except ApiError as exc:
         return f"refused: {exc.message}"
     except NotYetApplied:
