@@ -72,7 +72,8 @@ class DeadLetters:
 
 
 def _dead_key(state: JobState) -> tuple[str, str, str]:
-    category = state.last_error.error_type if state.last_error is not None else "cancelled?"
+    # A job that ran out of attempts by lease expiries has no error of its own.
+    category = state.last_error.error_type if state.last_error is not None else "(no error: expired)"
     return state.task, category, state.queue
 
 
