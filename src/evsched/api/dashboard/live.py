@@ -73,7 +73,8 @@ class DeadLetters:
 
 def _dead_key(state: JobState) -> tuple[str, str, str]:
     # A job that ran out of attempts by lease expiries has no error of its own.
-    category = state.last_error.error_type if state.last_error is not None else "(no error: expired)"
+    error = state.last_error
+    category = error.error_type if error is not None else "(no error: expired)"
     return state.task, category, state.queue
 
 
