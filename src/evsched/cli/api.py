@@ -123,4 +123,13 @@ def api_command(
     )
     tune_for_folding()
     log.info("api_listening", host=host, port=port, data_dir=str(data_dir))
-    uvicorn.run(api, host=host, port=port, log_config=None, access_log=False, lifespan="on")
+    # Open live streams (the dashboard's) must not hold a shutdown up for long.
+    uvicorn.run(
+        api,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )

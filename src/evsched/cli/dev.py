@@ -105,6 +105,7 @@ class DevStack:
         typer.echo(
             f"node, worker and API are running in namespace {self.namespace!r}; "
             f"indexes under {self.data_dir}\n"
+            f"dashboard:            {api}/\n"
             f"API and its docs:     {api}/docs   (jobs: {api}/v1/jobs, metrics: {api}/metrics)\n"
             f"enqueue from Python:  EVSCHED_KAFKA_BOOTSTRAP={bootstrap} python -m examples.app\n"
             f"enqueue over HTTP:    curl -X POST {api}/v1/jobs -H 'content-type: application/json'"
