@@ -9,8 +9,7 @@ import pytest
 from evsched.api.dashboard.history import picture
 from evsched.api.dashboard.live import Live
 from evsched.core.events import RetryPolicy
-from evsched.core.state import JobError, JobState, Status, TimelineEntry, Verdict
-from evsched.runtime.projector import FoldedEvent
+from evsched.core.state import FoldedEvent, JobError, JobState, Status, TimelineEntry, Verdict
 
 RUN_AT = 1_000_000
 

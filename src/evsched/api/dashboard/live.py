@@ -16,8 +16,7 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-from evsched.core.state import JobState, Status, Verdict
-from evsched.runtime.projector import FoldedEvent
+from evsched.core.state import FoldedEvent, JobState, Status, Verdict
 
 SERIES_S = 300  # seconds of per-second history the charts show
 MAX_RUNNING = 200_000  # attempts whose start time is remembered for their processing time
