@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install up kafka down check lint test bench clean
+.PHONY: install up kafka down check lint test browser bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,10 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(BIN)/coverage run -m pytest
 	$(BIN)/coverage report --include='src/evsched/core/*' --fail-under=100
+
+# The dashboard in headless Chromium (apt-get install chromium); also part of `make test`.
+browser: $(STAMP)
+	$(BIN)/python -m pytest tests/browser -m browser
 
 check: lint test
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from tests.integration.engine import Proc, Stack, wait_for
 
 from evsched.adapters import avro, kafka
+from evsched.adapters.payload import encode_args
 from evsched.client import App
-from evsched.client.payload import encode_args
 from evsched.core import ids
 from evsched.core.events import (
     Event,

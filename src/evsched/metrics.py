@@ -32,8 +32,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from evsched.adapters.index import PartitionIndex
-from evsched.core.state import JobState, Status, Verdict
-from evsched.runtime.projector import FoldedEvent
+from evsched.core.state import FoldedEvent, JobState, Status, Verdict
 
 log = structlog.get_logger("evsched.metrics")
 
@@ -112,6 +111,8 @@ class Metrics:
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.jobs = JobCounts()
+        # Other observers of the same commits (the dashboard's live counters), called after these.
+        self.followers: list[Callable[[Sequence[FoldedEvent]], None]] = []
         r = self.registry
         self.events_folded = PromCounter(
             "evsched_events_folded",
@@ -188,6 +189,8 @@ class Metrics:
                     self.dead_letters.labels(after.queue).inc()
             elif entry.verdict is Verdict.STALE and entry.kind in COMPLETIONS:
                 self.stale_completions.labels(after.queue, entry.kind).inc()
+        for follower in self.followers:
+            follower(events)
 
     def _applied(self, kind: str, log_at: int, after: JobState) -> None:
         if kind == "LeaseExpired":

@@ -1,4 +1,4 @@
-"""The PartitionLog contract: ``testing_restore.MemoryPartitionLog`` and
+"""The PartitionLog contract: ``testing.MemoryPartitionLog`` and
 ``adapters.kafka_events.KafkaPartitionLog`` alike.
 
 What the restore path relies on: read_committed reads return committed records in offset order and
@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.ports import PartitionLog, Record
 from evsched.settings import Settings
-from evsched.testing_restore import MemoryPartitionLog
+from evsched.testing import MemoryPartitionLog
 from tests.conftest import unique_name
 
 PARTITION = 0

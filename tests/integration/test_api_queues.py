@@ -14,7 +14,7 @@ from tests.conftest import TEST_EVENT_PARTITIONS
 from typer.testing import CliRunner
 
 from evsched.adapters.queues import KafkaQueues
-from evsched.devstack.cli import kafka_app
+from evsched.cli.kafka import kafka_app
 from evsched.operator import register
 from evsched.settings import Settings
 

@@ -112,7 +112,7 @@ def test_plaintext_gets_no_ssl_context() -> None:
 def test_kafka_topics_connects_with_the_security_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from evsched.devstack import cli
+    from evsched.cli import kafka as cli
 
     seen: dict[str, Any] = {}
 

@@ -13,8 +13,8 @@ import typer
 from fastapi import FastAPI
 from typer.testing import CliRunner
 
-from evsched.api import api_command
 from evsched.api.context import ApiContext
+from evsched.cli.api import api_command
 from evsched.runtime.replica import Replica
 
 yaml = pytest.importorskip("yaml", reason="PyYAML is needed to read docker-compose.yml")
@@ -36,10 +36,10 @@ def served(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     def run(app: FastAPI, **options: Any) -> None:
         seen["app"], seen["options"] = app, options
 
-    monkeypatch.setattr("evsched.api.command.uvicorn.run", run)
+    monkeypatch.setattr("evsched.cli.api.uvicorn.run", run)
     # The real setup would bind structlog, for the whole session, to CliRunner's stderr.
     monkeypatch.setattr(
-        "evsched.api.command.configure_logging", lambda **kw: seen.setdefault("logging", kw)
+        "evsched.cli.api.configure_logging", lambda **kw: seen.setdefault("logging", kw)
     )
     return seen
 

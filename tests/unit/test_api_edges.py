@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from evsched.adapters.payload import MAX_JSON_DEPTH, NotJson, decode_args, deeper_than
 from evsched.client import App
-from evsched.client.payload import MAX_JSON_DEPTH, NotJson, decode_args, deeper_than
 from evsched.core import ids
 from evsched.core.events import AttemptStarted, AttemptSucceeded, JobEnqueued, JobLeased
 from evsched.ports import Appended

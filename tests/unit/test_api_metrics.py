@@ -19,11 +19,11 @@ from evsched.core.events import (
     JobLeased,
     LeaseExpired,
 )
-from evsched.core.state import Status, Verdict
+from evsched.core.state import FoldedEvent, Status, Verdict
 from evsched.devstack.process import free_port
 from evsched.metrics import JobCounts, Metrics, serve_metrics
 from evsched.ports import Record
-from evsched.runtime.projector import FoldedEvent, Projector
+from evsched.runtime.projector import Projector
 from evsched.testing import MemoryLog
 from tests.prometheus import Samples, parse, value
 from tests.states import job_state

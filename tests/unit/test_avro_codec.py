@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from evsched.adapters import avro
-from evsched.adapters.avro_mapping import mapper_for
-from evsched.adapters.avro_registry import MAGIC, SchemaRegistry, schema_fingerprint
+from evsched.adapters.avro.mapping import mapper_for
+from evsched.adapters.avro.registry import MAGIC, SchemaRegistry, schema_fingerprint
 from evsched.adapters.contract import load_schema_files
 from evsched.core.events import (
     EVENT_TYPES,

@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from evsched.adapters import avro
-from evsched.adapters.avro_binary import big_varint, read_long
-from evsched.adapters.avro_mapping import mapper_for
-from evsched.adapters.avro_reader import compile_reader, reader_source
-from evsched.adapters.avro_registry import MAGIC, SchemaRegistry, parse_contract_schema
-from evsched.adapters.avro_writer import compile_writer, writer_source
+from evsched.adapters.avro.binary import big_varint, read_long
+from evsched.adapters.avro.mapping import mapper_for
+from evsched.adapters.avro.reader import compile_reader, reader_source
+from evsched.adapters.avro.registry import MAGIC, SchemaRegistry, parse_contract_schema
+from evsched.adapters.avro.writer import compile_writer, writer_source
 from evsched.adapters.contract import load_schema_files
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import EVENT_TYPES, JobEnqueued, JobLeased, RetryPolicy, TraceContext

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from evsched.adapters import avro
-from evsched.adapters.avro_codegen import Unsupported
-from evsched.adapters.avro_reader import compile_reader
-from evsched.adapters.avro_registry import parse_contract_schema
-from evsched.adapters.avro_writer import compile_writer
+from evsched.adapters.avro.codegen import Unsupported
+from evsched.adapters.avro.reader import compile_reader
+from evsched.adapters.avro.registry import parse_contract_schema
+from evsched.adapters.avro.writer import compile_writer
 from evsched.core.state import JobError
 
 

@@ -11,7 +11,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 import pytest
 from fastavro import parse_schema
 
-from evsched.adapters.avro_registry import SchemaRegistry
+from evsched.adapters.avro.registry import SchemaRegistry
 from evsched.adapters.contract import load_schema_files
 from evsched.core.events import EVENT_TYPES
 from evsched.core.state import JobState, ScheduleState, TimelineEntry

@@ -14,7 +14,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, OutOfOrderSequenceNumber
 
 from evsched.client import App, Context, KafkaEventLog, RetryPolicy
-from evsched.client.validation import MAX_EVENT_BYTES
+from evsched.commands import MAX_EVENT_BYTES
 from evsched.core import ids
 from evsched.core.events import (
     JobCancelled,

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evsched.core.events import LeaseRenewed, Position
-from evsched.core.fold import RECENT_EVENT_IDS, _applied, _new_entry, _new_state, _slot_filler
+from evsched.core.fold import RECENT_EVENT_IDS, _applied
+from evsched.core.slots import new_entry, new_state, slot_filler
 from evsched.core.state import JobState, TimelineEntry
 from tests.strategies import job_states, records, timeline_entries
 
@@ -24,7 +25,7 @@ def _as_kwargs(value: Any) -> dict[str, Any]:
 
 @given(state=job_states())
 def test_new_state_equals_the_constructor(state: JobState) -> None:
-    made = _new_state(**_as_kwargs(state))
+    made = new_state(**_as_kwargs(state))
 
     assert made == state
     assert type(made) is JobState
@@ -33,9 +34,9 @@ def test_new_state_equals_the_constructor(state: JobState) -> None:
 @given(entry=timeline_entries())
 def test_new_entry_equals_the_constructor_defaults_included(entry: TimelineEntry) -> None:
     kwargs = _as_kwargs(entry)
-    assert _new_entry(**kwargs) == entry
+    assert new_entry(**kwargs) == entry
     del kwargs["token"], kwargs["status_after"]
-    assert _new_entry(**kwargs) == TimelineEntry(**kwargs)
+    assert new_entry(**kwargs) == TimelineEntry(**kwargs)
 
 
 @settings(max_examples=200, deadline=None)
@@ -79,5 +80,5 @@ def test_slot_filling_refuses_classes_whose_init_does_more() -> None:
 
     for cls in (Checked, Derived):
         with pytest.raises(TypeError, match="plain dataclass"):
-            _slot_filler(cls, "x", str)
+            slot_filler(cls, "x", str)
     assert dataclasses.is_dataclass(Checked)

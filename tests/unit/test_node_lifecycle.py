@@ -19,7 +19,7 @@ from evsched.runtime.node import Node, NodeConfig, NodeMetrics
 from evsched.runtime.projector import Projector
 from evsched.runtime.restore import open_index, restore
 from evsched.settings import Settings
-from evsched.testing_restore import MemoryPartitionLog
+from evsched.testing import MemoryPartitionLog
 from tests.prometheus import parse, value
 from tests.unit.test_restore import history, write_foreign_version
 

@@ -35,8 +35,7 @@ from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.quarantine import Quarantine, Unusable
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings
-from evsched.testing import FrozenClock, MemoryBroker, MemoryOutbox
-from evsched.testing_restore import MemoryPartitionLog
+from evsched.testing import FrozenClock, MemoryBroker, MemoryOutbox, MemoryPartitionLog
 from tests.prometheus import parse, value
 
 TOPICS = Topics("ns")

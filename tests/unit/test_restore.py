@@ -16,7 +16,7 @@ from evsched.core.state import Status
 from evsched.errors import BrokerUnavailable, IndexVersionMismatch, RestoreRefused
 from evsched.runtime.projector import Projector
 from evsched.runtime.restore import Restorer, open_index, rebuild_index, restore
-from evsched.testing_restore import MemoryPartitionLog
+from evsched.testing import MemoryPartitionLog
 
 
 def enqueue(job_id: str) -> bytes:

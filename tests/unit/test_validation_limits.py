@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evsched.client.validation import (
+from evsched.commands import (
     build_schedule,
     check_id,
     check_labels,

@@ -17,9 +17,9 @@ from aiokafka.partitioner import murmur2
 from fastavro.schema import fingerprint
 
 from evsched.adapters.avro import decode_event, encode_event
-from evsched.adapters.avro_registry import schema_fingerprint
+from evsched.adapters.avro.registry import schema_fingerprint
 from evsched.adapters.contract import load_schema_files
-from evsched.client.payload import encode_args
+from evsched.adapters.payload import encode_args
 from evsched.core import ids
 from evsched.core.events import JobEnqueued, RetryPolicy, TraceContext
 

@@ -17,6 +17,8 @@ from structlog.testing import capture_logs
 
 from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.client import Context
+from evsched.client.context import AttemptFinished
+from evsched.client.loader import load_app
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import (
     AttemptCheckpointed,
@@ -29,8 +31,7 @@ from evsched.core.events import (
 from evsched.core.state import JobState, Status
 from evsched.errors import EvschedError
 from evsched.metrics import WorkerInstruments
-from evsched.runtime.context import AttemptFinished
-from evsched.runtime.worker import Worker, WorkerConfig, load_app, serve
+from evsched.runtime.worker import Worker, WorkerConfig, serve
 from evsched.testing import FrozenClock, MemoryReader
 from tests.states import job_state
 from tests.unit.worker_rig import EVENTS, Rig, make_rig, until

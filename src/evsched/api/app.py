@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from evsched import __version__
 from evsched.adapters.queues import KafkaQueues, QueueCatalog
-from evsched.api import jobs, reader, schedules, status, undecodable
+from evsched.api import dashboard, jobs, reader, schedules, status, undecodable
 from evsched.api.auth import Tokens
 from evsched.api.context import ApiContext, Reads
 from evsched.api.errors import BodyLimit, install_error_handlers
@@ -19,8 +19,9 @@ from evsched.api.models import Accepted
 from evsched.api.reader import ReplicaView
 from evsched.api.writes import NotYetApplied, Writer
 from evsched.client.app import App
+from evsched.core.state import FoldedEvent
 from evsched.metrics import Metrics
-from evsched.runtime.projector import CommitHook, FoldedEvent
+from evsched.runtime.projector import CommitHook
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.api")
@@ -101,6 +102,7 @@ def create_app(
     for router in (jobs.router, schedules.router, status.reads, undecodable.router):
         api.include_router(router, dependencies=guard)
     api.include_router(status.router)
+    metrics.followers.append(dashboard.install(api, ctx).live.observe_commit)
     if replica.running:
         _seed(ctx)
     return api
@@ -110,7 +112,7 @@ def _lifespan(ctx: ApiContext, *, start_replica: bool, close_client: bool) -> Li
     """Startup: the replica (if ours to start) and the job counts; shutdown: what we opened."""
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(api: FastAPI) -> AsyncIterator[None]:
         if start_replica:
             await ctx.replica.start()
         _seed(ctx)
@@ -118,6 +120,7 @@ def _lifespan(ctx: ApiContext, *, start_replica: bool, close_client: bool) -> Li
         try:
             yield
         finally:
+            api.state.evsched_dashboard.live.close()
             if close_client:
                 await ctx.client.close()
             if start_replica:

@@ -22,7 +22,7 @@ from evsched.api.models import (
 from evsched.api.queues import require_declared
 from evsched.api.responses import READ, WRITE, Responses, error
 from evsched.api.writes import cancel_event, enqueue_event, requeue_event
-from evsched.client.validation import MAX_KEY_CHARS
+from evsched.commands import MAX_KEY_CHARS
 from evsched.core.state import JobState, Status, TimelineEntry, Verdict
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])

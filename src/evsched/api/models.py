@@ -20,8 +20,8 @@ from pydantic import (
     StrictInt,
 )
 
-from evsched.client.payload import MAX_JSON_DEPTH, NotJson, decode_args, decode_json, deeper_than
-from evsched.client.validation import MAX_AHEAD, MAX_KEY_CHARS
+from evsched.adapters.payload import MAX_JSON_DEPTH, NotJson, decode_args, decode_json, deeper_than
+from evsched.commands import MAX_AHEAD, MAX_KEY_CHARS
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
 INT64_MAX = 2**63 - 1

@@ -14,7 +14,7 @@ from evsched.api.models import Schedule, SchedulePage, ScheduleRequest, Timeline
 from evsched.api.queues import require_declared
 from evsched.api.responses import READ, WRITE, Responses, error
 from evsched.api.writes import delete_schedule_event, schedule_event
-from evsched.client.validation import MAX_KEY_CHARS
+from evsched.commands import MAX_KEY_CHARS
 from evsched.core.state import ScheduleState, Verdict
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])

@@ -15,11 +15,12 @@ from functools import partial
 import structlog
 
 from evsched.adapters.clock import monotonic_s
+from evsched.adapters.ids import new_id
 from evsched.api.errors import ApiError
 from evsched.api.models import EnqueueRequest, RequeueRequest, ScheduleRequest
 from evsched.api.reader import ReplicaView, timeline
 from evsched.client.app import App
-from evsched.client.validation import (
+from evsched.commands import (
     EnqueueOptions,
     TaskSpec,
     args_bytes,
@@ -27,7 +28,6 @@ from evsched.client.validation import (
     build_schedule,
     check_id,
     job_template,
-    new_id,
     resolve_run_at,
     task_spec,
 )

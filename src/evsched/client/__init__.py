@@ -2,10 +2,10 @@
 
 from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.client.app import App
+from evsched.client.context import Context
 from evsched.client.task import Task, TaskOptions
 from evsched.core.events import RetryPolicy, TraceContext
 from evsched.ports import Appended, EventLog, JobReader
-from evsched.runtime.context import Context
 
 __all__ = [
     "App",

@@ -9,18 +9,18 @@ from types import TracebackType
 from typing import Any, overload
 
 from evsched.adapters.clock import SYSTEM_CLOCK
+from evsched.adapters.ids import new_id
 from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.queues import KafkaQueues, QueueCatalog, QueueLookupError, undeclared
 from evsched.adapters.topics import Topics
 from evsched.client.sync import LoopThread
 from evsched.client.task import Handler, Task
-from evsched.client.validation import (
+from evsched.commands import (
     SOURCE,
     Delay,
     build_schedule,
     check_id,
     encode_checked,
-    new_id,
     resolve_run_at,
     task_spec,
 )

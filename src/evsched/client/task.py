@@ -8,15 +8,15 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from evsched.client.tracing import InvalidTrace, current_trace, make_trace
-from evsched.client.validation import (
+from evsched.adapters.ids import new_id
+from evsched.adapters.tracing import InvalidTrace, current_trace, make_trace
+from evsched.commands import (
     Delay,
     EnqueueOptions,
     TaskSpec,
     args_bytes,
     build_enqueue,
     job_template,
-    new_id,
 )
 from evsched.core.events import JobTemplate, TraceContext
 from evsched.errors import InvalidEnqueue

@@ -8,7 +8,6 @@ and every replay reaches the same states and verdicts.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import MISSING, fields
 from typing import Any, assert_never
 
 from evsched.core import ids, limits, retry
@@ -26,6 +25,7 @@ from evsched.core.events import (
     LeaseRenewed,
     Position,
 )
+from evsched.core.slots import new_entry, new_state, state_replacer
 from evsched.core.state import (
     ACTIVE_STATUSES,
     TERMINAL_STATUSES,
@@ -54,57 +54,8 @@ TokenEvent = (
 # A step's result: the new state, the verdict and a one-line human reading of it.
 Step = tuple[JobState | None, Verdict, str]
 
-
-def _slot_filler(cls: type[Any], params: str, value_of: Callable[[str], str]) -> Callable[..., Any]:
-    """A function making a ``cls`` by filling its slots, generated like the dataclass's __init__.
-
-    A frozen dataclass's __init__ sets each field with ``object.__setattr__``, which looks the field
-    up by name every time: that was most of the fold's time. The generated code calls each slot's
-    own setter instead. ``cls`` has no ``__post_init__`` and no init-only fields (checked here), so
-    the object is exactly what the constructor or ``dataclasses.replace`` would make.
-    """
-    if hasattr(cls, "__post_init__") or not all(f.init for f in fields(cls)):
-        raise TypeError(f"{cls.__name__} must be a plain dataclass to have its slots filled")
-    env: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    for f in fields(cls):
-        env[f"_set_{f.name}"] = getattr(cls, f.name).__set__
-        env[f"_default_{f.name}"] = f.default
-    body = "".join(f"    _set_{f.name}(new, {value_of(f.name)})\n" for f in fields(cls))
-    source = f"def fill({params}):\n    new = _new(_cls)\n{body}    return new\n"
-    exec(compile(source, f"<fill {cls.__name__}({params})>", "exec"), env)  # noqa: S102
-    fill: Callable[..., Any] = env["fill"]
-    return fill
-
-
-def _keywords(cls: type[Any]) -> str:
-    """The parameters of ``cls.__init__``; a field with a default factory must be passed."""
-    return "*, " + ", ".join(
-        f.name if f.default is MISSING else f"{f.name}=_default_{f.name}" for f in fields(cls)
-    )
-
-
-_new_state: Callable[..., JobState] = _slot_filler(JobState, _keywords(JobState), str)
-_new_entry: Callable[..., TimelineEntry] = _slot_filler(
-    TimelineEntry, _keywords(TimelineEntry), str
-)
-_STATE_FIELDS = frozenset(f.name for f in fields(JobState))
-
-
 # A replacer per set of changed fields (a handful: one per kind of transition).
 _REPLACERS: dict[tuple[str, ...], Callable[..., JobState]] = {}
-
-
-def _replacer(names: tuple[str, ...]) -> Callable[..., JobState]:
-    """``replacer(old, *values, recent, at)``: ``old`` with ``names`` and the step's marks set."""
-    unknown = set(names) - _STATE_FIELDS
-    if unknown:
-        raise AttributeError(f"JobState has no fields {sorted(unknown)}")
-    # The marks of every step win over a change of the same field, as they did in replace().
-    replaced = {**{n: n for n in names}, "recent_event_ids": "_recent", "updated_at": "_at"}
-    params = ", ".join(("_old", *names, "_recent", "_at"))
-    replacer = _slot_filler(JobState, params, lambda name: replaced.get(name, f"_old.{name}"))
-    _REPLACERS[names] = replacer
-    return replacer
 
 
 def fold(
@@ -127,11 +78,11 @@ def fold(
 def _applied(state: JobState, event: JobEvent, position: Position, **changes: Any) -> JobState:
     """``state`` after ``event``: ``changes`` plus what every applied event records, in one copy.
 
-    This is ``dataclasses.replace`` at a fraction of its cost (see ``_slot_filler``), and a
+    This is ``dataclasses.replace`` at a fraction of its cost (see ``core.slots``), and a
     misspelt field name still raises.
     """
     names = tuple(changes)
-    replace = _REPLACERS.get(names) or _replacer(names)
+    replace = _REPLACERS.get(names) or _REPLACERS.setdefault(names, state_replacer(names))
     recent = (*state.recent_event_ids, event.event_id)[-RECENT_EVENT_IDS:]
     return replace(state, *changes.values(), recent, position.log_at)
 
@@ -139,7 +90,7 @@ def _applied(state: JobState, event: JobEvent, position: Position, **changes: An
 def _entry(
     event: JobEvent, position: Position, verdict: Verdict, reason: str, state: JobState | None
 ) -> TimelineEntry:
-    return _new_entry(
+    return new_entry(
         partition=position.partition,
         offset=position.offset,
         log_at=position.log_at,
@@ -183,7 +134,7 @@ def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) ->
         if digest == state.body_digest:
             return state, Verdict.DUPLICATE, "same job already enqueued with the same body"
         return state, Verdict.CONFLICT, "job id already used by an enqueue with a different body"
-    created = _new_state(
+    created = new_state(
         job_id=event.job_id,
         status=Status.SCHEDULED,
         task=event.task,

@@ -1,4 +1,4 @@
-"""The projected state of jobs and schedules, the verdicts the fold gives, and timeline entries."""
+"""Projected job and schedule state, the fold's verdicts, and timeline entries for observers."""
 
 from __future__ import annotations
 
@@ -108,3 +108,16 @@ class TimelineEntry:
     reason: str
     token: int | None = None
     status_after: Status | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FoldedEvent:
+    """One record as the fold judged it, for observers such as metrics.
+
+    ``before``/``after`` are the job's states around the event (equal unless it applied); both are
+    None for schedule events and undecodable bytes.
+    """
+
+    entry: TimelineEntry
+    before: JobState | None = None
+    after: JobState | None = None

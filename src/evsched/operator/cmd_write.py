@@ -9,9 +9,11 @@ import typer
 from rich.markup import escape
 
 from evsched.adapters.clock import now_ms
+from evsched.adapters.ids import new_id
 from evsched.adapters.queues import KafkaQueues, undeclared
 from evsched.client import App
-from evsched.client.validation import SOURCE, EnqueueOptions, check_id, new_id, resolve_run_at
+from evsched.client.loader import load_app
+from evsched.commands import SOURCE, EnqueueOptions, check_id, resolve_run_at
 from evsched.core.events import Event, JobCancelled, JobRequeued, ScheduleDeleted
 from evsched.core.state import Status
 from evsched.errors import InvalidEnqueue
@@ -44,7 +46,6 @@ from evsched.operator.writes import (
     schedule_event,
     template_for,
 )
-from evsched.runtime.worker import load_app
 from evsched.settings import Settings, SettingsError
 
 Wait = Annotated[

@@ -15,7 +15,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from evsched.client.payload import MAX_JSON_DEPTH, deeper_than
+from evsched.adapters.payload import MAX_JSON_DEPTH, deeper_than
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 from evsched.operator.audit import Audit
 from evsched.operator.readings import iso

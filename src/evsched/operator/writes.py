@@ -15,16 +15,16 @@ from typing import Any
 
 import typer
 
+from evsched.adapters.ids import new_id
+from evsched.adapters.payload import MAX_JSON_DEPTH, deeper_than
 from evsched.client import App
-from evsched.client.payload import MAX_JSON_DEPTH, deeper_than
-from evsched.client.validation import (
+from evsched.commands import (
     EnqueueOptions,
     TaskSpec,
     args_bytes,
     build_enqueue,
     build_schedule,
     job_template,
-    new_id,
     task_spec,
 )
 from evsched.core.events import Event, JobEnqueued, JobTemplate, RetryPolicy, ScheduleUpserted

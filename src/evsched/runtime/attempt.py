@@ -14,10 +14,12 @@ from typing import Any
 import structlog
 
 from evsched.adapters.avro import encode_event
-from evsched.client.payload import NotJson, canonical_json, decode_args
+from evsched.adapters.ids import new_id
+from evsched.adapters.payload import NotJson, canonical_json, decode_args
+from evsched.adapters.tracing import attempt_trace
+from evsched.client.context import AttemptIo, Context, LeaseWatch
 from evsched.client.task import Task, qualified_name
-from evsched.client.tracing import attempt_trace
-from evsched.client.validation import MAX_EVENT_BYTES, new_id
+from evsched.commands import MAX_EVENT_BYTES
 from evsched.core.dispatch import Dispatch, start_deadline_by_log
 from evsched.core.events import (
     AttemptCheckpointed,
@@ -29,7 +31,6 @@ from evsched.core.events import (
 )
 from evsched.errors import EncodeError, InvalidEnqueue
 from evsched.ports import Appended, Clock, EventLog, JobReader
-from evsched.runtime.context import AttemptIo, Context, LeaseWatch
 from evsched.runtime.handler_loop import HandlerEscaped, HandlerLoop, contain
 
 log = structlog.get_logger("evsched.worker")

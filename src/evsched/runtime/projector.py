@@ -24,6 +24,7 @@ from evsched.core.fold import FOLD_VERSION, fold
 from evsched.core.schedules import fold_schedule
 from evsched.core.state import (
     ACTIVE_STATUSES,
+    FoldedEvent,
     JobState,
     ScheduleState,
     Status,
@@ -42,19 +43,6 @@ class AcceptedEffect:
     token: int
     index: int
     effect: Effect
-
-
-@dataclass(frozen=True, slots=True)
-class FoldedEvent:
-    """One record as the fold judged it, for observers such as metrics.
-
-    ``before``/``after`` are the job's states around the event (equal unless it applied); both are
-    None for schedule events and undecodable bytes.
-    """
-
-    entry: TimelineEntry
-    before: JobState | None = None
-    after: JobState | None = None
 
 
 # Called with the records of each committed batch, once they are in the index; must not raise.

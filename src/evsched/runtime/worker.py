@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 import secrets
 import signal
 import socket
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-import typer
 
 from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.kafka_feed import START_LOOKBACK_MS
@@ -254,23 +251,6 @@ async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
 
 
 # --- the command line ---------------------------------------------------------------------------
-
-
-def load_app(reference: str) -> App:
-    """The App at ``module:attribute`` (the current directory is importable, as with uvicorn)."""
-    module_name, _, attribute = reference.partition(":")
-    if not module_name or not attribute:
-        raise typer.BadParameter(f"expected module:attribute, got {reference!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise typer.BadParameter(f"cannot import {module_name!r}: {exc}") from exc
-    app = getattr(module, attribute, None)
-    if not isinstance(app, App):
-        raise typer.BadParameter(f"{reference} is not an evsched App")
-    return app
 
 
 async def serve(worker: Worker) -> None:

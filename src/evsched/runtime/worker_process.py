@@ -17,13 +17,13 @@ from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.signing import UNSIGNED_ENV, DispatchKey, dispatch_key_from_env
 from evsched.adapters.topics import TopicMisconfigured, TopicProvisioningError, ensure_topics
 from evsched.client.app import App
+from evsched.client.loader import load_app
 from evsched.errors import EvschedError
 from evsched.logging import configure_logging
 from evsched.metrics import MetricsAddr, WorkerInstruments, metrics_port_option, serve_metrics
 from evsched.runtime.worker import (
     Worker,
     WorkerConfig,
-    load_app,
     serve,
     wait_set,
 )

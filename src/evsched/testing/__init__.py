@@ -6,6 +6,7 @@ Each twin behaves as ``tests/contract`` proves the real adapter does.
 from evsched.testing.driver import NodeDriver
 from evsched.testing.memory import FrozenClock, MemoryFeed, MemoryLog, MemoryReader, Written
 from evsched.testing.outbox import MemoryBroker, MemoryOutbox, SimulatedCrash, Transaction
+from evsched.testing.partition_log import MemoryPartitionLog
 
 __all__ = [
     "FrozenClock",
@@ -13,6 +14,7 @@ __all__ = [
     "MemoryFeed",
     "MemoryLog",
     "MemoryOutbox",
+    "MemoryPartitionLog",
     "MemoryReader",
     "NodeDriver",
     "SimulatedCrash",

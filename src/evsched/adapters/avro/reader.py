@@ -2,7 +2,7 @@
 
 The generated code (``reader_source`` shows it) accepts only the canonical encoding of each value:
 one block per array or map, varints of at most ten bytes, booleans 0 or 1, union and enum indexes
-in range. It raises :class:`~evsched.adapters.avro_binary.Unusual`, or whatever error the bytes
+in range. It raises :class:`~evsched.adapters.avro.binary.Unusual`, or whatever error the bytes
 provoke, for anything else, which the codec then hands to fastavro to read or reject.
 """
 
@@ -14,8 +14,8 @@ import types
 from collections.abc import Callable
 from typing import Any, get_args, get_origin, get_type_hints
 
-from evsched.adapters import avro_binary as binary
-from evsched.adapters.avro_codegen import (
+from evsched.adapters.avro import binary
+from evsched.adapters.avro.codegen import (
     Function,
     Reader,
     Unsupported,

@@ -4,15 +4,15 @@ The generated code (``writer_source`` shows it) appends each field's encoding to
 takes the values the dataclass declares. Where fastavro validates (inside a union branch) it
 demands the exact builtin types and raises otherwise, so it never writes a value fastavro would
 refuse; the codec then asks fastavro. Map entries are sorted and -0.0 becomes 0.0, as
-``avro_mapping`` does before fastavro writes.
+``avro.mapping`` does before fastavro writes.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from evsched.adapters import avro_binary as binary
-from evsched.adapters.avro_codegen import (
+from evsched.adapters.avro import binary
+from evsched.adapters.avro.codegen import (
     Function,
     Unsupported,
     Writer,
@@ -124,7 +124,7 @@ class _WriterCompiler:
         entries, key, item = self._fn.local(), self._fn.local(), self._fn.local()
         self._fn.line(depth, f"{entries} = {expr}.items()")
         self._count(depth, entries)
-        # Sorted, as avro_mapping sorts, so that equal maps give equal bytes (one entry: no sort).
+        # Sorted, as avro.mapping sorts, so that equal maps give equal bytes (one entry: no sort).
         ordered = f"{entries} if len({entries}) == 1 else sorted({entries})"
         self._fn.line(depth + 1, f"for {key}, {item} in {ordered}:")
         self._string(depth + 2, "string", key, strict)

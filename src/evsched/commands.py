@@ -1,19 +1,22 @@
-"""Checks task definitions and client calls, and turns valid calls into events (or raises)."""
+"""Caller input to checked events: task definitions and enqueue or schedule calls, from any edge.
+
+The client, the HTTP API and the operator CLI all turn what a caller asked for into events here, so
+one set of checks (ids, times, labels, limits, size on the wire) holds whoever writes.
+"""
 
 from __future__ import annotations
 
 import math
 import re
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from evsched.adapters.avro import encode_event
+from evsched.adapters.payload import NotJson, encode_args
 from evsched.adapters.topics import Topics
-from evsched.client.payload import NotJson, encode_args
-from evsched.client.tracing import InvalidTrace, check_trace
+from evsched.adapters.tracing import InvalidTrace, check_trace
 from evsched.core import cron, ids, limits
 from evsched.core.events import (
     Event,
@@ -60,11 +63,6 @@ class EnqueueOptions:
     priority: int | None = None
     labels: Mapping[str, str] | None = None
     trace: TraceContext | None = None
-
-
-def new_id() -> str:
-    """A random UUID string: ids of jobs without an idempotency key, and of events."""
-    return str(uuid.uuid4())  # noqa: TID251 - ids are generated at the edge, here
 
 
 def task_spec(

@@ -4,7 +4,7 @@ Old writer schemas are resolved to the current ones here, so the core only ever 
 types. Nothing but :class:`~evsched.errors.DecodeError` escapes a decode, whatever the bytes.
 
 fastavro is the reference. Current-schema records go first through functions compiled from their
-schemas (``avro_writer``, ``avro_reader``), several times faster; whenever one of those refuses a
+schemas (``avro.writer``, ``avro.reader``), several times faster; whenever one of those refuses a
 value or bytes, fastavro writes or reads them instead, so results never differ from fastavro's
 (``tests/unit/test_avro_compiled.py`` proves it byte for byte).
 """
@@ -18,11 +18,11 @@ from typing import Any, Generic, TypeVar, cast
 
 from fastavro import schemaless_reader, schemaless_writer
 
-from evsched.adapters.avro_binary import Unusual
-from evsched.adapters.avro_codegen import Reader, Unsupported, Writer
-from evsched.adapters.avro_mapping import RecordMapper, mapper_for
-from evsched.adapters.avro_reader import compile_reader
-from evsched.adapters.avro_registry import (
+from evsched.adapters.avro.binary import Unusual
+from evsched.adapters.avro.codegen import Reader, Unsupported, Writer
+from evsched.adapters.avro.mapping import RecordMapper, mapper_for
+from evsched.adapters.avro.reader import compile_reader
+from evsched.adapters.avro.registry import (
     HEADER_SIZE,
     MAGIC,
     ParsedSchema,
@@ -30,7 +30,7 @@ from evsched.adapters.avro_registry import (
     parse_contract_schema,
     schema_fingerprint,
 )
-from evsched.adapters.avro_writer import compile_writer
+from evsched.adapters.avro.writer import compile_writer
 from evsched.adapters.contract import load_schema_files
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import EVENT_TYPES, Event

@@ -1,4 +1,4 @@
-"""The ``evsched`` command line: one Typer app with a sub-app per area."""
+"""``evsched node``: own events partitions, fold them into RocksDB and run the scheduler."""
 
 from __future__ import annotations
 
@@ -10,28 +10,17 @@ from typing import Annotated
 import typer
 
 from evsched.adapters.topics import TopicMisconfigured, TopicRefused
-from evsched.api.command import api_command
+from evsched.cli.options import LogJson
 from evsched.core.planner import PlannerLimits
-from evsched.devstack.cli import kafka_app
-from evsched.devstack.dev import DevStack
 from evsched.logging import configure_logging
 from evsched.metrics import MetricsAddr, metrics_port_option
-from evsched.operator import register as register_operator_commands
 from evsched.runtime.node import NodeConfig
 from evsched.runtime.node_process import serve_node
-from evsched.runtime.worker_process import load_dispatch_key, worker_command
+from evsched.runtime.worker_process import load_dispatch_key
 from evsched.settings import Settings, SettingsError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="evsched: event-sourced jobs.")
-app.add_typer(kafka_app, name="kafka")
-app.command("worker")(worker_command)
-app.command("api")(api_command)
-# enqueue, job, jobs, audit, cancel, requeue, dlq, schedules, export, rebuild, replay
-register_operator_commands(app)
 
-
-@app.command()
-def node(
+def node_command(
     *,
     data_dir: Annotated[
         Path, typer.Option("--data-dir", envvar="EVSCHED_NODE_DATA_DIR", help="RocksDB indexes.")
@@ -58,7 +47,7 @@ def node(
     ] = 30.0,
     metrics_port: Annotated[int | None, metrics_port_option("EVSCHED_NODE_METRICS_PORT")] = None,
     metrics_addr: MetricsAddr = "127.0.0.1",
-    log_json: Annotated[bool, typer.Option("--log-json/--log-console")] = True,
+    log_json: LogJson = True,
 ) -> None:
     """Own events partitions: fold them into RocksDB and run the scheduler."""
     configure_logging(json=log_json)
@@ -87,24 +76,3 @@ def node(
         # An operator's fix, not a bug: one line naming the topic and the setting.
         typer.echo(f"evsched node: {exc}", err=True)
         raise typer.Exit(1) from None
-
-
-@app.command()
-def dev(
-    app_ref: Annotated[
-        str, typer.Option("--app", help="The App to serve, as module:attribute.")
-    ] = "examples.app:app",
-    data_dir: Annotated[
-        Path, typer.Option("--data-dir", help="Node indexes for the dev stack.")
-    ] = Path("./evsched-data/dev"),
-    demo: Annotated[
-        bool, typer.Option("--demo/--no-demo", help="Run the app module's main() once.")
-    ] = True,
-    api_port: Annotated[int, typer.Option("--api-port", min=1, max=65_535)] = 8080,
-) -> None:
-    """Run the local stack: broker, node, worker and API with an app; Ctrl-C stops it all."""
-    DevStack(app=app_ref, data_dir=data_dir, demo=demo, api_port=api_port).run()
-
-
-def main() -> None:
-    app()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -89,7 +90,7 @@ class DevStack:
         self._wait()
 
     def _queues(self) -> list[str]:
-        from evsched.runtime.worker import load_app  # noqa: PLC0415 — imports the user's app
+        from evsched.client.loader import load_app  # noqa: PLC0415 — imports the user's app
 
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
@@ -104,6 +105,7 @@ class DevStack:
         typer.echo(
             f"node, worker and API are running in namespace {self.namespace!r}; "
             f"indexes under {self.data_dir}\n"
+            f"dashboard:            {api}/\n"
             f"API and its docs:     {api}/docs   (jobs: {api}/v1/jobs, metrics: {api}/metrics)\n"
             f"enqueue from Python:  EVSCHED_KAFKA_BOOTSTRAP={bootstrap} python -m examples.app\n"
             f"enqueue over HTTP:    curl -X POST {api}/v1/jobs -H 'content-type: application/json'"
@@ -138,3 +140,19 @@ class DevStack:
         if self.started_broker is not None:
             self.started_broker.down()
             typer.echo("kafka stopped")
+
+
+def dev_command(
+    app_ref: Annotated[
+        str, typer.Option("--app", help="The App to serve, as module:attribute.")
+    ] = "examples.app:app",
+    data_dir: Annotated[
+        Path, typer.Option("--data-dir", help="Node indexes for the dev stack.")
+    ] = Path("./evsched-data/dev"),
+    demo: Annotated[
+        bool, typer.Option("--demo/--no-demo", help="Run the app module's main() once.")
+    ] = True,
+    api_port: Annotated[int, typer.Option("--api-port", min=1, max=65_535)] = 8080,
+) -> None:
+    """Run the local stack: broker, node, worker and API with an app; Ctrl-C stops it all."""
+    DevStack(app=app_ref, data_dir=data_dir, demo=demo, api_port=api_port).run()

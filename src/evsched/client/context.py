@@ -9,7 +9,7 @@ from typing import Any
 
 import structlog
 
-from evsched.client.payload import canonical_json, decode_json
+from evsched.adapters.payload import canonical_json, decode_json
 from evsched.core.dispatch import Dispatch, external_idempotency_key
 from evsched.core.events import Effect, TraceContext
 from evsched.core.state import ACTIVE_STATUSES

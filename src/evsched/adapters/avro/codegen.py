@@ -1,9 +1,10 @@
 """The shared pieces of the compiled Avro writers and readers: generated functions, schema lookups.
 
-``avro_writer`` and ``avro_reader`` walk a parsed record schema once, at import time, and emit
-straight-line Python for it, which fastavro would otherwise interpret for every value. The codec in
-``avro.py`` takes nothing on trust: it uses these functions as a fast path whose every result is
-property-tested to equal fastavro's, byte for byte, and falls back to fastavro whenever they raise.
+``avro.writer`` and ``avro.reader`` walk a parsed record schema once, at import time, and emit
+straight-line Python for it, which fastavro would otherwise interpret for every value. The codec
+(the package's ``__init__``) takes nothing on trust: it uses these functions as a fast path whose
+every result is property-tested to equal fastavro's, byte for byte, and falls back to fastavro
+whenever they raise.
 
 Only what the contract uses is compiled: null, boolean, long, double, string, bytes, enum, record,
 array, map and ``["null", X]`` unions; anything else raises :class:`Unsupported`.
@@ -15,7 +16,7 @@ import keyword
 from collections.abc import Callable
 from typing import Any
 
-from evsched.adapters import avro_binary as binary
+from evsched.adapters.avro import binary
 
 Writer = Callable[[Any], bytes]
 Reader = Callable[[bytes, int], Any]

@@ -12,11 +12,12 @@ import uvicorn
 
 from evsched.api.app import create_app
 from evsched.api.auth import AuthConfigError, load_tokens
+from evsched.cli.options import LogJson
+from evsched.client.loader import load_app
 from evsched.logging import configure_logging
 from evsched.metrics import Metrics
 from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.replica import Replica
-from evsched.runtime.worker import load_app
 from evsched.settings import Settings, SettingsError
 
 log = structlog.get_logger("evsched.api")
@@ -82,7 +83,7 @@ def api_command(
     max_scan: Annotated[
         int, typer.Option(min=1, help="Jobs a filtered listing may read per page (~14 us each).")
     ] = 5_000,
-    log_json: Annotated[bool, typer.Option("--log-json/--log-console")] = True,
+    log_json: LogJson = True,
 ) -> None:
     """Serve the HTTP API: enqueue, inspect, cancel, requeue, schedules, stats and metrics."""
     configure_logging(json=log_json)
@@ -122,4 +123,13 @@ def api_command(
     )
     tune_for_folding()
     log.info("api_listening", host=host, port=port, data_dir=str(data_dir))
-    uvicorn.run(api, host=host, port=port, log_config=None, access_log=False, lifespan="on")
+    # Open live streams (the dashboard's) must not hold a shutdown up for long.
+    uvicorn.run(
+        api,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )

@@ -1,0 +1,37 @@
+"""The operations dashboard: server-rendered pages at ``/`` of the API, live by server-sent events.
+
+``install`` mounts it on an API app: same process, same replica, same tokens, and every write
+through the API's own routes.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from evsched.api.context import ApiContext
+from evsched.api.dashboard import actions, pages
+from evsched.api.dashboard.board import HERE, Board, NeedsLogin, templates, to_login
+from evsched.api.dashboard.live import Live
+from evsched.api.dashboard.overview import LagCache, depth
+from evsched.api.dashboard.session import Sessions
+
+__all__ = ["Board", "install"]
+
+
+def install(api: FastAPI, ctx: ApiContext) -> Board:
+    """Mount the dashboard's pages and assets on ``api``; the caller hooks ``board.live``."""
+    board = Board(
+        live=Live(lambda: depth(ctx)),
+        lag=LagCache(),
+        sessions=Sessions(ctx.tokens),
+        templates=templates(),
+    )
+    for name in board.templates.env.list_templates():
+        board.templates.env.get_template(name)  # compiled now, not on the first page view
+    api.state.evsched_dashboard = board
+    api.add_exception_handler(NeedsLogin, to_login)
+    api.include_router(pages.router)
+    api.include_router(actions.router)
+    api.mount("/static", StaticFiles(directory=HERE / "static"), name="dashboard-static")
+    return board

@@ -1,0 +1,192 @@
+"""The dashboard's read pages: overview (with its live stream), jobs, and one job's history."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
+
+from evsched.adapters.clock import monotonic_s, now_ms
+from evsched.api import reader
+from evsched.api.dashboard.board import View
+from evsched.api.dashboard.history import picture, state_as_of
+from evsched.api.dashboard.overview import snapshot
+from evsched.api.errors import ApiError
+from evsched.api.listing import Cursor, page
+from evsched.api.models import Job
+from evsched.core.ids import job_id_for_key
+from evsched.core.state import JobState, Status
+
+router = APIRouter(include_in_schema=False)
+MIN_INTERVAL_S = 0.5  # at most two snapshots a second per stream, however fast batches commit
+KEEPALIVE_S = 15.0
+STREAM_S = 300.0  # a stream ends after this and the browser reconnects: shutdown never waits long
+
+
+@router.get("/", response_class=HTMLResponse)
+async def overview(view: View) -> HTMLResponse:
+    return view.page("overview.html", data=snapshot(view.ctx, view.board.live, view.board.lag))
+
+
+@router.get("/overview.json")
+async def overview_json(view: View) -> dict[str, Any]:
+    return snapshot(view.ctx, view.board.live, view.board.lag)
+
+
+@router.get("/live")
+async def live(view: View, request: Request) -> StreamingResponse:
+    """Server-sent events: a snapshot whenever the replica committed something, throttled."""
+    board, ctx = view.board, view.ctx
+
+    async def stream() -> AsyncIterator[str]:
+        yield "retry: 1000\n\n"
+        seen, ends = -1, monotonic_s() + STREAM_S
+        while monotonic_s() < ends and not await request.is_disconnected():
+            version = await board.live.changed(seen, KEEPALIVE_S)
+            if version is None:
+                return
+            await board.lag.refresh(ctx)
+            if version == seen:
+                yield ": keepalive\n\n"
+                continue
+            seen = version
+            data = json.dumps(snapshot(ctx, board.live, board.lag), separators=(",", ":"))
+            yield f"event: overview\ndata: {data}\n\n"
+            await board.live.pause(MIN_INTERVAL_S)
+
+    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+
+def _keep(
+    *,
+    status: Status | None,
+    queue: str | None,
+    task: str | None,
+    label: str | None,
+    since: int | None,
+    until: int | None,
+) -> Any:
+    key, _, value = (label or "").partition("=")
+
+    def keep(state: JobState) -> bool:
+        return (
+            (status is None or state.status is status)
+            and (queue is None or state.queue == queue)
+            and (task is None or state.task == task)
+            and (not key or state.labels.get(key) == value)
+            and (since is None or state.enqueued_at >= since)
+            and (until is None or state.enqueued_at < until)
+        )
+
+    return keep
+
+
+def _ms(text: str | None, field: str) -> int | None:
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ApiError(422, "validation_error", f"{field}: not a date-time", field=field) from None
+    if moment.tzinfo is None:  # the form's fields are in UTC, as every time on the pages
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+Text = Annotated[str | None, Query(max_length=500)]
+
+
+@router.get("/jobs", response_class=HTMLResponse, response_model=None)
+async def jobs(
+    view: View,
+    *,
+    status: Annotated[Status | None, Query()] = None,
+    queue: Text = None,
+    task: Text = None,
+    label: Text = None,
+    since: Text = None,
+    until: Text = None,
+    find: Text = None,
+    find_queue: Text = None,
+    cursor: Annotated[str | None, Query(max_length=2_000)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> HTMLResponse | RedirectResponse:
+    """Jobs filtered by status, queue, task, label and enqueue time; or one found by id or key."""
+    ctx = view.ctx
+    if find:
+        found = _find(view, find.strip(), (find_queue or "default").strip())
+        if found is not None:
+            return RedirectResponse(f"/jobs/{found.job_id}", status_code=303)
+    keep = _keep(
+        status=status or None,
+        queue=queue or None,
+        task=task or None,
+        label=label or None,
+        since=_ms(since, "since"),
+        until=_ms(until, "until"),
+    )
+
+    def rows(partition: int, after: str | None) -> Any:
+        return ((s.job_id, s) for s in ctx.replica.index(partition).jobs(after))
+
+    found_page = page(
+        reader.partitions(ctx.replica),
+        rows,
+        keep,
+        cursor=None if not cursor else Cursor.decode(cursor),
+        limit=limit,
+        max_scan=ctx.max_scan,
+    )
+    filters = {
+        "status": status.value if status else "",
+        "queue": queue or "",
+        "task": task or "",
+        "label": label or "",
+        "since": since or "",
+        "until": until or "",
+    }
+    return view.page(
+        "jobs.html",
+        jobs=found_page.items,
+        next_cursor=found_page.next_cursor,
+        scanned=found_page.scanned,
+        filters=filters,
+        statuses=list(Status),
+        not_found=find if find else None,
+    )
+
+
+def _find(view: View, needle: str, queue: str) -> JobState | None:
+    """A job by its id, else by (queue, idempotency key)."""
+    state = reader.job(view.ctx.replica, needle) if len(needle) <= 200 else None
+    if state is None:
+        state = reader.job(view.ctx.replica, job_id_for_key(queue, needle))
+    return state
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+async def job(
+    view: View, job_id: str, as_of: Annotated[int | None, Query(ge=0)] = None
+) -> HTMLResponse:
+    """The job now (or as of an offset of its history) and its timeline drawn as a picture."""
+    replica = view.ctx.replica
+    index = replica.index(replica.partition_of(job_id))
+    current = index.job(job_id)
+    entries = index.timeline(job_id, schedule=False)
+    if current is None and not entries:
+        return view.page("missing.html", status_code=404, what=f"job {job_id}")
+    shown = current if as_of is None else state_as_of(index, job_id, as_of)
+    return view.page(
+        "job.html",
+        job_id=job_id,
+        job=None if shown is None else Job.of(shown).model_dump(mode="json"),
+        current_status=None if current is None else current.status.value,
+        entries=entries,
+        as_of=as_of,
+        chart=picture(entries, now_ms()).chart(),
+    )

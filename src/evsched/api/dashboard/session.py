@@ -1,0 +1,84 @@
+"""Who is looking at the dashboard: a signed session cookie from a login form, and CSRF tokens.
+
+The cookie never holds a token: it holds the role the login proved (read or write) and an
+expiry, signed with a key made at start-up, so restarting the API logs everyone out. It is
+HttpOnly and SameSite=Strict. Every form carries a CSRF token derived from the session (or,
+without auth, from the anonymous session), checked on every write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from evsched.adapters.clock import now_ms
+from evsched.api.auth import Tokens
+
+COOKIE = "evsched_session"
+SESSION_S = 12 * 3600
+
+
+class Role(IntEnum):
+    NONE = 0
+    READ = 1
+    WRITE = 2
+
+
+@dataclass(slots=True)
+class Sessions:
+    """Signs and checks session cookies and CSRF tokens for one API process."""
+
+    tokens: Tokens = field(repr=False)
+    key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
+
+    @property
+    def auth(self) -> bool:
+        return self.tokens.write is not None
+
+    def login(self, given: str) -> Role:
+        """The role ``given`` proves; every token is compared (constant time)."""
+        write, read = self.tokens.write, self.tokens.read
+        is_write = write is not None and hmac.compare_digest(given.encode(), write.encode())
+        is_read = read is not None and hmac.compare_digest(given.encode(), read.encode())
+        if is_write:
+            return Role.WRITE
+        return Role.READ if is_read else Role.NONE
+
+    def cookie(self, role: Role) -> str:
+        expires = now_ms() // 1000 + SESSION_S
+        body = f"{int(role)}.{expires}.{secrets.token_hex(8)}"
+        return f"{body}.{self._sign('session', body)}"
+
+    def role(self, cookie: str | None, bearer: str | None = None) -> Role:
+        """The role of a request: everything without auth; else its cookie or bearer token."""
+        if not self.auth:
+            return Role.WRITE
+        if bearer:
+            return self.login(bearer)
+        return self._cookie_role(cookie)
+
+    def can_read(self, role: Role) -> bool:
+        return role >= Role.READ or not self.tokens.guard_reads
+
+    def csrf(self, cookie: str | None) -> str:
+        return self._sign("csrf", cookie if self.auth and cookie else "anonymous")
+
+    def csrf_ok(self, cookie: str | None, given: str | None) -> bool:
+        return given is not None and hmac.compare_digest(self.csrf(cookie), given)
+
+    def _cookie_role(self, cookie: str | None) -> Role:
+        if not cookie or cookie.count(".") != 3:
+            return Role.NONE
+        body, signature = cookie.rsplit(".", 1)
+        if not hmac.compare_digest(self._sign("session", body), signature):
+            return Role.NONE
+        role, expires, _ = body.split(".")
+        if not role.isdigit() or not expires.isdigit() or int(expires) < now_ms() // 1000:
+            return Role.NONE
+        return Role(min(int(role), Role.WRITE))
+
+    def _sign(self, purpose: str, text: str) -> str:
+        return hmac.new(self.key, f"{purpose}\x00{text}".encode(), hashlib.sha256).hexdigest()

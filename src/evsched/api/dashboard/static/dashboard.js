@@ -1,0 +1,171 @@
+// evsched dashboard: progressive enhancement of server-rendered pages (charts, live updates).
+"use strict";
+
+const STATUS_COLORS = {
+  scheduled: "#94a3b8", leased: "#f59e0b", running: "#2563eb",
+  succeeded: "#1f8a4c", dead: "#c0392b", cancelled: "#6b7686",
+};
+const VERDICT_COLORS = {
+  applied: "#1f8a4c", duplicate: "#94a3b8", conflict: "#c0392b",
+  stale: "#c0392b", rejected: "#c0392b", undecodable: "#c0392b",
+};
+const PALETTE = ["#2563eb", "#c77d00", "#1f8a4c", "#9333ea", "#c0392b", "#0891b2", "#4b5563"];
+
+function readJson(id) {
+  const el = document.getElementById(id);
+  return el ? JSON.parse(el.textContent) : null;
+}
+
+function clock(seconds) {
+  return new Date(seconds * 1000).toISOString().slice(11, 19);
+}
+
+function setText(id, text) {
+  const el = document.getElementById(id);
+  if (el) el.textContent = text;
+}
+
+function fmt(v) {
+  return v === null || v === undefined ? "—" : v.toFixed(3);
+}
+
+// --- overview ---------------------------------------------------------------------------------
+
+function overviewCharts(data) {
+  const common = { animation: false, responsive: true, maintainAspectRatio: false };
+  const rates = new Chart(document.getElementById("chart-rates"), {
+    type: "line",
+    data: { labels: [], datasets: [
+      { label: "started/s", data: [], borderColor: "#2563eb", pointRadius: 0, tension: 0.2 },
+      { label: "finished/s", data: [], borderColor: "#1f8a4c", pointRadius: 0, tension: 0.2 },
+    ] },
+    options: { ...common, scales: { y: { beginAtZero: true } } },
+  });
+  const depth = new Chart(document.getElementById("chart-depth"), {
+    type: "line", data: { labels: [], datasets: [] },
+    options: { ...common, scales: { y: { beginAtZero: true } } },
+  });
+  const status = new Chart(document.getElementById("chart-status"), {
+    type: "bar",
+    data: { labels: Object.keys(data.statuses), datasets: [{ label: "jobs", data: [],
+      backgroundColor: Object.keys(data.statuses).map((s) => STATUS_COLORS[s]) }] },
+    options: { ...common, plugins: { legend: { display: false } } },
+  });
+  return { rates, depth, status };
+}
+
+function updateOverview(charts, data) {
+  document.body.dataset.version = data.version;
+  setText("total", data.total);
+  for (const [s, n] of Object.entries(data.statuses)) setText(`status-${s}`, n);
+  for (const [k, n] of Object.entries(data.totals)) setText(`total-${k}`, n);
+  for (const [name, ps] of Object.entries(data.percentiles)) {
+    setText(`pct-${name}`, Object.entries(ps).map(([p, v]) => `${p} ${fmt(v)}`).join(" · "));
+  }
+  const labels = data.series.t.map(clock);
+  charts.rates.data.labels = labels;
+  charts.rates.data.datasets[0].data = data.series.started;
+  charts.rates.data.datasets[1].data = data.series.finished;
+  charts.depth.data.labels = labels;
+  charts.depth.data.datasets = Object.entries(data.series.depth).map(([q, values], i) => ({
+    label: q, data: values, borderColor: PALETTE[i % PALETTE.length], pointRadius: 0, spanGaps: true,
+  }));
+  charts.status.data.datasets[0].data = Object.values(data.statuses);
+  for (const chart of Object.values(charts)) chart.update();
+  updateTables(data);
+}
+
+function row(cells) {
+  const tr = document.createElement("tr");
+  for (const cell of cells) {
+    const td = document.createElement("td");
+    td.textContent = cell;
+    tr.appendChild(td);
+  }
+  return tr;
+}
+
+function updateTables(data) {
+  const parts = document.querySelector("#partitions tbody");
+  parts.replaceChildren(...data.partitions.map((p) =>
+    row([p.partition, p.applied_offset, p.lag === null ? "?" : p.lag, p.owner || "—"])));
+  const statuses = Object.keys(data.statuses);
+  const queues = document.querySelector("#queues tbody");
+  queues.replaceChildren(...Object.entries(data.queues).map(([q, counts]) =>
+    row([q, ...statuses.map((s) => counts[s])])));
+  const workers = document.getElementById("workers");
+  const items = data.workers.map((w) => {
+    const li = document.createElement("li");
+    li.textContent = w.id;
+    return li;
+  });
+  workers.replaceChildren(...items);
+}
+
+function overview() {
+  const data = readJson("overview-data");
+  const charts = overviewCharts(data);
+  updateOverview(charts, data);
+  const source = new EventSource("/live");
+  source.onopen = () => setText("live-state", "live");
+  source.onerror = () => setText("live-state", "reconnecting");
+  source.addEventListener("overview", (e) => updateOverview(charts, JSON.parse(e.data)));
+}
+
+// --- a job ------------------------------------------------------------------------------------
+
+function timeline() {
+  const data = readJson("timeline-data");
+  const points = data.points.map((p) => ({ ...p, x: p.x, y: p.y }));
+  new Chart(document.getElementById("chart-timeline"), {
+    data: {
+      datasets: [
+        { type: "bar", label: "leased", data: data.leased, backgroundColor: "#fde68a",
+          borderSkipped: false, barPercentage: 0.6 },
+        { type: "bar", label: "running", data: data.running, backgroundColor: "#93c5fd",
+          borderSkipped: false, barPercentage: 0.6, grouped: false },
+        { type: "scatter", label: "events", data: points, pointRadius: 6,
+          pointStyle: points.map((p) => (p.verdict === "applied" ? "circle" : "crossRot")),
+          pointBorderWidth: points.map((p) => (p.verdict === "applied" ? 1 : 3)),
+          backgroundColor: points.map((p) => VERDICT_COLORS[p.verdict]),
+          borderColor: points.map((p) => VERDICT_COLORS[p.verdict]) },
+      ],
+    },
+    options: {
+      animation: false, indexAxis: "y", maintainAspectRatio: false,
+      scales: {
+        x: { type: "linear", title: { display: true, text: "seconds since the first event" } },
+        y: { type: "category", labels: data.rows },
+      },
+      plugins: { tooltip: { callbacks: { label: (c) => {
+        const raw = c.raw;
+        if (raw.kind) return `${raw.kind} @${raw.offset}: ${raw.verdict} (${raw.reason})`;
+        return `${c.dataset.label} ${raw.x[0]}–${raw.x[1]} s`;
+      } } } },
+    },
+  });
+}
+
+function timeTravel() {
+  const range = document.getElementById("as-of-range");
+  const select = document.getElementById("as-of");
+  if (!range || !select) return;
+  range.addEventListener("input", () => { select.selectedIndex = Number(range.value); });
+  range.addEventListener("change", () => select.form.submit());
+  select.addEventListener("change", () => select.form.submit());
+}
+
+function selectAll() {
+  const all = document.getElementById("select-all");
+  if (!all) return;
+  all.addEventListener("change", () => {
+    for (const box of document.querySelectorAll("input[name=ids]")) box.checked = all.checked;
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const page = document.body.dataset.page;
+  if (page === "overview") overview();
+  if (page === "job") { timeline(); timeTravel(); }
+  selectAll();
+});

@@ -1,0 +1,25 @@
+"""The ``evsched`` command line: one Typer app with a sub-app per area."""
+
+from __future__ import annotations
+
+import typer
+
+from evsched.cli.api import api_command
+from evsched.cli.dev import dev_command
+from evsched.cli.kafka import kafka_app
+from evsched.cli.node import node_command
+from evsched.operator import register as register_operator_commands
+from evsched.runtime.worker_process import worker_command
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="evsched: event-sourced jobs.")
+app.add_typer(kafka_app, name="kafka")
+app.command("worker")(worker_command)
+app.command("api")(api_command)
+# enqueue, job, jobs, audit, cancel, requeue, dlq, schedules, export, rebuild, replay
+register_operator_commands(app)
+app.command("node")(node_command)
+app.command("dev")(dev_command)
+
+
+def main() -> None:
+    app()

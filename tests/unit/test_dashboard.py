@@ -1,0 +1,221 @@
+"""The dashboard over the API's in-memory twin: pages render real state, writes need the token and
+a CSRF token, and go through the API's own write path."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from evsched.api.auth import Tokens
+from evsched.api.dashboard.session import COOKIE, Role, Sessions
+from evsched.core.events import AttemptFailed, AttemptStarted, JobLeased
+from tests.unit.test_api_twin import TOKEN, Harness
+
+STATIC = Path(__file__).resolve().parents[2] / "src/evsched/api/dashboard/static"
+READ_TOKEN = "read-only-token"
+
+
+@pytest.fixture
+async def board(tmp_path: Path) -> AsyncIterator[Harness]:
+    async with Harness(tmp_path, token=TOKEN) as harness:
+        yield harness
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert found, "no CSRF field on the page"
+    return found.group(1)
+
+
+async def login(h: Harness, token: str = TOKEN) -> None:
+    response = await h.http.post("/login", data={"token": token, "next": "/jobs"})
+    assert response.status_code == 303
+    assert response.headers["location"] == "/jobs"
+    cookie = response.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and TOKEN not in cookie
+
+
+async def enqueue(h: Harness, **body: object) -> str:
+    response = await h.http.post("/v1/jobs", json={"task": "t", **body}, headers=h.auth())
+    assert response.status_code == 201, response.text
+    job_id: str = response.json()["id"]
+    return job_id
+
+
+async def kill(h: Harness, job_id: str) -> None:
+    """Lease, start and fail the job permanently, as a node and a worker would."""
+    now = h.replica.clock.now_ms()
+    common = {"job_id": job_id, "emitted_at": now, "token": 1}
+    await h.replica.append(
+        JobLeased(event_id=f"l-{job_id}", source="node-n1", attempt=1, lease_ms=30_000, **common)
+    )
+    await h.replica.append(
+        AttemptStarted(
+            event_id=f"s-{job_id}", source="worker-w1", worker_id="w1", lease_ms=30_000, **common
+        )
+    )
+    await h.replica.append(
+        AttemptFailed(
+            event_id=f"f-{job_id}",
+            source="worker-w1",
+            error_type="ValueError",
+            message="bad input",
+            retryable=False,
+            **common,
+        )
+    )
+    h.replica.sync()
+
+
+async def test_overview_renders_the_counts_without_a_login_when_reads_are_open(
+    board: Harness,
+) -> None:
+    await enqueue(board, queue="mail")
+    page = await board.http.get("/")
+    assert page.status_code == 200
+    assert 'id="status-scheduled">1<' in page.text
+    assert "/static/chart.umd.min.js" in page.text and "http" not in re.sub(
+        r"https?://(api|www\.chartjs\.org)", "", page.text.split("<body")[0]
+    )
+    data = (await board.http.get("/overview.json")).json()
+    assert data["statuses"]["scheduled"] == 1 and data["queues"]["mail"]["scheduled"] == 1
+
+
+async def test_a_job_page_shows_state_timeline_and_an_earlier_state(board: Harness) -> None:
+    job_id = await enqueue(board, args=[1, "two"])
+    await kill(board, job_id)
+    now = await board.http.get(f"/jobs/{job_id}")
+    assert now.status_code == 200
+    assert 'id="state-status" class="status-dead">dead<' in now.text
+    assert "ValueError (permanent): bad input" in now.text
+    assert now.text.count('<tr class="verdict-') == 4
+    first = board.replica.index(0).timeline(job_id)[0].offset
+    earlier = await board.http.get(f"/jobs/{job_id}", params={"as_of": first})
+    assert f"State as of offset {first}" in earlier.text
+    assert 'id="state-status" class="status-scheduled">scheduled<' in earlier.text
+    chart = re.search(r'id="timeline-data">(.*?)</script>', now.text, re.S)
+    assert chart and '"token 1"' in chart.group(1) and '"AttemptFailed"' in chart.group(1)
+
+
+async def test_a_refused_write_is_marked_on_the_timeline(board: Harness) -> None:
+    job_id = await enqueue(board)
+    await kill(board, job_id)
+    await board.replica.append(
+        AttemptStarted(
+            event_id="late",
+            job_id=job_id,
+            emitted_at=1,
+            source="worker-w2",
+            token=1,
+            worker_id="w2",
+            lease_ms=1_000,
+        )
+    )
+    board.replica.sync()
+    page = await board.http.get(f"/jobs/{job_id}")
+    assert re.search(r'<tr class="verdict-(stale|rejected)">', page.text)
+
+
+async def test_writes_need_a_login_and_the_csrf_token(board: Harness) -> None:
+    job_id = await enqueue(board)
+    await kill(board, job_id)
+    page = await board.http.get(f"/jobs/{job_id}")
+    assert "/requeue" not in page.text  # no write controls without a write session
+    anonymous = await board.http.post(f"/jobs/{job_id}/requeue", data={"csrf": csrf_of(page.text)})
+    assert anonymous.status_code == 403
+    await login(board)
+    page = await board.http.get(f"/jobs/{job_id}")
+    forged = await board.http.post(f"/jobs/{job_id}/requeue", data={"csrf": "0" * 64})
+    assert forged.status_code == 403
+    done = await board.http.post(f"/jobs/{job_id}/requeue", data={"csrf": csrf_of(page.text)})
+    assert done.status_code == 303 and "requeue%3A%20done" in done.headers["location"]
+    kinds = [e.kind for e in board.replica.index(0).timeline(job_id)]
+    assert kinds[-1] == "JobRequeued"
+    sources = [e.source for e in board.replica.index(0).timeline(job_id)]
+    assert sources[-1] == "api"  # the API's own write path
+
+
+async def test_a_read_session_cannot_write(tmp_path: Path) -> None:
+    async with Harness(tmp_path, tokens=Tokens(write=TOKEN, read=READ_TOKEN)) as h:
+        job_id = await enqueue(h)
+        assert (await h.http.get("/")).status_code == 303  # guarded reads: to the login form
+        assert (await h.http.post("/login", data={"token": "nope"})).status_code == 401
+        await login(h, READ_TOKEN)
+        page = await h.http.get(f"/jobs/{job_id}")
+        assert page.status_code == 200
+        refused = await h.http.post(f"/jobs/{job_id}/cancel", data={"csrf": csrf_of(page.text)})
+        assert refused.status_code == 403 and "write token" in refused.text
+
+
+async def test_dead_letters_grouped_requeued_after_a_dry_run(board: Harness) -> None:
+    ids = [await enqueue(board, queue="mail") for _ in range(3)]
+    for job_id in ids:
+        await kill(board, job_id)
+    await login(board)
+    page = await board.http.get("/dead-letters")
+    assert re.search(r"<td>t</td><td>ValueError</td><td><a [^>]*>3</a>", page.text)
+    data = {"csrf": csrf_of(page.text), "scope": "matching", "task": "t", "category": "ValueError"}
+    dry = await board.http.post("/dead-letters/requeue", data=data)
+    assert dry.status_code == 200 and "3 dead jobs match" in dry.text
+    assert all(board.replica.index(0).job(i).status.value == "dead" for i in ids)  # type: ignore[union-attr]
+    done = await board.http.post("/dead-letters/requeue", data={**data, "confirm": "3"})
+    assert "requeued%203%20of%203" in done.headers["location"]
+    assert {board.replica.index(0).job(i).status.value for i in ids} == {"scheduled"}  # type: ignore[union-attr]
+    assert "no dead job" in (await board.http.get("/dead-letters")).text
+
+
+async def test_jobs_filter_and_find_by_idempotency_key(board: Harness) -> None:
+    await enqueue(board, queue="mail", labels={"team": "a"})
+    other = await enqueue(board, queue="q")
+    response = await board.http.post(
+        "/v1/jobs",
+        json={"task": "t", "queue": "q1"},
+        headers={**board.auth(), "Idempotency-Key": "k-1"},
+    )
+    keyed = response.json()["id"]
+    listed = await board.http.get("/jobs", params={"queue": "q"})
+    assert other in listed.text and keyed not in listed.text
+    labelled = await board.http.get("/jobs", params={"label": "team=a"})
+    assert labelled.text.count('<tr class="status-') == 1
+    found = await board.http.get("/jobs", params={"find": "k-1", "find_queue": "q1"})
+    assert found.status_code == 303 and found.headers["location"] == f"/jobs/{keyed}"
+    paged = await board.http.get("/jobs", params={"limit": 1})
+    assert 'id="next-page"' in paged.text
+
+
+async def test_schedules_listed_and_deleted(board: Harness) -> None:
+    body = {"cron": "0 3 * * *", "task": "t"}
+    assert (
+        await board.http.put("/v1/schedules/nightly", json=body, headers=board.auth())
+    ).status_code == 201
+    await login(board)
+    page = await board.http.get("/schedules")
+    assert "<td>nightly</td>" in page.text and "0 3 * * *" in page.text
+    gone = await board.http.post("/schedules/nightly/delete", data={"csrf": csrf_of(page.text)})
+    assert gone.status_code == 303
+    assert "no schedule" in (await board.http.get("/schedules")).text
+
+
+def test_session_cookies_are_signed_and_carry_the_role() -> None:
+    sessions = Sessions(Tokens(write=TOKEN, read=READ_TOKEN))
+    cookie = sessions.cookie(Role.READ)
+    assert sessions.role(cookie) is Role.READ
+    body, _ = cookie.rsplit(".", 1)
+    assert sessions.role(body.replace("1.", "2.", 1) + "." + "0" * 64) is Role.NONE
+    assert sessions.role(None, bearer=TOKEN) is Role.WRITE
+    assert sessions.csrf(cookie) != sessions.csrf(sessions.cookie(Role.READ))
+    assert COOKIE == "evsched_session"
+
+
+def test_the_vendored_chart_library_is_the_recorded_one() -> None:
+    recorded = re.search(
+        r"sha256 of `chart.umd.min.js`: `([0-9a-f]{64})`", (STATIC / "VENDORED.md").read_text()
+    )
+    assert recorded
+    assert hashlib.sha256((STATIC / "chart.umd.min.js").read_bytes()).hexdigest() == recorded.group(
+        1
+    )
