@@ -24,6 +24,7 @@ from tests.integration.engine import wait_for
 pytestmark = [
     pytest.mark.broker,
     pytest.mark.browser,
+    pytest.mark.slow,
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.timeout(420),
 ]
