@@ -12,11 +12,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
-from typing import Annotated, Any
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import structlog
-import typer
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -405,20 +404,6 @@ class WorkerInstruments:
 
 
 # The options of long-running processes that serve their metrics themselves (nodes, workers).
-MetricsAddr = Annotated[str, typer.Option("--metrics-addr", help="Address for --metrics-port.")]
-
-
-def metrics_port_option(envvar: str) -> Any:
-    """``--metrics-port``, also read from ``envvar``; without it the process opens no port."""
-    return typer.Option(
-        "--metrics-port",
-        min=1,
-        max=65_535,
-        envvar=envvar,
-        help="Serve Prometheus metrics on this port (off by default).",
-    )
-
-
 def add_process_collectors(registry: CollectorRegistry) -> None:
     """``process_*`` and ``python_*`` metrics in ``registry``; calling it again adds nothing."""
     for collector in (ProcessCollector, PlatformCollector, GCCollector):

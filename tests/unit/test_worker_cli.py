@@ -34,7 +34,7 @@ def test_without_a_dispatch_key_node_and_worker_refuse_to_start(
 ) -> None:
     # The real setup would bind structlog, for the whole session, to CliRunner's stderr.
     monkeypatch.setattr("evsched.cli.node.configure_logging", lambda **kw: None)
-    monkeypatch.setattr("evsched.runtime.worker_process.configure_logging", lambda **kw: None)
+    monkeypatch.setattr("evsched.cli.worker.configure_logging", lambda **kw: None)
     args = [a.replace("{tmp}", str(tmp_path / "node")) for a in command]
     result = CliRunner().invoke(app, args, env=NO_KEY)
     assert result.exit_code == 2, result.output

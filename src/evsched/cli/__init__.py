@@ -8,8 +8,8 @@ from evsched.cli.api import api_command
 from evsched.cli.dev import dev_command
 from evsched.cli.kafka import kafka_app
 from evsched.cli.node import node_command
+from evsched.cli.worker import worker_command
 from evsched.operator import register as register_operator_commands
-from evsched.runtime.worker_process import worker_command
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="evsched: event-sourced jobs.")
 app.add_typer(kafka_app, name="kafka")

@@ -10,13 +10,12 @@ from typing import Annotated
 import typer
 
 from evsched.adapters.topics import TopicMisconfigured, TopicRefused
-from evsched.cli.options import LogJson
+from evsched.cli.options import LogJson, MetricsAddr, metrics_port_option
+from evsched.cli.worker import load_dispatch_key
 from evsched.core.planner import PlannerLimits
 from evsched.logging import configure_logging
-from evsched.metrics import MetricsAddr, metrics_port_option
 from evsched.runtime.node import NodeConfig
 from evsched.runtime.node_process import serve_node
-from evsched.runtime.worker_process import load_dispatch_key
 from evsched.settings import Settings, SettingsError
 
 
