@@ -47,6 +47,20 @@ class _Reader:
         self.topic = topic
         self._consumer = consumer
 
+    async def _start(self, what: str) -> None:
+        """Start the consumer; one that fails to start is stopped, so nothing is left open."""
+        with broker_errors(what):
+            try:
+                await self._consumer.start()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await self._consumer.stop()
+                raise
+
+    async def close(self) -> None:
+        with contextlib.suppress(KafkaError):
+            await self._consumer.stop()
+
     def _tp(self, partition: int) -> TopicPartition:
         return TopicPartition(self.topic, partition)
 
@@ -98,18 +112,8 @@ class KafkaPartitionLog(_Reader):
         self.partitions = sorted(partitions)
 
     async def start(self) -> None:
-        with broker_errors(f"start a reader of {self.topic}"):
-            try:
-                await self._consumer.start()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await self._consumer.stop()
-                raise
+        await self._start(f"start a reader of {self.topic}")
         self._consumer.assign([self._tp(p) for p in self.partitions])
-
-    async def close(self) -> None:
-        with contextlib.suppress(KafkaError):
-            await self._consumer.stop()
 
     async def __aenter__(self) -> KafkaPartitionLog:
         await self.start()
@@ -155,17 +159,7 @@ class KafkaGroupConsumer(_Reader):
         consumer.subscribe([topic], listener=_Listener(listener))
 
     async def start(self) -> None:
-        with broker_errors(f"join the group of {self.topic}"):
-            try:
-                await self._consumer.start()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await self._consumer.stop()
-                raise
-
-    async def close(self) -> None:
-        with contextlib.suppress(KafkaError):
-            await self._consumer.stop()
+        await self._start(f"join the group of {self.topic}")
 
     def assignment(self) -> set[int]:
         return {tp.partition for tp in self._consumer.assignment()}
