@@ -164,6 +164,12 @@ class Stack:
 
         return make_app(self.settings)
 
+    async def enqueue_effects(self, count: int, tag: str) -> list[str]:
+        """``count`` jobs of the scenario app's ``s.effect`` task, args tagged with ``tag``."""
+        async with self.app() as app:
+            task = app.get_task("s.effect")
+            return [await task.enqueue(f"{tag}-{i}") for i in range(count)]
+
     async def replica(self) -> Replica:
         if self._replica is None:
             self._replica = Replica(self.settings, self.tmp / "replica")

@@ -31,12 +31,6 @@ async def stack(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Stack]:
         await engine.close()
 
 
-async def enqueue_many(stack: Stack, count: int, tag: str) -> list[str]:
-    async with stack.app() as app:
-        task = app.get_task("s.effect")
-        return [await task.enqueue(f"{tag}-{i}") for i in range(count)]
-
-
 async def all_terminal(stack: Stack, job_ids: list[str]) -> bool:
     for job_id in job_ids:
         state = await stack.job(job_id)
@@ -64,10 +58,10 @@ async def test_node_sigkill_and_restart_loses_nothing_and_matches_a_rebuild(
 ) -> None:
     node = stack.start_node("node-1", "--dispatch-timeout-s", "3")
     stack.start_worker("worker-1", "--lease-s", "3", "--concurrency", "16")
-    jobs = await enqueue_many(stack, 150, "crash")
+    jobs = await stack.enqueue_effects(150, "crash")
     await wait_for(succeeded_at_least(stack, jobs, 20), what="some jobs to finish")
     node.kill()
-    more = await enqueue_many(stack, 50, "while-down")  # acknowledged while no node runs
+    more = await stack.enqueue_effects(50, "while-down")  # acknowledged while no node runs
     restarted = stack.start_node("node-1", "--dispatch-timeout-s", "3")
     await wait_for(lambda: all_terminal(stack, jobs + more), what="every job to finish")
     assert await succeeded_count(stack, jobs + more) == 200
@@ -92,13 +86,13 @@ async def test_node_sigkill_and_restart_loses_nothing_and_matches_a_rebuild(
 async def test_two_nodes_and_rebalances_mid_load_never_commit_twice(stack: Stack) -> None:
     first = stack.start_node("node-1", "--dispatch-timeout-s", "3")
     stack.start_worker("worker-1", "--lease-s", "3", "--concurrency", "16")
-    jobs = await enqueue_many(stack, 120, "a")
+    jobs = await stack.enqueue_effects(120, "a")
     second = stack.start_node("node-2", "--dispatch-timeout-s", "3")
     await wait_for(lambda: _logged(second, "partition_assigned"), what="node-2 to own partitions")
-    jobs += await enqueue_many(stack, 120, "b")
+    jobs += await stack.enqueue_effects(120, "b")
     await wait_for(succeeded_at_least(stack, jobs, 150), what="most jobs to finish")
     first.stop()  # rebalance again: node-2 takes everything
-    jobs += await enqueue_many(stack, 60, "c")
+    jobs += await stack.enqueue_effects(60, "c")
     await wait_for(lambda: all_terminal(stack, jobs), what="every job to finish")
     assert await succeeded_count(stack, jobs) == len(jobs)
     folded = await stack.check()
@@ -163,13 +157,13 @@ async def test_a_frozen_node_comes_back_as_a_zombie_and_commits_nothing_twice(
     zombie = stack.start_node("node-1", "--dispatch-timeout-s", "5")
     await wait_for(lambda: _logged(zombie, "partition_assigned"), what="node-1 to own partitions")
     stack.start_worker("worker-1", "--lease-s", "3", "--concurrency", "16")
-    jobs = await enqueue_many(stack, 100, "before")
+    jobs = await stack.enqueue_effects(100, "before")
     zombie.signal(signal.SIGSTOP)  # frozen mid-load, past the group's session timeout
     heir = stack.start_node("node-2", "--dispatch-timeout-s", "5")
     await wait_for(lambda: _logged(heir, "partition_assigned"), what="node-2 to take over")
-    jobs += await enqueue_many(stack, 100, "during")
+    jobs += await stack.enqueue_effects(100, "during")
     zombie.signal(signal.SIGCONT)  # its open transactions are fenced; then it rejoins
-    jobs += await enqueue_many(stack, 100, "after")
+    jobs += await stack.enqueue_effects(100, "after")
     await wait_for(lambda: all_terminal(stack, jobs), what="every job to finish")
     assert await succeeded_count(stack, jobs) == len(jobs)
     assert zombie.popen.poll() is None and heir.popen.poll() is None  # both lived through it

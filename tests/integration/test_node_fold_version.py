@@ -36,12 +36,6 @@ async def stack(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Stack]:
         await engine.close()
 
 
-async def enqueue(stack: Stack, count: int, tag: str) -> list[str]:
-    async with stack.app() as app:
-        task = app.get_task("s.effect")
-        return [await task.enqueue(f"{tag}-{i}") for i in range(count)]
-
-
 def all_succeeded(stack: Stack, job_ids: list[str]) -> object:
     async def probe() -> bool:
         for job_id in job_ids:
@@ -72,7 +66,7 @@ async def test_a_node_rebuilds_indexes_of_another_fold_version_and_runs_on(
 ) -> None:
     node = stack.start_node("node-1", "--dispatch-timeout-s", "3")
     stack.start_worker("worker-1", "--lease-s", "3", "--concurrency", "16")
-    before = await enqueue(stack, 60, "before")
+    before = await stack.enqueue_effects(60, "before")
     await wait_for(all_succeeded(stack, before), what="the first jobs to finish")
     assert node.stop() == 0
 
@@ -88,7 +82,7 @@ async def test_a_node_rebuilds_indexes_of_another_fold_version_and_runs_on(
     port = free_port()
     restarted = stack.start_node("node-1", "--dispatch-timeout-s", "3", "--metrics-port", str(port))
     await wait_for(lambda: rebuilds_counted(port), what="the rebuilds to be counted", timeout_s=90)
-    after = await enqueue(stack, 60, "after")
+    after = await stack.enqueue_effects(60, "after")
     await wait_for(all_succeeded(stack, before + after), what="every job to finish", timeout_s=90)
 
     rebuilt = {int(str(e["partition"])): e for e in logged(restarted, "partition_index_rebuilt")}
