@@ -157,7 +157,12 @@ async def test_a_rebuild_that_would_lose_history_is_refused_loudly_and_not_retri
 class StalledLog(MemoryPartitionLog):
     """A log whose reader never finishes starting (a broker that does not answer)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.starting = asyncio.Event()  # set once the rebuild is waiting on the broker
+
     async def start(self) -> None:
+        self.starting.set()
         await asyncio.Event().wait()
 
 
@@ -165,10 +170,11 @@ async def test_a_revoke_cancels_a_rebuild_under_way(tmp_path: Path) -> None:
     log = MemoryPartitionLog(partitions=1)
     history(log)
     await foreign_index(tmp_path, log)
-    node, _, opened = node_over(tmp_path, StalledLog(), committed=9)
+    stalled = StalledLog()
+    node, _, opened = node_over(tmp_path, stalled, committed=9)
     await node.assign([0])
     task = node.restores.tasks[0]
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(stalled.starting.wait(), 10)
     assert not task.done() and node.health.phase(0) is Phase.RESTORING
     await node.revoke([0])
     assert task.cancelled() and node.restores.tasks == {}
