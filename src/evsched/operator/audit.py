@@ -9,21 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
-from evsched.core.events import (
-    Position,
-    ScheduleDeleted,
-    ScheduleFired,
-    ScheduleUpserted,
-)
-from evsched.core.fold import fold
-from evsched.core.schedules import fold_schedule
+from evsched.core.events import ScheduleDeleted, ScheduleFired, ScheduleUpserted
 from evsched.core.state import JobState, ScheduleState, TimelineEntry, Verdict
 from evsched.errors import DecodeError
 from evsched.operator.readings import job_reading, schedule_reading
-
-State = JobState | ScheduleState
+from evsched.runtime.refold import State, refold
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,16 +70,14 @@ def audit(index: PartitionIndex, entity_id: str, *, as_of: int | None = None) ->
 def _refold(state: State | None, entry: TimelineEntry, raw: bytes) -> tuple[State | None, AuditRow]:
     """Fold one stored event on ``state``; the new state and the event's audit row."""
     try:
-        event = avro.decode_event(raw)
+        done = refold(state, entry, raw)
     except DecodeError as exc:  # not expected: the index stores only events that decoded
         return state, AuditRow(entry=entry, reading=exc.reason, refolded=Verdict.UNDECODABLE)
-    position = Position(partition=entry.partition, offset=entry.offset, log_at=entry.log_at)
+    event, before, after = done.event, done.before, done.after
     if isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
-        before_s = state if isinstance(state, ScheduleState) else None
-        after_s, judged = fold_schedule(before_s, event, position)
-        text = schedule_reading(entry, event, before_s, after_s)
-        return after_s, AuditRow(entry=entry, reading=text, refolded=judged.verdict)
-    before_j = state if isinstance(state, JobState) else None
-    after_j, judged = fold(before_j, event, position)
-    text = job_reading(entry, event, before_j, after_j)
-    return after_j, AuditRow(entry=entry, reading=text, refolded=judged.verdict)
+        assert not isinstance(before, JobState) and not isinstance(after, JobState)
+        text = schedule_reading(entry, event, before, after)
+    else:
+        assert not isinstance(before, ScheduleState) and not isinstance(after, ScheduleState)
+        text = job_reading(entry, event, before, after)
+    return after, AuditRow(entry=entry, reading=text, refolded=done.verdict)

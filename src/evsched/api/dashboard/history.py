@@ -9,12 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
-from evsched.core.events import JobEvent, Position
-from evsched.core.fold import fold
 from evsched.core.state import JobState, TimelineEntry, Verdict
 from evsched.errors import DecodeError
+from evsched.runtime.refold import refold
 
 ENDS = frozenset({"AttemptSucceeded", "AttemptFailed", "LeaseExpired"})
 JOB_ROW = "job"
@@ -108,10 +106,8 @@ def state_as_of(index: PartitionIndex, job_id: str, as_of: int) -> JobState | No
         if entry.offset > as_of:
             break
         try:
-            event = avro.decode_event(raw)
+            after = refold(state, entry, raw).after
         except DecodeError:  # the index keeps only events that decoded; nothing to fold
             continue
-        position = Position(partition=entry.partition, offset=entry.offset, log_at=entry.log_at)
-        if isinstance(event, JobEvent):
-            state, _ = fold(state, event, position)
+        state = after if isinstance(after, JobState) else None
     return state
