@@ -59,6 +59,9 @@ async def test_overview_shows_real_counts_and_updates_live(page: Any, dash: Dash
     assert await page.evaluate("document.body.dataset.version") != loaded_version
     await expect(page.locator("#workers")).to_contain_text("worker-")
     await expect(page.locator("#partitions tbody tr")).to_have_count(3)
+    # The owner column is the node group's assignment: the stack's one node holds all three.
+    owners = page.locator("#partitions tbody tr td:nth-child(4)")
+    await expect(owners).to_have_text(["node-node-1"] * 3)
     await shot(page, dash, "dashboard-overview")
 
 

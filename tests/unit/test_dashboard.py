@@ -31,8 +31,15 @@ def csrf_of(html: str) -> str:
     return found.group(1)
 
 
+async def login_form(h: Harness, token: str) -> dict[str, str]:
+    """The login form's fields, filled in: fetching the form sets its nonce cookie."""
+    form = await h.http.get("/login")
+    assert form.status_code == 200
+    return {"token": token, "next": "/jobs", "csrf": csrf_of(form.text)}
+
+
 async def login(h: Harness, token: str = TOKEN) -> None:
-    response = await h.http.post("/login", data={"token": token, "next": "/jobs"})
+    response = await h.http.post("/login", data=await login_form(h, token))
     assert response.status_code == 303
     assert response.headers["location"] == "/jobs"
     cookie = response.headers["set-cookie"]
@@ -139,11 +146,25 @@ async def test_writes_need_a_login_and_the_csrf_token(board: Harness) -> None:
     assert sources[-1] == "api"  # the API's own write path
 
 
+async def test_a_login_without_the_forms_csrf_pair_is_refused(board: Harness) -> None:
+    # Another site posting the write token: no nonce cookie, so no session is set.
+    forged = await board.http.post("/login", data={"token": TOKEN, "csrf": "0" * 64})
+    assert forged.status_code == 403 and "stale" in forged.text
+    assert COOKIE not in forged.headers.get("set-cookie", "")
+    fields = await login_form(board, TOKEN)
+    board.http.cookies.clear()  # the form's token without the cookie it pairs with
+    refused = await board.http.post("/login", data=fields)
+    assert refused.status_code == 403
+    fields = await login_form(board, TOKEN)
+    accepted = await board.http.post("/login", data=fields)
+    assert accepted.status_code == 303 and COOKIE in accepted.headers["set-cookie"]
+
+
 async def test_a_read_session_cannot_write(tmp_path: Path) -> None:
     async with Harness(tmp_path, tokens=Tokens(write=TOKEN, read=READ_TOKEN)) as h:
         job_id = await enqueue(h)
         assert (await h.http.get("/")).status_code == 303  # guarded reads: to the login form
-        assert (await h.http.post("/login", data={"token": "nope"})).status_code == 401
+        assert (await h.http.post("/login", data=await login_form(h, "nope"))).status_code == 401
         await login(h, READ_TOKEN)
         page = await h.http.get(f"/jobs/{job_id}")
         assert page.status_code == 200

@@ -76,6 +76,11 @@ class Topics:
         _check_name_part(queue_refusal(queue))
         return f"{self.namespace}.dispatch.{queue}"
 
+    @property
+    def node_group(self) -> str:
+        """The consumer group of the namespace's nodes: its assignment is the ownership."""
+        return f"{self.namespace}.nodes"
+
 
 def _check_name_part(refusal: str | None) -> None:
     # The same limits the fold and the API apply: a name they accept always makes a topic.

@@ -58,7 +58,7 @@ class NodeConfig:
 
     @property
     def group_id(self) -> str:
-        return f"{self.settings.namespace}.nodes"
+        return Topics(self.settings.namespace).node_group
 
     def transactional_id(self, partition: int) -> str:
         return f"{self.settings.namespace}.node.p{partition}"

@@ -72,7 +72,7 @@ class NodeDriver:
         self.budget = budget
         self.dispatch_key = dispatch_key
         self.node_id = node_id
-        self.group_id = f"{namespace}.nodes"
+        self.group_id = Topics(namespace).node_group
         self.transactional_id = f"{namespace}.node.p{partition}"
         self.outbox = MemoryOutbox(self.broker, self.transactional_id)
         self._owner: OwnedPartition | None = None

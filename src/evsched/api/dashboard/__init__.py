@@ -13,7 +13,7 @@ from evsched.api.context import ApiContext
 from evsched.api.dashboard import actions, pages
 from evsched.api.dashboard.board import HERE, Board, NeedsLogin, templates, to_login
 from evsched.api.dashboard.live import Live
-from evsched.api.dashboard.overview import LagCache, depth
+from evsched.api.dashboard.overview import BrokerFacts, depth
 from evsched.api.dashboard.session import Sessions
 
 __all__ = ["Board", "install"]
@@ -23,7 +23,7 @@ def install(api: FastAPI, ctx: ApiContext) -> Board:
     """Mount the dashboard's pages and assets on ``api``; the caller hooks ``board.live``."""
     board = Board(
         live=Live(lambda: depth(ctx)),
-        lag=LagCache(),
+        facts=BrokerFacts(),
         sessions=Sessions(ctx.tokens),
         templates=templates(),
     )

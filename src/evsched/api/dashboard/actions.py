@@ -18,7 +18,7 @@ from evsched.api import jobs as job_routes
 from evsched.api import schedules as schedule_routes
 from evsched.api.dashboard.board import View, Viewer, board_of
 from evsched.api.dashboard.live import DeadLetters
-from evsched.api.dashboard.session import COOKIE, SESSION_S, Role
+from evsched.api.dashboard.session import COOKIE, LOGIN_COOKIE, LOGIN_FORM_S, SESSION_S, Role
 from evsched.api.errors import ApiError
 from evsched.api.models import CancelRequest, RequeueRequest
 from evsched.api.writes import NotYetApplied
@@ -57,10 +57,32 @@ async def _one(write: Awaitable[object]) -> str:
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_form(request: Request, next: str = "/") -> HTMLResponse:
-    board = board_of(request)
-    return board.templates.TemplateResponse(
-        request, "login.html", {"viewer": None, "next": _local(next), "error": None}
+    return _login_page(request, next, None, 200)
+
+
+def _login_page(request: Request, next: str, error: str | None, status: int) -> HTMLResponse:
+    """The login form, with a fresh nonce cookie and the CSRF token that pairs with it."""
+    sessions = board_of(request).sessions
+    nonce = sessions.login_nonce()
+    context = {
+        "viewer": None,
+        "next": _local(next),
+        "error": error,
+        "login_csrf": sessions.login_csrf(nonce),
+    }
+    response = board_of(request).templates.TemplateResponse(
+        request, "login.html", context, status_code=status
     )
+    response.set_cookie(
+        LOGIN_COOKIE,
+        nonce,
+        max_age=LOGIN_FORM_S,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/login",
+    )
+    return response
 
 
 @router.post("/login", response_model=None)
@@ -68,12 +90,14 @@ async def login(
     request: Request,
     token: Annotated[str, Form(max_length=4_096)],
     next: Annotated[str, Form()] = "/",
+    csrf: Csrf = None,
 ) -> Response:
     board = board_of(request)
+    if not board.sessions.login_csrf_ok(request.cookies.get(LOGIN_COOKIE), csrf):
+        return _login_page(request, next, "the form is stale: log in again", 403)
     role = board.sessions.login(token.strip())
     if role is Role.NONE:
-        context = {"viewer": None, "next": _local(next), "error": "that token is not valid"}
-        return board.templates.TemplateResponse(request, "login.html", context, status_code=401)
+        return _login_page(request, next, "that token is not valid", 401)
     response = RedirectResponse(_local(next), status_code=303)
     response.set_cookie(
         COOKIE,

@@ -16,7 +16,7 @@ from markupsafe import Markup
 
 from evsched.api.context import ApiContext, context
 from evsched.api.dashboard.live import Live
-from evsched.api.dashboard.overview import LagCache
+from evsched.api.dashboard.overview import BrokerFacts
 from evsched.api.dashboard.session import COOKIE, Role, Sessions
 
 HERE = Path(__file__).parent
@@ -44,7 +44,7 @@ def templates() -> Jinja2Templates:
 @dataclass(slots=True)
 class Board:
     live: Live
-    lag: LagCache
+    facts: BrokerFacts
     sessions: Sessions
     templates: Jinja2Templates
 

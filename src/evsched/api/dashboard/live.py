@@ -91,6 +91,7 @@ class Live:
         self.dead = DeadLetters()
         self.version = 0
         self.last_log_at = 0
+        self.first_log_at: int | None = None  # the totals count from here (this API's start)
         self._starts: dict[tuple[str, int], int] = {}
         self._changed = asyncio.Event()
         self._closing = asyncio.Event()
@@ -107,6 +108,8 @@ class Live:
     def _observe(self, folded: FoldedEvent) -> None:
         entry, after = folded.entry, folded.after
         self.last_log_at = max(self.last_log_at, entry.log_at)
+        if self.first_log_at is None:
+            self.first_log_at = entry.log_at
         if entry.kind in DECISIONS:
             self.deciders[entry.partition] = (entry.source, entry.log_at)
         if entry.kind in WORKER_EVENTS and entry.verdict is Verdict.APPLIED:

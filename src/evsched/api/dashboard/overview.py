@@ -3,38 +3,59 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from evsched.adapters.clock import monotonic_s
+from evsched.adapters.kafka_groups import partition_owners
+from evsched.adapters.topics import Topics
 from evsched.api import reader
 from evsched.api.context import ApiContext
 from evsched.api.dashboard.live import Live
 from evsched.core.state import Status
 from evsched.errors import EvschedError
 
-LAG_EVERY_S = 2.0
+ASK_EVERY_S = 2.0
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
-class LagCache:
-    """The replica's lag per partition, asked of the broker at most every ``LAG_EVERY_S``."""
+class BrokerFacts:
+    """What only the broker knows, asked at most every ``ASK_EVERY_S``: the replica's lag per
+    partition and which node the node group assigned each partition to (the ownership itself,
+    not a guess from who wrote the last decision)."""
 
     lag: dict[int, int] | None = None
-    asked_at: float = -LAG_EVERY_S
+    owners: dict[int, str] | None = None
+    asked_at: float = -ASK_EVERY_S
     _asking: bool = field(default=False)
 
     async def refresh(self, ctx: ApiContext) -> None:
-        if self._asking or monotonic_s() - self.asked_at < LAG_EVERY_S:
+        if self._asking or monotonic_s() - self.asked_at < ASK_EVERY_S:
             return
         self._asking = True
         try:
-            self.lag = await asyncio.wait_for(ctx.replica.lag(), ctx.lag_timeout_s)
-        except (TimeoutError, EvschedError):
-            self.lag = None
+            self.lag = await _ask(ctx.replica.lag(), ctx.lag_timeout_s)
+            self.owners = await _ask(_owners(ctx), ctx.lag_timeout_s)
         finally:
             self.asked_at = monotonic_s()
             self._asking = False
+
+
+async def _ask(question: Coroutine[Any, Any, T], timeout_s: float) -> T | None:
+    try:
+        return await asyncio.wait_for(question, timeout_s)
+    except (TimeoutError, EvschedError):
+        return None
+
+
+async def _owners(ctx: ApiContext) -> dict[int, str]:
+    topics = Topics(ctx.settings.namespace)
+    members = await partition_owners(ctx.settings, topics.node_group, topics.events)
+    # Nodes join as client "evsched-node-<id>" and sign decisions as "node-<id>".
+    return {p: client.removeprefix("evsched-") for p, client in members.items()}
 
 
 def depth(ctx: ApiContext) -> dict[str, int]:
@@ -42,7 +63,7 @@ def depth(ctx: ApiContext) -> dict[str, int]:
     return {q: s[Status.SCHEDULED] for q, s in ctx.metrics.jobs.by_queue().items()}
 
 
-def snapshot(ctx: ApiContext, live: Live, lag: LagCache) -> dict[str, Any]:
+def snapshot(ctx: ApiContext, live: Live, facts: BrokerFacts) -> dict[str, Any]:
     """Everything the overview shows, as JSON: counts, series, percentiles, partitions, workers."""
     by_queue = ctx.metrics.jobs.by_queue()
     statuses = {s.value: sum(q[s] for q in by_queue.values()) for s in Status}
@@ -66,16 +87,17 @@ def snapshot(ctx: ApiContext, live: Live, lag: LagCache) -> dict[str, Any]:
             else {},
         },
         "percentiles": live.percentiles(),
+        "totals_since": live.first_log_at,
         "totals": {
             k: live.totals[k]
             for k in ("retries", "dead_letters", "stale_completions", "lease_expirations")
         },
-        "partitions": _partitions(ctx, live, lag),
+        "partitions": _partitions(ctx, live, facts),
         "workers": [{"id": w, "seen_at": at} for w, at in live.workers_seen()],
     }
 
 
-def _partitions(ctx: ApiContext, live: Live, lag: LagCache) -> list[dict[str, Any]]:
+def _partitions(ctx: ApiContext, live: Live, facts: BrokerFacts) -> list[dict[str, Any]]:
     rows = []
     for p in reader.partitions(ctx.replica):
         decider = live.deciders.get(p)
@@ -83,9 +105,10 @@ def _partitions(ctx: ApiContext, live: Live, lag: LagCache) -> list[dict[str, An
             {
                 "partition": p,
                 "applied_offset": ctx.replica.index(p).applied_offset(),
-                "lag": None if lag.lag is None else lag.lag.get(p),
-                "owner": None if decider is None else decider[0],
-                "owner_seen_at": None if decider is None else decider[1],
+                "lag": None if facts.lag is None else facts.lag.get(p),
+                "owner": None if facts.owners is None else facts.owners.get(p),
+                "last_decider": None if decider is None else decider[0],
+                "last_decided_at": None if decider is None else decider[1],
             }
         )
     return rows

@@ -29,12 +29,14 @@ STREAM_S = 300.0  # a stream ends after this and the browser reconnects: shutdow
 
 @router.get("/", response_class=HTMLResponse)
 async def overview(view: View) -> HTMLResponse:
-    return view.page("overview.html", data=snapshot(view.ctx, view.board.live, view.board.lag))
+    await view.board.facts.refresh(view.ctx)
+    return view.page("overview.html", data=snapshot(view.ctx, view.board.live, view.board.facts))
 
 
 @router.get("/overview.json")
 async def overview_json(view: View) -> dict[str, Any]:
-    return snapshot(view.ctx, view.board.live, view.board.lag)
+    await view.board.facts.refresh(view.ctx)
+    return snapshot(view.ctx, view.board.live, view.board.facts)
 
 
 @router.get("/live")
@@ -49,12 +51,12 @@ async def live(view: View, request: Request) -> StreamingResponse:
             version = await board.live.changed(seen, KEEPALIVE_S)
             if version is None:
                 return
-            await board.lag.refresh(ctx)
+            await board.facts.refresh(ctx)
             if version == seen:
                 yield ": keepalive\n\n"
                 continue
             seen = version
-            data = json.dumps(snapshot(ctx, board.live, board.lag), separators=(",", ":"))
+            data = json.dumps(snapshot(ctx, board.live, board.facts), separators=(",", ":"))
             yield f"event: overview\ndata: {data}\n\n"
             await board.live.pause(MIN_INTERVAL_S)
 

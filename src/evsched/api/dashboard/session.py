@@ -3,7 +3,8 @@
 The cookie never holds a token: it holds the role the login proved (read or write) and an
 expiry, signed with a key made at start-up, so restarting the API logs everyone out. It is
 HttpOnly and SameSite=Strict. Every form carries a CSRF token derived from the session (or,
-without auth, from the anonymous session), checked on every write.
+without auth, from the anonymous session), checked on every write; the login form carries one
+derived from a nonce cookie set when the form was served.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from evsched.api.auth import Tokens
 
 COOKIE = "evsched_session"
 SESSION_S = 12 * 3600
+# The login form's own CSRF pair (a nonce cookie and its signature in the form), so another
+# site cannot log a browser in under the attacker's token.
+LOGIN_COOKIE = "evsched_login"
+LOGIN_FORM_S = 3600
 
 
 class Role(IntEnum):
@@ -68,6 +73,18 @@ class Sessions:
 
     def csrf_ok(self, cookie: str | None, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(self.csrf(cookie), given)
+
+    @staticmethod
+    def login_nonce() -> str:
+        return secrets.token_hex(16)
+
+    def login_csrf(self, nonce: str) -> str:
+        return self._sign("login", nonce)
+
+    def login_csrf_ok(self, nonce: str | None, given: str | None) -> bool:
+        if not nonce or given is None:
+            return False
+        return hmac.compare_digest(self.login_csrf(nonce), given)
 
     def _cookie_role(self, cookie: str | None) -> Role:
         if not cookie or cookie.count(".") != 3:

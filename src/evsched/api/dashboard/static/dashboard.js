@@ -59,6 +59,9 @@ function updateOverview(charts, data) {
   setText("total", data.total);
   for (const [s, n] of Object.entries(data.statuses)) setText(`status-${s}`, n);
   for (const [k, n] of Object.entries(data.totals)) setText(`total-${k}`, n);
+  if (data.totals_since !== null) {
+    setText("totals-since-at", new Date(data.totals_since).toISOString().replace("T", " "));
+  }
   for (const [name, ps] of Object.entries(data.percentiles)) {
     setText(`pct-${name}`, Object.entries(ps).map(([p, v]) => `${p} ${fmt(v)}`).join(" · "));
   }
@@ -88,7 +91,7 @@ function row(cells) {
 function updateTables(data) {
   const parts = document.querySelector("#partitions tbody");
   parts.replaceChildren(...data.partitions.map((p) =>
-    row([p.partition, p.applied_offset, p.lag === null ? "?" : p.lag, p.owner || "—"])));
+    row([p.partition, p.applied_offset, p.lag === null ? "?" : p.lag, p.owner || "—", p.last_decider || "—"])));
   const statuses = Object.keys(data.statuses);
   const queues = document.querySelector("#queues tbody");
   queues.replaceChildren(...Object.entries(data.queues).map(([q, counts]) =>

@@ -1,0 +1,64 @@
+"""Partition ownership as the node group's coordinator reports it, on a real broker."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from tests.conftest import unique_name
+from tests.integration.engine import wait_for
+
+from evsched.adapters.kafka_groups import partition_owners
+from evsched.adapters.topics import Topics, ensure_topics
+from evsched.devstack.process import free_port
+from evsched.errors import BrokerUnavailable
+from evsched.settings import Settings
+
+pytestmark = [pytest.mark.broker, pytest.mark.asyncio]
+
+
+async def test_owners_follow_the_group_assignment_through_a_rebalance(kafka_bootstrap: str) -> None:
+    namespace = unique_name("owners")
+    await ensure_topics(kafka_bootstrap, namespace, event_partitions=4, queues=())
+    topics = Topics(namespace)
+    settings = Settings(bootstrap=kafka_bootstrap, namespace=namespace, event_partitions=4)
+    assert await partition_owners(settings, topics.node_group, topics.events) == {}
+
+    def member(name: str) -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            topics.events,
+            bootstrap_servers=kafka_bootstrap,
+            group_id=topics.node_group,
+            client_id=f"evsched-node-{name}",
+        )
+
+    first, second = member("a"), member("b")
+    await first.start()
+    try:
+
+        async def owned_by(expected: set[str]) -> dict[int, str] | None:
+            await first.getmany(timeout_ms=100)
+            owners = await partition_owners(settings, topics.node_group, topics.events)
+            ok = set(owners) == {0, 1, 2, 3} and set(owners.values()) == expected
+            return owners if ok else None
+
+        await wait_for(lambda: owned_by({"evsched-node-a"}), what="a owns all", timeout_s=60)
+        await second.start()
+        try:
+
+            async def both() -> dict[int, str] | None:
+                await second.getmany(timeout_ms=100)
+                return await owned_by({"evsched-node-a", "evsched-node-b"})
+
+            owners = await wait_for(both, what="a and b share", timeout_s=60)
+            mine = {tp.partition for tp in second.assignment()}
+            assert {p for p, c in owners.items() if c == "evsched-node-b"} == mine
+        finally:
+            await second.stop()
+    finally:
+        await first.stop()
+
+
+async def test_an_unreachable_broker_is_broker_unavailable() -> None:
+    settings = Settings(bootstrap=f"127.0.0.1:{free_port()}", namespace="x", event_partitions=1)
+    with pytest.raises(BrokerUnavailable, match="cannot describe consumer group"):
+        await partition_owners(settings, "x.nodes", "x.events", timeout_s=2)
