@@ -28,6 +28,7 @@ from evsched.core.events import (
     Effect,
     LeaseRenewed,
 )
+from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.core.state import JobState, Status
 from evsched.errors import EvschedError
 from evsched.metrics import WorkerInstruments
@@ -440,13 +441,13 @@ def test_the_log_clock_is_the_smallest_recent_offset_and_ignores_stalls() -> Non
     assert clock.offset_ms == -40
 
 
-async def test_a_dispatch_due_beyond_its_start_lease_is_skipped(rig: Rig) -> None:
+async def test_a_dispatch_due_beyond_any_pre_lease_horizon_is_skipped(rig: Rig) -> None:
     @rig.app.task(name="noop")
     async def noop() -> None:
         return None
 
     clock = FrozenClock()
-    far = rig.send("noop", run_at=clock.now_ms() + 60_000, lease_ms=30_000)
+    far = rig.send("noop", run_at=clock.now_ms() + MAX_PRELEASE_MS + 1, lease_ms=30_000)
     due = rig.send("noop", run_at=clock.now_ms())
     with capture_logs() as logs:
         async with rig.worker(clock=clock):

@@ -18,6 +18,7 @@ from evsched.adapters.kafka_feed import START_LOOKBACK_MS
 from evsched.adapters.signing import DispatchKey
 from evsched.client.app import App
 from evsched.core.dispatch import Dispatch
+from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.errors import EvschedError
 from evsched.metrics import WorkerInstruments
 from evsched.ports import Clock, DispatchFeed, EventLog, JobReader, Record
@@ -213,8 +214,9 @@ class Worker:
         own from its appends); False to skip the dispatch."""
         run_at = dispatch.run_at
         while (ahead := run_at - self._log_clock.log_now(self._clock.now_ms())) > 0:
-            if ahead > dispatch.lease_ms:
-                # Only a far-off clock gets here: the start lease would lapse while waiting.
+            if ahead > MAX_PRELEASE_MS:
+                # No node pre-leases this far ahead: a far-off clock or a forged dispatch, which
+                # would hold a slot for nothing.
                 logger.warning("dispatch_not_due", run_at=run_at, ahead_ms=ahead)
                 self._gate.skip(dispatch, "not_due")
                 return False
