@@ -292,11 +292,7 @@ async def hardening(stack: Stack) -> None:
         await produce_raw(stack, _forged(victim))
         stack.start_worker("worker-1", "--lease-s", "3")
         await until_status(stack, [unstarted], Status.SUCCEEDED)
-    end = await stack.read_topic(stack.topics.events)
-    for partition in range(stack.partitions):
-        offsets = [r.offset for r in end if r.partition == partition]
-        if offsets:
-            await stack.wait_node_past(partition, max(offsets))
+    await _until_node_past_the_end(stack)
 
 
 async def _until_applied(stack: Stack, job_id: str, kind: str, count: int) -> None:
@@ -360,3 +356,53 @@ def _forged(victim: str) -> list[tuple[bytes, bytes]]:
     whole = avro.encode_event(base)
     cut = whole[: whole.rindex(struct.pack("<d", base.retry.jitter)) + 3]  # inside a double
     return [*records, (b"cut", cut)]
+
+
+async def prelease(stack: Stack) -> None:
+    """Pre-leased delayed jobs (fold version 3): leases ahead of run_at, starts at run_at."""
+    stack.start_node("node-1", "--dispatch-timeout-s", "10", "--prelease-ms", "20000")
+    async with stack.app() as app:
+        # No worker yet: this one's pre-lease expires unstarted and costs no attempt.
+        lonely = await app.get_task("s.noop").options(delay=1.5).enqueue()
+        await _until_applied(stack, lonely, "LeaseExpired", 1)
+        stack.start_worker("worker-1", "--lease-s", "3")
+        delayed = [await app.get_task("s.noop").options(delay=2).enqueue() for _ in range(20)]
+        cancelled = await app.get_task("s.noop").options(delay=45).enqueue()
+        far = await app.get_task("s.noop").options(delay=3_600).enqueue()
+        await produce_raw(stack, _forged_preleases(far, await _run_at(stack, far)))
+        await until_status(stack, [lonely, *delayed], Status.SUCCEEDED)
+        await _until_applied(stack, cancelled, "JobLeased", 1)  # pre-leased 20 s ahead
+        await app.cancel(cancelled, reason="cancelled while pre-leased")
+        await until_status(stack, [cancelled], Status.CANCELLED)
+        await _until_logged(stack, cancelled, "AttemptSucceeded")  # its worker ran it at run_at
+    await _until_node_past_the_end(stack)
+
+
+async def _until_logged(stack: Stack, job_id: str, kind: str) -> None:
+    async def logged() -> bool:
+        return any(e.kind == kind for e in await stack.timeline(job_id))
+
+    await wait_for(logged, what=f"a {kind} of {job_id}", timeout_s=120)
+
+
+async def _run_at(stack: Stack, job_id: str) -> int:
+    state = await stack.wait_status(job_id, Status.SCHEDULED)
+    return state.run_at
+
+
+def _forged_preleases(job_id: str, run_at: int) -> list[tuple[bytes, bytes]]:
+    """A hostile producer's pre-leases of a job due in an hour: too far ahead, wrong run_at."""
+    meta = {"emitted_at": 0, "source": "forger", "attempt": 1, "lease_ms": 1_000}
+    events = [
+        JobLeased(event_id="pre-1", job_id=job_id, token=7, not_before=run_at, **meta),
+        JobLeased(event_id="pre-2", job_id=job_id, token=8, not_before=run_at - 1, **meta),
+    ]
+    return [(e.job_id.encode(), avro.encode_event(e)) for e in events]
+
+
+async def _until_node_past_the_end(stack: Stack) -> None:
+    end = await stack.read_topic(stack.topics.events)
+    for partition in range(stack.partitions):
+        offsets = [r.offset for r in end if r.partition == partition]
+        if offsets:
+            await stack.wait_node_past(partition, max(offsets))

@@ -126,15 +126,33 @@ async def test_delayed_job_never_starts_before_run_at(stack: Stack) -> None:
         before = time.time_ns() // 1_000_000
         job_id = await app.get_task("s.noop").options(delay=timedelta(seconds=2)).enqueue()
     state = await stack.wait_status(job_id, Status.SUCCEEDED)
-    events, _ = await stack.history()
+    timeline = await stack.timeline(job_id)
     started = [
-        p.log_at for e, p in events if e.job_id == job_id and type(e).__name__ == "AttemptStarted"
-    ]  # type: ignore[union-attr]
+        e.log_at for e in timeline if e.kind == "AttemptStarted" and e.verdict is Verdict.APPLIED
+    ]
     assert started and min(started) >= state.run_at
     # run_at is the client's clock plus the delay; enqueued_at is the broker's append time, later
     # by the produce's round trip (hundreds of ms on a loaded box), so the delay is judged from
     # the client's clock before the call.
     assert state.run_at >= before + 2_000
+
+
+async def test_delayed_jobs_are_pre_leased_and_start_at_run_at_by_the_log(stack: Stack) -> None:
+    async with stack.app() as app:
+        task = app.get_task("s.noop").options(delay=timedelta(seconds=3))
+        job_ids = [await task.enqueue() for _ in range(10)]
+    for job_id in job_ids:
+        await stack.wait_status(job_id, Status.SUCCEEDED)
+    for job_id in job_ids:
+        state, timeline = await stack.job(job_id), await stack.timeline(job_id)
+        assert state is not None
+        applied = [e for e in timeline if e.verdict is Verdict.APPLIED]
+        [lease] = [e for e in applied if e.kind == "JobLeased"]
+        [start] = [e for e in applied if e.kind == "AttemptStarted"]
+        # The node (default --prelease-ms 1000) leased it ahead; the worker held the dispatch
+        # and started it at run_at: the fold refuses any start logged earlier (I6 by log time).
+        assert lease.log_at < state.run_at <= start.log_at, (job_id, lease, start, state.run_at)
+        assert "pre-leased" in lease.reason
 
 
 async def test_retry_with_backoff_then_success(stack: Stack) -> None:

@@ -43,8 +43,12 @@ def enqueue(**over: Any) -> JobEnqueued:
     return JobEnqueued(**_meta(**fields))
 
 
-def lease(token: int, attempt: int, lease_ms: int = LEASE_MS) -> JobLeased:
-    return JobLeased(**_meta(), token=token, attempt=attempt, lease_ms=lease_ms)
+def lease(
+    token: int, attempt: int, lease_ms: int = LEASE_MS, not_before: int | None = None
+) -> JobLeased:
+    return JobLeased(
+        **_meta(), token=token, attempt=attempt, lease_ms=lease_ms, not_before=not_before
+    )
 
 
 def start(token: int, lease_ms: int = LEASE_MS) -> AttemptStarted:
@@ -144,6 +148,68 @@ def test_delayed_job_cannot_be_leased_before_run_at() -> None:
         "lease granted before the job's run_at",
     )
     assert job.apply(lease(1, 1), at=T0 + 5_000).verdict is Verdict.APPLIED
+
+
+def test_a_pre_lease_comes_before_run_at_and_its_start_window_opens_at_run_at() -> None:
+    job = Job()
+    job.run(enqueue(run_at=T0 + 5_000))
+    entry = job.apply(lease(1, 1, not_before=T0 + 5_000), at=T0 + 4_000)
+    assert (entry.verdict, entry.reason) == (
+        Verdict.APPLIED,
+        "leased to token 1 for attempt 1, pre-leased 1000 ms ahead",
+    )
+    assert job.current.lease_until == T0 + 5_000 + LEASE_MS  # counted from run_at
+    early = job.apply(start(1), at=T0 + 4_999)
+    assert (early.verdict, early.reason) == (
+        Verdict.REJECTED,
+        "token 1 started before the job's run_at",
+    )
+    assert job.current.status is Status.LEASED  # the worker starts again at run_at
+    assert job.apply(start(1), at=T0 + 5_000).verdict is Verdict.APPLIED
+
+
+def test_a_pre_lease_for_another_run_at_or_too_far_ahead_is_rejected() -> None:
+    job = Job()
+    job.run(enqueue(run_at=T0 + 100_000))
+    other = job.apply(lease(1, 1, not_before=T0 + 99_000), at=T0 + 99_000)
+    assert (other.verdict, other.reason) == (
+        Verdict.REJECTED,
+        f"pre-lease for run_at {T0 + 99_000}, but the job's run_at is {T0 + 100_000}",
+    )
+    far = job.apply(lease(1, 1, not_before=T0 + 100_000), at=T0 + 39_999)
+    assert (far.verdict, far.reason) == (
+        Verdict.REJECTED,
+        "pre-lease more than 60000 ms ahead of the job's run_at",
+    )
+    assert job.apply(lease(1, 1, not_before=T0 + 100_000), at=T0 + 40_000).verdict is (
+        Verdict.APPLIED
+    )
+
+
+def test_a_pre_lease_logged_after_run_at_is_an_ordinary_lease() -> None:
+    job = Job()
+    job.run(enqueue(run_at=T0 + 5_000))
+    entry = job.apply(lease(1, 1, not_before=T0 + 5_000), at=T0 + 6_000)
+    assert (entry.verdict, entry.reason) == (Verdict.APPLIED, "leased to token 1 for attempt 1")
+    assert job.current.lease_until == T0 + 6_000 + LEASE_MS
+
+
+def test_an_unstarted_pre_lease_expires_at_run_at_plus_its_lease_and_costs_no_attempt() -> None:
+    job = Job()
+    job.run(enqueue(run_at=T0 + 5_000))
+    job.apply(lease(1, 1, not_before=T0 + 5_000), at=T0 + 4_000)
+    assert job.apply(expire(1), at=T0 + 5_000 + LEASE_MS - 1).verdict is Verdict.REJECTED
+    assert job.apply(expire(1), at=T0 + 5_000 + LEASE_MS).verdict is Verdict.APPLIED
+    assert (job.current.status, job.current.attempt) == (Status.SCHEDULED, 0)
+
+
+def test_a_cancelled_pre_lease_rejects_its_start() -> None:
+    job = Job()
+    job.run(enqueue(run_at=T0 + 5_000))
+    job.apply(lease(1, 1, not_before=T0 + 5_000), at=T0 + 4_000)
+    assert job.apply(cancel(), at=T0 + 4_500).verdict is Verdict.APPLIED
+    late = job.apply(start(1), at=T0 + 5_000)
+    assert late.verdict is Verdict.REJECTED and job.current.status is Status.CANCELLED
 
 
 def test_lease_token_must_strictly_increase() -> None:

@@ -196,6 +196,13 @@ def _leases_unknown_jobs(state: JobState | None, event: JobEvent, position: Posi
     return fold(state, event, position)
 
 
+def _starts_early(state: JobState | None, event: JobEvent, position: Position) -> Any:
+    """Bug: a start is judged at its lease's log time, so an early one passes."""
+    if state is not None and isinstance(event, AttemptStarted):
+        return fold(state, event, replace(position, log_at=max(position.log_at, state.run_at)))
+    return fold(state, event, position)
+
+
 def _only(violations: list[Violation]) -> Violation:
     assert len(violations) == 1, violations
     return violations[0]
@@ -247,12 +254,27 @@ def test_i6_tracks_run_at_through_requeue() -> None:
 
 
 def test_i6_catches_a_start_logged_before_run_at() -> None:
-    # Log time going backwards (a broker clock step) is outside the fold's own lease guard.
+    # The fold refuses such a start (fold version 3); a fold that lets it through is caught.
     log = Log().add(enqueue("j", run_at=T0 + 100)).add(lease("j", 1, 1), at=T0 + 100)
     log.add(start("j", 1), at=T0 + 99)
-    found = _only(check_history(log.items))
+    assert check_history(log.items) == []
+    found = _only(check_history(log.items, fold_job=_starts_early))
     assert (found.invariant, found.offset) == ("I6", 2)
     assert found.detail.startswith("AttemptStarted ")
+
+
+def test_a_pre_lease_before_run_at_is_no_violation_but_its_early_start_would_be() -> None:
+    pre = replace(lease("j", 1, 1), not_before=T0 + 1_000)
+    log = Log().add(enqueue("j", run_at=T0 + 1_000)).add(pre, at=T0 + 500)
+    log.add(start("j", 1), at=T0 + 999).add(start("j", 1), at=T0 + 1_000).add(succeed("j", 1))
+    history = replay(log.items)
+    assert history.violations == []
+    assert [e.verdict for e in history.job_timelines["j"]][2:4] == [
+        Verdict.REJECTED,
+        Verdict.APPLIED,
+    ]
+    found = _only(check_history(log.items, fold_job=_starts_early))
+    assert (found.invariant, found.offset) == ("I6", 2)
 
 
 def test_i6_catches_an_attempt_of_a_job_never_enqueued() -> None:

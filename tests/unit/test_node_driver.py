@@ -15,7 +15,8 @@ from evsched.core.state import Status
 from evsched.testing import NodeDriver, SimulatedCrash
 from tests.unit.node_driver_events import enqueued, every_minute, failed, started, succeeded
 
-LIMITS = PlannerLimits(dispatch_timeout_ms=30_000)
+LIMITS = PlannerLimits(dispatch_timeout_ms=30_000, prelease_ms=0)
+PRELEASE = PlannerLimits(dispatch_timeout_ms=30_000, prelease_ms=1_000)
 
 
 @pytest.fixture
@@ -41,7 +42,9 @@ async def test_a_due_job_is_leased_with_its_dispatch_record(driver: NodeDriver) 
     assert await driver.settle() == 0  # folded back: not proposed again
 
 
-async def test_a_delayed_job_is_not_leased_before_run_at(driver: NodeDriver) -> None:
+async def test_without_pre_leases_a_delayed_job_is_not_leased_before_run_at(
+    driver: NodeDriver,
+) -> None:
     run_at = driver.clock.now_ms() + 60_000
     driver.append(enqueued("later", run_at=run_at))
     await driver.settle()
@@ -58,6 +61,43 @@ async def test_a_delayed_job_is_not_leased_before_run_at(driver: NodeDriver) -> 
     [lease] = driver.decisions(JobLeased)
     assert lease.job_id == "later"
     assert driver.log()[-1].log_at >= run_at  # what the fold checks (I6)
+
+
+async def test_a_delayed_job_is_pre_leased_a_horizon_before_run_at(tmp_path: Path) -> None:
+    driver = NodeDriver(tmp_path, limits=PRELEASE)
+    try:
+        await _pre_leased_then_started_at_run_at(driver)
+    finally:
+        driver.close()
+
+
+async def _pre_leased_then_started_at_run_at(driver: NodeDriver) -> None:
+    run_at = driver.clock.now_ms() + 60_000
+    driver.append(enqueued("later", run_at=run_at))
+    await driver.settle()
+    driver.advance(0.5)  # the record's offset goes out alone
+    await driver.settle()
+    assert driver.owner.next_wake_at() == run_at - PRELEASE.prelease_ms  # a horizon early
+    driver.advance(58.499)
+    await driver.settle()
+    assert driver.decisions(JobLeased) == [] and status(driver, "later") is Status.SCHEDULED
+    driver.advance(0.001)
+    await driver.settle()
+    [lease] = driver.decisions(JobLeased)
+    assert (lease.job_id, lease.not_before) == ("later", run_at)
+    [dispatch] = driver.dispatched("default")
+    assert dispatch.run_at == run_at  # the worker holds it until then
+    state = driver.job("later")
+    assert state is not None and state.status is Status.LEASED
+    assert state.lease_until == run_at + PRELEASE.dispatch_timeout_ms  # opens at run_at
+    early = started(dispatch)
+    driver.append(early)  # a worker whose clock runs ahead of the log's
+    await driver.settle()
+    assert status(driver, "later") is Status.LEASED  # refused: started before run_at
+    driver.advance(1.0)
+    driver.append(started(dispatch), succeeded(dispatch))
+    await driver.settle()
+    assert status(driver, "later") is Status.SUCCEEDED
 
 
 async def test_an_unstarted_lease_expires_after_the_dispatch_timeout_spending_no_attempt(

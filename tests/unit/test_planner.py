@@ -10,7 +10,7 @@ from evsched.core.events import JobTemplate
 from evsched.core.state import JobState, ScheduleState, Status
 from tests.states import job_state
 
-LIMITS = planner.PlannerLimits(dispatch_timeout_ms=5_000, max_in_flight_per_queue=2)
+LIMITS = planner.PlannerLimits(dispatch_timeout_ms=5_000, max_in_flight_per_queue=2, prelease_ms=0)
 
 
 def job(job_id: str, **changes: object) -> JobState:
@@ -33,6 +33,20 @@ def test_leases_go_by_priority_then_run_at_and_respect_the_in_flight_limit() -> 
     assert first.event.lease_ms == 5_000
     assert first.dispatch.token == first.event.token and first.dispatch.partition == 2
     assert first.event.event_id == ids.decision_event_id("c", "lease", 1)
+
+
+def test_jobs_due_within_the_horizon_are_pre_leased_for_their_run_at() -> None:
+    limits = replace(LIMITS, prelease_ms=1_000, max_in_flight_per_queue=10)
+    jobs = [job("due", run_at=900), job("soon", run_at=1_800), job("later", run_at=2_001)]
+    leases = planner.plan_leases(jobs, {}, now=1_000, limits=limits, source="n")
+    by_id = {lease.event.job_id: lease for lease in leases}
+    assert sorted(by_id) == ["due", "soon"]
+    assert by_id["soon"].event.not_before == 1_800 and by_id["soon"].dispatch.run_at == 1_800
+    # A job that came due within the horizon names its run_at too: a node clock ahead of the
+    # log's would otherwise see its lease refused as early.
+    assert by_id["due"].event.not_before == 900
+    stale = planner.plan_leases([job("old", run_at=-1)], {}, now=1_000, limits=limits, source="n")
+    assert stale[0].event.not_before is None
 
 
 def test_a_full_queue_leases_nothing_but_other_queues_still_run() -> None:

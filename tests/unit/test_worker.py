@@ -28,9 +28,11 @@ from evsched.core.events import (
     Effect,
     LeaseRenewed,
 )
+from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.core.state import JobState, Status
 from evsched.errors import EvschedError
 from evsched.metrics import WorkerInstruments
+from evsched.runtime.log_clock import MAX_OFFSET_MS, SAMPLES, LogClock
 from evsched.runtime.worker import Worker, WorkerConfig, serve
 from evsched.testing import FrozenClock, MemoryReader
 from tests.states import job_state
@@ -401,13 +403,51 @@ async def test_no_attempt_starts_before_run_at(rig: Rig) -> None:
     assert started.emitted_at >= run_at
 
 
-async def test_a_dispatch_due_beyond_its_start_lease_is_skipped(rig: Rig) -> None:
+async def test_a_start_logged_before_run_at_is_sent_again_before_the_handler_runs(
+    rig: Rig,
+) -> None:
+    ran: list[int] = []
+
+    @rig.app.task(name="noop")
+    async def noop() -> None:
+        ran.append(SYSTEM_CLOCK.now_ms())
+
+    run_at = SYSTEM_CLOCK.now_ms() + 100
+    rig.log.log_at = run_at - 200  # the broker's clock runs 200 ms behind this worker's
+    dispatch = rig.send("noop", run_at=run_at)
+    with capture_logs() as logs:
+        async with rig.worker():
+            await until(lambda: len(rig.events_of(dispatch.job_id, AttemptStarted)) == 1, "start")
+            assert ran == []  # the fold refuses that start: the handler must not run on it
+            rig.log.log_at = run_at  # by the time the worker starts again, the log is due
+            await rig.outcome(dispatch.job_id)
+
+    first, second = rig.events_of(dispatch.job_id, AttemptStarted)
+    assert first.token == second.token == dispatch.token and first.event_id != second.event_id
+    assert len(ran) == 1
+    [early] = [e for e in logs if e["event"] == "start_before_run_at"]
+    assert early["early_ms"] == 200
+
+
+def test_the_log_clock_is_the_smallest_recent_offset_and_ignores_stalls() -> None:
+    clock = LogClock()
+    assert clock.log_now(1_000) == 1_000  # nothing measured yet
+    clock.observe(sent_at=1_000, log_at=1_030)
+    clock.observe(sent_at=2_000, log_at=2_012)  # the shortest trip: the best estimate
+    clock.observe(sent_at=3_000, log_at=3_000 + MAX_OFFSET_MS + 1)  # a stalled send
+    assert clock.offset_ms == 12 and clock.log_now(5_000) == 5_012
+    for n in range(SAMPLES):
+        clock.observe(sent_at=n, log_at=n - 40)  # the worker's clock stepped ahead
+    assert clock.offset_ms == -40
+
+
+async def test_a_dispatch_due_beyond_any_pre_lease_horizon_is_skipped(rig: Rig) -> None:
     @rig.app.task(name="noop")
     async def noop() -> None:
         return None
 
     clock = FrozenClock()
-    far = rig.send("noop", run_at=clock.now_ms() + 60_000, lease_ms=30_000)
+    far = rig.send("noop", run_at=clock.now_ms() + MAX_PRELEASE_MS + 1, lease_ms=30_000)
     due = rig.send("noop", run_at=clock.now_ms())
     with capture_logs() as logs:
         async with rig.worker(clock=clock):

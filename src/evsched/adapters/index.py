@@ -145,10 +145,15 @@ class PartitionIndex:
     def due_schedule_ids(self, now: int, limit: int) -> list[str]:
         return self._ids_until(CRON_DUE, now, limit)
 
-    def next_due_at(self, after: int = -1) -> int | None:
+    def next_due_at(self, after: int = -1, *, due_lead_ms: int = 0) -> int | None:
         """The earliest time after ``after`` that anything here becomes due (run_at, lease end,
-        cron slot); what is due by ``after`` already is the caller's to act on."""
-        firsts = [self._first_time(name, after + 1) for name in (DUE, LEASES, CRON_DUE)]
+        cron slot); what is due by ``after`` already is the caller's to act on.
+
+        Jobs count as due ``due_lead_ms`` before their run_at (they are pre-leased).
+        """
+        first_run = self._first_time(DUE, after + 1 + due_lead_ms)
+        firsts = [self._first_time(name, after + 1) for name in (LEASES, CRON_DUE)]
+        firsts.append(None if first_run is None else first_run - due_lead_ms)
         times = [t for t in firsts if t is not None]
         return min(times) if times else None
 

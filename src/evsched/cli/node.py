@@ -12,6 +12,7 @@ import typer
 from evsched.adapters.topics import TopicMisconfigured, TopicRefused
 from evsched.cli.options import LogJson, MetricsAddr, metrics_port_option
 from evsched.cli.worker import load_dispatch_key
+from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.core.planner import PlannerLimits
 from evsched.logging import configure_logging
 from evsched.runtime.node import NodeConfig
@@ -44,6 +45,17 @@ def node_command(
     dispatch_timeout_s: Annotated[
         float, typer.Option("--dispatch-timeout-s", min=0.1, help="Time for a worker to start.")
     ] = 30.0,
+    prelease_ms: Annotated[
+        int,
+        typer.Option(
+            "--prelease-ms",
+            envvar="EVSCHED_PRELEASE_MS",
+            min=0,
+            max=MAX_PRELEASE_MS,
+            help="Lease delayed jobs this long before their run_at; their worker starts them "
+            "at run_at by its own timer (0: lease only due jobs).",
+        ),
+    ] = 1_000,
     metrics_port: Annotated[int | None, metrics_port_option("EVSCHED_NODE_METRICS_PORT")] = None,
     metrics_addr: MetricsAddr = "127.0.0.1",
     log_json: LogJson = True,
@@ -64,6 +76,7 @@ def node_command(
             dispatch_timeout_ms=int(dispatch_timeout_s * 1000),
             max_in_flight_per_queue=max_in_flight,
             max_unstarted_per_queue=max_unstarted,
+            prelease_ms=prelease_ms,
         ),
         metrics_port=metrics_port,
         metrics_addr=metrics_addr,

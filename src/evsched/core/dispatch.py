@@ -48,7 +48,7 @@ def start_deadline(dispatch: Dispatch) -> int:
     side effects, and a completion the fold rejects.
     """
     margin = min(START_MARGIN_MS, dispatch.lease_ms // 4)
-    return dispatch.leased_at + dispatch.lease_ms - margin
+    return start_window_opens(dispatch) + dispatch.lease_ms - margin
 
 
 def start_deadline_by_log(dispatch: Dispatch) -> int:
@@ -58,7 +58,16 @@ def start_deadline_by_log(dispatch: Dispatch) -> int:
     JobLeased's log time plus ``lease_ms``); that log time is at or after ``leased_at``, so a start
     appended past this bound is refused or, within the clocks' skew, about to expire.
     """
-    return dispatch.leased_at + dispatch.lease_ms
+    return start_window_opens(dispatch) + dispatch.lease_ms
+
+
+def start_window_opens(dispatch: Dispatch) -> int:
+    """When the lease's start window opens: at the lease, or at run_at for a pre-lease.
+
+    A due job's run_at is at or before its lease; a pre-leased job's is after it, and the fold
+    counts its ``lease_ms`` from run_at.
+    """
+    return max(dispatch.leased_at, dispatch.run_at)
 
 
 def why_not_start(dispatch: Dispatch, *, now_ms: int, newest_token: int | None) -> str | None:

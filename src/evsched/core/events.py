@@ -88,7 +88,11 @@ class JobCancelled:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobLeased:
-    """A node grants ``token`` for ``attempt``; the worker must start within ``lease_ms``."""
+    """A node grants ``token`` for ``attempt``; the worker must start within ``lease_ms``.
+
+    A pre-lease (``not_before`` set to the job's ``run_at``) is granted a short horizon ahead of
+    it: the worker holds the dispatch and starts at ``run_at``, and ``lease_ms`` counts from then.
+    """
 
     event_id: str
     job_id: str
@@ -98,6 +102,7 @@ class JobLeased:
     attempt: int
     lease_ms: int
     trace: TraceContext | None = None
+    not_before: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

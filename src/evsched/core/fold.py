@@ -37,7 +37,7 @@ from evsched.core.state import (
 )
 
 # Bump when a change to the fold could change any state or verdict: indexes then rebuild.
-FOLD_VERSION = 2
+FOLD_VERSION = 3
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
 # transition rules (they are rejected or stale), so a short window keeps state small.
@@ -196,11 +196,13 @@ def _leased(state: JobState | None, event: JobLeased, position: Position) -> Ste
     if token <= state.token:
         why = f"lease token {token} does not exceed current token {state.token}"
         return state, Verdict.REJECTED, why
-    if position.log_at < state.run_at:
-        return state, Verdict.REJECTED, "lease granted before the job's run_at"
+    if (too_early := _lease_too_early(state, event, position)) is not None:
+        return state, Verdict.REJECTED, too_early
     if attempt != state.attempt + 1:
         why = f"lease for attempt {attempt}, expected attempt {state.attempt + 1}"
         return state, Verdict.REJECTED, why
+    # A pre-lease's start window opens at run_at, so its length does not shrink with the horizon.
+    opens = position.log_at if event.not_before is None else max(position.log_at, state.run_at)
     leased = _applied(
         state,
         event,
@@ -208,10 +210,29 @@ def _leased(state: JobState | None, event: JobLeased, position: Position) -> Ste
         status=Status.LEASED,
         token=event.token,
         attempt=event.attempt,
-        lease_until=position.log_at + event.lease_ms,
+        lease_until=opens + event.lease_ms,
         worker_id=None,
     )
-    return leased, Verdict.APPLIED, f"leased to token {event.token} for attempt {event.attempt}"
+    ahead = "" if opens == position.log_at else f", pre-leased {opens - position.log_at} ms ahead"
+    why = f"leased to token {event.token} for attempt {event.attempt}{ahead}"
+    return leased, Verdict.APPLIED, why
+
+
+def _lease_too_early(state: JobState, event: JobLeased, position: Position) -> str | None:
+    """Why a lease comes too early for the job's run_at, or None.
+
+    An ordinary lease needs the job to be due by log time; a pre-lease names the run_at it was
+    granted for (a requeue or retry since then moves it) and comes at most MAX_PRELEASE_MS ahead.
+    """
+    if event.not_before is None:
+        if position.log_at < state.run_at:
+            return "lease granted before the job's run_at"
+        return None
+    if event.not_before != state.run_at:
+        return f"pre-lease for run_at {event.not_before}, but the job's run_at is {state.run_at}"
+    if state.run_at - position.log_at > limits.MAX_PRELEASE_MS:
+        return f"pre-lease more than {limits.MAX_PRELEASE_MS} ms ahead of the job's run_at"
+    return None
 
 
 def _fence(state: JobState | None, event: TokenEvent) -> Step | None:
@@ -255,6 +276,9 @@ def _token_event(state: JobState | None, event: TokenEvent, position: Position) 
 def _started(state: JobState, event: AttemptStarted, position: Position) -> Step:
     if state.status is not Status.LEASED:
         return state, Verdict.REJECTED, f"token {event.token} already started"
+    if position.log_at < state.run_at:
+        # Only a pre-lease gets here: its worker's clock ran ahead of the log's.
+        return state, Verdict.REJECTED, f"token {event.token} started before the job's run_at"
     if state.lease_until is not None and position.log_at >= state.lease_until:
         # Its start deadline passed: the lease is as good as expired, so no handler may count
         # as having started under it (the node's expiry follows, spending no attempt).

@@ -132,11 +132,7 @@ def _audit(
             if isinstance(event, JobEnqueued):
                 account.policy = event.retry
         case JobLeased():
-            found += _early(account, event, position)
-            found += _token_reused(account, event, position)
-            account.token = event.token
-            account.attempt = event.attempt
-            account.started = False
+            found += _leased(account, event, position)
         case AttemptStarted():
             found += _early(account, event, position)
             account.started = True
@@ -154,6 +150,16 @@ def _audit(
                 account.run_at = position.log_at + delay
         case _:
             pass
+    return found
+
+
+def _leased(account: _Account, event: JobLeased, position: Position) -> list[Violation]:
+    # A pre-lease may come before run_at by design; its start may not (AttemptStarted's check).
+    found = [] if event.not_before is not None else _early(account, event, position)
+    found += _token_reused(account, event, position)
+    account.token = event.token
+    account.attempt = event.attempt
+    account.started = False
     return found
 
 

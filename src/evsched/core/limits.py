@@ -58,6 +58,9 @@ MAX_TOKEN = 2**53 - 1
 MAX_ATTEMPTS = 2**31 - 1
 MAX_PRIORITY = 2**63 - 1
 MAX_MULTIPLIER = 1000.0
+# How far ahead of a job's run_at a node may lease it (a pre-lease): a worker holds the dispatch
+# that long, so the bound keeps a zombie or a foreign producer from parking jobs for hours.
+MAX_PRELEASE_MS = 60_000
 
 # Cron fields that croniter fills at random (R) or from a hash of an id it is not given (H): every
 # replica would compute different slots.
@@ -90,6 +93,7 @@ def _job_refusal(event: Event) -> str | None:
                 _bounded("token", event.token, 1, MAX_TOKEN),
                 _bounded("attempt", event.attempt, 1, MAX_ATTEMPTS),
                 _bounded("lease_ms", event.lease_ms, 0, MAX_DURATION_MS),
+                _optional_time("not_before", event.not_before),
             )
         case AttemptStarted() | LeaseRenewed():
             return _first(

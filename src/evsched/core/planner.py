@@ -19,12 +19,15 @@ class PlannerLimits:
     ``dispatch_timeout_ms``: how long a leased job may wait for a worker to start it.
     ``max_in_flight_per_queue``: leased plus running jobs. ``max_unstarted_per_queue``: leased jobs
     no worker has started yet (backpressure: under a backlog jobs stay scheduled instead of
-    waiting out their dispatch timeout in a dispatch topic).
+    waiting out their dispatch timeout in a dispatch topic). ``prelease_ms``: how long before its
+    run_at a delayed job may be leased, so its worker starts it by a local timer (0: only due
+    jobs are leased); at most ``limits.MAX_PRELEASE_MS``.
     """
 
     dispatch_timeout_ms: int = 30_000
     max_in_flight_per_queue: int = 1_000
     max_unstarted_per_queue: int = 100
+    prelease_ms: int = 1_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,13 +54,13 @@ def plan_leases(
 
     A queue has room while both its leased-or-running jobs (``in_flight``) and its leased jobs
     no worker started yet (``unstarted``) are under their limits; each lease granted here counts
-    against both.
+    against both. Jobs due within ``limits.prelease_ms`` are pre-leased.
     """
     used = dict(in_flight)
     waiting = dict(unstarted or {})
     leases: list[Lease] = []
     for state in sorted(candidates, key=due_order):
-        if state.status is not Status.SCHEDULED or state.run_at > now:
+        if state.status is not Status.SCHEDULED or state.run_at > now + limits.prelease_ms:
             continue
         queue = state.queue
         if used.get(queue, 0) >= limits.max_in_flight_per_queue:
@@ -81,6 +84,8 @@ def _lease(state: JobState, *, now: int, limits: PlannerLimits, source: str) -> 
         attempt=state.attempt + 1,
         lease_ms=limits.dispatch_timeout_ms,
         trace=state.trace,
+        # Also on a job that just came due: a node clock ahead of the log's then costs nothing.
+        not_before=state.run_at if state.run_at > now - limits.prelease_ms else None,
     )
     dispatch = Dispatch(
         job_id=state.job_id,

@@ -32,11 +32,15 @@ from evsched.core.events import (
 from evsched.errors import EncodeError, InvalidEnqueue
 from evsched.ports import Appended, Clock, EventLog, JobReader
 from evsched.runtime.handler_loop import HandlerEscaped, HandlerLoop, contain
+from evsched.runtime.log_clock import LogClock
 
 log = structlog.get_logger("evsched.worker")
 MAX_MESSAGE_CHARS = 4_000
 # How long a timed-out async handler keeps its slot while it winds down after its cancellation.
 OVERRUN_BOUND_S = 5.0
+# A start logged before run_at is sent again after the difference; more than a few rounds means
+# the log's clock is not where the samples put it, and the lease's expiry takes over.
+EARLY_START_RETRIES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,7 @@ class AttemptRunner:
     handlers: HandlerLoop
     reader: JobReader | None = None
     threads: ThreadCount = field(default_factory=ThreadCount)
+    log_clock: LogClock = field(default_factory=LogClock)
     # Told (task, outcome, seconds) once an attempt's completion is sent; outcome is
     # "reported" (a success sent: only the fold knows whether it was accepted or stale),
     # "failed" (retryable) or "failed_permanent".
@@ -108,7 +113,7 @@ class AttemptRunner:
         if dispatch.trace is not None:
             logger = logger.bind(traceparent=dispatch.trace.traceparent)
         sent_at = self.clock.monotonic_s()
-        appended = await self.emit(self._started(dispatch))
+        appended = await self._start(dispatch, logger)
         if appended.log_at is not None and appended.log_at >= start_deadline_by_log(dispatch):
             # The worker was held (frozen, starved) between its last check and the start's
             # append: the lease is gone by the log's clock, and the fold refuses the start.
@@ -154,7 +159,28 @@ class AttemptRunner:
         data = encode_event(event)
         if len(data) > MAX_EVENT_BYTES:
             raise EncodeError(f"{type(event).__name__} is {len(data)} bytes, above the limit")
-        return await self.log.append(self.events_topic, event.job_id, data)
+        sent_at = self.clock.now_ms()
+        appended = await self.log.append(self.events_topic, event.job_id, data)
+        if appended.log_at is not None:
+            self.log_clock.observe(sent_at=sent_at, log_at=appended.log_at)
+        return appended
+
+    async def _start(self, dispatch: Dispatch, logger: Any) -> Appended:
+        """AttemptStarted, sent again when the log's clock had not reached run_at yet.
+
+        The fold refuses a start logged before the job's run_at (only a pre-lease can be that
+        early, when this worker's clock runs ahead of the broker's): wait out the difference
+        and start again, under the same token, before the handler runs.
+        """
+        appended = await self.emit(self._started(dispatch))
+        for _ in range(EARLY_START_RETRIES):
+            if appended.log_at is None or appended.log_at >= dispatch.run_at:
+                break
+            early = dispatch.run_at - appended.log_at
+            logger.info("start_before_run_at", early_ms=early, offset_ms=self.log_clock.offset_ms)
+            await asyncio.sleep(early / 1000)
+            appended = await self.emit(self._started(dispatch))
+        return appended
 
     def _started(self, dispatch: Dispatch) -> AttemptStarted:
         return AttemptStarted(

@@ -218,7 +218,7 @@ class OwnedPartition:
         times = [
             t
             for t in (
-                self.index.next_due_at(after=now),
+                self.index.next_due_at(after=now, due_lead_ms=self.limits.prelease_ms),
                 self.pending.first_deadline_ms(now),
                 self.quarantine.first_release_ms(now),
                 flush,
@@ -271,9 +271,10 @@ class OwnedPartition:
 
     def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
         # Held-back jobs (pending, or on an undeclared queue) must not fill the scan's window.
-        ids = self.index.due_job_ids(now, self.scan_limit, skip=self._held_back)
+        horizon = now + self.limits.prelease_ms
+        ids = self.index.due_job_ids(horizon, self.scan_limit, skip=self._held_back)
         ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
-        candidates = [s for s in self._jobs(ids, folded) if s.run_at <= now]
+        candidates = [s for s in self._jobs(ids, folded) if s.run_at <= horizon]
         if self.budget is None:
             return self._lease(candidates, self.load(), now)
         load = self.budget.total()

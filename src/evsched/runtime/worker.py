@@ -18,12 +18,14 @@ from evsched.adapters.kafka_feed import START_LOOKBACK_MS
 from evsched.adapters.signing import DispatchKey
 from evsched.client.app import App
 from evsched.core.dispatch import Dispatch
+from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.errors import EvschedError
 from evsched.metrics import WorkerInstruments
 from evsched.ports import Clock, DispatchFeed, EventLog, JobReader, Record
 from evsched.runtime.attempt import AttemptRunner, ThreadCount
 from evsched.runtime.gate import DispatchGate
 from evsched.runtime.handler_loop import BLOCKED_AFTER_S, HandlerLoop
+from evsched.runtime.log_clock import LogClock
 
 log = structlog.get_logger("evsched.worker")
 RUN_AT_CHECK_S = 1.0
@@ -79,6 +81,7 @@ class Worker:
         self._events = events
         self._clock = clock
         self._reader = reader
+        self._log_clock = LogClock()
         self._running: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._forced = asyncio.Event()
@@ -122,6 +125,7 @@ class Worker:
             handlers=self.handlers,
             reader=self._reader,
             threads=self.threads,
+            log_clock=self._log_clock,
             on_finished=None if self._instruments is None else self._instruments.finished,
         )
         self.handlers.start()
@@ -206,11 +210,13 @@ class Worker:
             logger.exception("attempt_crashed")
 
     async def _wait_until(self, dispatch: Dispatch, logger: Any) -> bool:
-        """Never start before run_at (by this worker's clock); False to skip the dispatch."""
+        """Never start before run_at (by the log's clock, as this worker measures it against its
+        own from its appends); False to skip the dispatch."""
         run_at = dispatch.run_at
-        while (ahead := run_at - self._clock.now_ms()) > 0:
-            if ahead > dispatch.lease_ms:
-                # Only a far-off clock gets here: the start lease would lapse while waiting.
+        while (ahead := run_at - self._log_clock.log_now(self._clock.now_ms())) > 0:
+            if ahead > MAX_PRELEASE_MS:
+                # No node pre-leases this far ahead: a far-off clock or a forged dispatch, which
+                # would hold a slot for nothing.
                 logger.warning("dispatch_not_due", run_at=run_at, ahead_ms=ahead)
                 self._gate.skip(dispatch, "not_due")
                 return False
