@@ -88,6 +88,8 @@ class Side(Protocol):
 
 @dataclass
 class EvschedSide:
+    """evsched: the bench's node and worker, and the client library in this process."""
+
     cluster: Cluster
     task: Task
     starts: StartLog
@@ -95,6 +97,7 @@ class EvschedSide:
     succeeded_before: int = 0
 
     def submit(self, phase: str, delay_s: float) -> Submit:
+        self.cluster.poll_logs()
         self.succeeded_before = self.cluster.succeeded
 
         async def submit(i: int, delayed: bool) -> str:
@@ -120,6 +123,8 @@ class EvschedSide:
 
 @dataclass
 class CelerySide:
+    """Celery: Redis and a prefork worker, and Celery's client in this process."""
+
     stack: CeleryStack
     task: Any  # a Celery task: celery ships no type hints
     starts: StartLog
@@ -151,6 +156,8 @@ class CelerySide:
 
 @dataclass
 class Bench:
+    """The run: both sides, the hog, and what every phase measured so far."""
+
     args: argparse.Namespace
     evsched: EvschedSide
     celery: CelerySide
@@ -167,7 +174,8 @@ class Bench:
 
     async def wait_started(self, side: Side, phase: str, jobs: int) -> None:
         a = self.args
-        deadline = time.monotonic() + 120 + a.delay_s + jobs / 50
+        # Generous: on a loaded machine Celery's two processes ran 12 jobs/s.
+        deadline = time.monotonic() + 600 + a.delay_s + jobs / 5
         while True:
             side.starts.poll()
             self.check()
