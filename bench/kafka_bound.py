@@ -87,6 +87,18 @@ async def consume(bootstrap: str, topic: str, partitions: int, count: int) -> fl
         await consumer.stop()
 
 
+async def _wait_leaders(admin: AIOKafkaAdminClient, topic: str, timeout_s: float = 60) -> None:
+    """Until every partition of a new topic has a leader (else the first sends are retried)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        (described,) = await admin.describe_topics([topic])
+        partitions = described["partitions"]
+        if partitions and all(p["leader"] >= 0 for p in partitions):
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"{topic}: partitions without a leader after {timeout_s:.0f} s")
+
+
 async def measure(bootstrap: str, *, seconds: float, size: int = 300, partitions: int = 6) -> Bound:
     """Produce then consume on a topic of its own, deleted afterwards."""
     topic = f"bench-bound-{uuid.uuid4().hex[:10]}"
@@ -94,6 +106,7 @@ async def measure(bootstrap: str, *, seconds: float, size: int = 300, partitions
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, partitions, 1)])
+        await _wait_leaders(admin, topic)
         count, produce_per_s = await produce(bootstrap, topic, seconds, size)
         consume_per_s = await consume(bootstrap, topic, partitions, count)
         return Bound(produce_per_s, consume_per_s)

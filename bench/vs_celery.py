@@ -338,6 +338,9 @@ def main() -> None:
         print(f"evsched {cluster.namespace} on {cluster.bootstrap}, Celery on {stack.url}")
         print(f"logs in {run_dir}", flush=True)
         line = asyncio.run(run(args, cluster, stack, hog))
+    except KeyboardInterrupt:
+        print("interrupted: stopping everything this run started", flush=True)
+        raise SystemExit(130) from None
     finally:
         hog.stop()
         stack.stop()

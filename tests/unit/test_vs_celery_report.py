@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,7 +52,9 @@ def figures(side: str, kind: str, late_ms: list[float], **extra: Any) -> Any:
     started.append(starts.Start(0, 12_000_000_000))
     cpu = {"broker": 1.0, "node": 2.0, "worker": 3.0, "client": 4.0, "rest": 9.0}
     values = {"enqueue_ms": [1.0, 2.0, 3.0], "first_enqueue_ms": 8_000, "cpu_s": cpu} | extra
-    return report.Figures(side=side, condition="quiet", kind=kind, round=1, starts=started, **values)
+    return report.Figures(
+        side=side, condition="quiet", kind=kind, round=1, starts=started, **values
+    )
 
 
 def test_a_phase_counts_early_starts_and_measures_from_the_first_enqueue() -> None:
@@ -109,12 +110,9 @@ def test_the_bench_imports_and_parses_without_celery_or_redis_installed() -> Non
         f"sys.path.append({str(BENCH)!r}); import vs_celery; "
         "a = vs_celery.parse(['--rounds', '1', '--conditions', 'hog']); print(a.rounds, a.rate)"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=False
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "500.0"]
-    bad = subprocess.run(
-        [sys.executable, "-c", code.replace("'hog'", "'busy'")], capture_output=True, text=True
-    )
+    busy = code.replace("'hog'", "'busy'")
+    bad = subprocess.run([sys.executable, "-c", busy], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "--conditions: unknown busy" in bad.stderr
