@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,6 +153,7 @@ class Cluster:
     broker_dir: Path | None = None
     broker_pid: int | None = None
     namespace: str = field(default_factory=lambda: f"bench-{uuid.uuid4().hex[:10]}")
+    app_ref: str = "e2e:app"  # what the workers serve, importable from this folder
     nodes: list[Proc] = field(default_factory=list)
     workers: list[Proc] = field(default_factory=list)
     spies: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -177,13 +178,14 @@ class Cluster:
             "EVSCHED_DISPATCH_KEY": self.dispatch_key,
         }
 
-    def start_broker(self) -> None:
+    def start_broker(self, port: int | None = None, controller: int | None = None) -> None:
+        """Use ``--bootstrap``, else start a broker (on these ports, else on free ones)."""
         if self.args.bootstrap:
             self.bootstrap = self.args.bootstrap
             self.broker_pid = self.args.broker_pid
             return
         self.broker_dir = self.run_dir / "broker"
-        port, controller = free_port(), free_port()
+        port, controller = port or free_port(), controller or free_port()
         command = [_script("evsched"), "kafka", "up", "--data-dir", str(self.broker_dir)]
         command += ["--port", str(port), "--controller-port", str(controller)]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -215,7 +217,7 @@ class Cluster:
             self.nodes.append(self.spawn(f"node-{i}", command))
             self.owned[f"node-{i}"] = set()
         for i in range(1, self.args.workers + 1):
-            command = [_script("evsched"), "worker", "--app", "e2e:app"]
+            command = [_script("evsched"), "worker", "--app", self.app_ref]
             command += ["--concurrency", str(self.args.concurrency), "--grace-s", "5"]
             self.workers.append(self.spawn(f"worker-{i}", command, cwd=HERE))
 
@@ -348,10 +350,23 @@ def _is_delayed(i: int, share: float) -> bool:
     return int((i + 1) * share) > int(i * share)
 
 
-async def _enqueue_one(task: Task, sent: Sent, i: int, delay_s: float, share: float) -> None:
+# Enqueues job number i (delayed or not) and returns its id once the broker acknowledged it.
+Submit = Callable[[int, bool], Awaitable[str]]
+
+
+def noop_submit(task: Task, delay_s: float) -> Submit:
+    """The no-op task's enqueue, with ``delay_s`` for the delayed jobs."""
+
+    async def submit(i: int, delayed: bool) -> str:
+        return await (task.options(delay=delay_s).enqueue() if delayed else task.enqueue())
+
+    return submit
+
+
+async def _enqueue_one(submit: Submit, sent: Sent, i: int, share: float) -> None:
     delayed = _is_delayed(i, share)
     start = time.perf_counter()
-    job_id = await (task.options(delay=delay_s).enqueue() if delayed else task.enqueue())
+    job_id = await submit(i, delayed)
     sent.latencies_ms.append((time.perf_counter() - start) * 1000)
     sent.jobs.append(job_id)
     if delayed:
@@ -359,6 +374,11 @@ async def _enqueue_one(task: Task, sent: Sent, i: int, delay_s: float, share: fl
 
 
 async def paced(task: Task, rate: float, seconds: float, delay_s: float, share: float) -> Sent:
+    """The paced load of the no-op task."""
+    return await paced_with(noop_submit(task, delay_s), rate, seconds, share)
+
+
+async def paced_with(submit: Submit, rate: float, seconds: float, share: float) -> Sent:
     """Open-loop load: enqueue i starts at t0 + i/rate whatever earlier ones are doing."""
     sent = Sent(first_at_ms=time.time_ns() // 1_000_000)
     total = int(rate * seconds)
@@ -368,7 +388,7 @@ async def paced(task: Task, rate: float, seconds: float, delay_s: float, share: 
         wait = t0 + i / rate - time.perf_counter()
         if wait > 0:
             await asyncio.sleep(wait)
-        job = asyncio.create_task(_enqueue_one(task, sent, i, delay_s, share))
+        job = asyncio.create_task(_enqueue_one(submit, sent, i, share))
         running.add(job)
         job.add_done_callback(running.discard)
     if running:
@@ -377,13 +397,18 @@ async def paced(task: Task, rate: float, seconds: float, delay_s: float, share: 
 
 
 async def flood(task: Task, count: int, delay_s: float, share: float, start: int = 0) -> Sent:
+    """The no-op task's jobs as fast as the client can."""
+    return await flood_with(noop_submit(task, delay_s), count, share, start)
+
+
+async def flood_with(submit: Submit, count: int, share: float, start: int = 0) -> Sent:
     """Enqueue ``count`` jobs as fast as the client can, many in flight at once."""
     sent = Sent(first_at_ms=time.time_ns() // 1_000_000)
     numbers = iter(range(start, start + count))
 
     async def lane() -> None:
         for i in numbers:
-            await _enqueue_one(task, sent, i, delay_s, share)
+            await _enqueue_one(submit, sent, i, share)
 
     await asyncio.gather(*(lane() for _ in range(min(count, 1_000))))
     return sent
