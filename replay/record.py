@@ -87,8 +87,8 @@ SCENARIOS = {
         ),
         Scenario(
             "prelease",
-            "Pre-leased delayed jobs (fold version 3): a node leases delayed jobs up to 20 s before "
-            "their run_at and the worker starts each at run_at; a pre-lease that expires "
+            "Pre-leased delayed jobs (fold version 3): a node leases delayed jobs up to 20 s "
+            "before their run_at and the worker starts each at run_at; a pre-lease that expires "
             "unstarted (no worker yet) costs no attempt; a job cancelled while pre-leased; a "
             "hostile producer's pre-leases of a job due in an hour, too far ahead and for "
             "another run_at, both rejected.",
