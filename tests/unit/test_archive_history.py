@@ -4,6 +4,7 @@ the index's audit, and ``evsched replay --archive`` replays an archive like its 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -159,8 +160,6 @@ async def test_an_audit_from_the_archive_is_the_index_audit(tmp_path: Path) -> N
 
 
 def test_replay_of_an_archive_matches_the_outcome_of_its_export(tmp_path: Path) -> None:
-    import asyncio
-
     log = logged()
     root = tmp_path / "archive"
     asyncio.run(archive_all(log, root))

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from evsched.adapters.archive_files import (
     ArchiveError,
@@ -19,6 +20,7 @@ from evsched.adapters.archive_files import (
     read_manifest,
 )
 from evsched.adapters.history_file import LoggedEvent, read_history
+from evsched.operator.archive_metrics import ArchiveInstruments
 from evsched.operator.archiver import Archiver, Roll
 from evsched.testing import FrozenClock, MemoryPartitionLog
 
@@ -201,3 +203,29 @@ async def test_another_namespace_or_a_shorter_log_is_refused(tmp_path: Path) -> 
     await short.start()
     with pytest.raises(ArchiveError, match="another topic"):
         await archiver(short, tmp_path, Roll(records=5), FrozenClock()).open()
+
+
+async def test_metrics_follow_the_files_and_the_lag(tmp_path: Path) -> None:
+    instruments = ArchiveInstruments()
+    log = filled(partitions=1, records=12)
+    await log.start()
+    a = Archiver(
+        log,
+        tmp_path,
+        namespace=NS,
+        partitions=[0],
+        clock=FrozenClock(),
+        roll=Roll(records=5),
+        on_file=instruments.file_written,
+    )
+    await a.open()
+    await a.run_to(await log.end_offsets([0]))
+    instruments.positions(a.state.archived_last, {0: len(log.entries[0]) + 7})
+    text = generate_latest(instruments.registry).decode()
+    assert 'evsched_archive_files_total{kind="sealed"} 2.0' in text
+    assert 'evsched_archive_files_total{kind="tail"} 1.0' in text
+    assert "evsched_archive_records_total 12.0" in text
+    last = offsets(log, 0)[-1]
+    assert f'evsched_archive_last_offset{{partition="0"}} {float(last)}' in text
+    lag = len(log.entries[0]) + 7 - last - 1
+    assert f'evsched_archive_lag_records{{partition="0"}} {float(lag)}' in text
