@@ -13,6 +13,7 @@ from prometheus_client import generate_latest
 
 from evsched.adapters.archive_files import (
     ArchiveError,
+    ArchiveLock,
     FileWriter,
     covering,
     listed,
@@ -161,6 +162,11 @@ async def test_tails_show_recent_records_and_do_not_move_the_rolls(tmp_path: Pat
     clock.advance(2.0)
     await a.step()  # due: a tail of three, then the open file is read again
     assert [(f.first, f.last, f.tail) for f in listed(tmp_path, 0)] == [(0, 2, True)]
+    await a.step()  # the three records read again
+    assert await log.position(0) == 3
+    clock.advance(2.0)
+    await a.step()  # nothing new: no tail written, nothing read again
+    assert await log.position(0) == 3 and len(a.state.files) == 1
     for i in range(4):
         log.append(0, b"y", key=b"k", log_at=10 + i)
 
@@ -229,3 +235,11 @@ async def test_metrics_follow_the_files_and_the_lag(tmp_path: Path) -> None:
     assert f'evsched_archive_last_offset{{partition="0"}} {float(last)}' in text
     lag = len(log.entries[0]) + 7 - last - 1
     assert f'evsched_archive_lag_records{{partition="0"}} {float(lag)}' in text
+
+
+def test_one_archiver_per_directory(tmp_path: Path) -> None:
+    held = ArchiveLock(tmp_path)
+    with pytest.raises(ArchiveError, match="another evsched archive is writing"):
+        ArchiveLock(tmp_path)
+    held.release()
+    ArchiveLock(tmp_path).release()

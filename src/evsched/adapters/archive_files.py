@@ -7,6 +7,7 @@ Layout under the archive's root::
     p0003/00000000000000050000-00000000000000050211.tail.avro   the newest records, not yet a
                                                                  full file: replaced as it grows
     p0003/.00000000000000050000.partial       a file being written (deleted on the next start)
+    .lock                                     held by the archiver writing here
 
 A name gives the offsets of the first and last record in the file; the offsets between two files
 that no file holds were transaction markers or aborted records, which a read_committed reader
@@ -16,6 +17,7 @@ fsynced and renamed into place, so a crash leaves whole files and, at worst, a t
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -29,6 +31,7 @@ from evsched.errors import EvschedError
 MANIFEST = "evsched-archive.json"
 FORMAT = "evsched.archive/1"
 PARTIAL_SUFFIX = ".partial"
+LOCK = ".lock"
 _NAME = re.compile(r"(\d{20})-(\d{20})(\.tail)?\.avro")
 _PARTITION_DIR = re.compile(r"p(\d{4,})")
 
@@ -156,6 +159,22 @@ def write_manifest(root: Path, namespace: str, partitions: int) -> None:
         os.fsync(stream.fileno())
     temp.replace(root / MANIFEST)
     _fsync_dir(root)
+
+
+class ArchiveLock:
+    """The one archiver of a directory: an exclusive lock on ``.lock`` until ``release``."""
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            raise ArchiveError(f"another evsched archive is writing to {root}") from None
+
+    def release(self) -> None:
+        os.close(self._fd)  # closing drops the lock
 
 
 class FileWriter:

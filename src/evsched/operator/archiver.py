@@ -216,14 +216,18 @@ class Archiver:
             self._write_tail(p, part, reread=False)
 
     def _write_tail(self, partition: int, part: _Partition, *, reread: bool) -> None:
-        writer, part.writer = part.writer, None
+        writer = part.writer
         if writer is None:
             return
-        if writer.last <= part.tail_last:
-            writer.abandon()  # the tail on disk already holds these records
+        if writer.last <= part.tail_last:  # the tail on disk already holds these records
+            if reread:
+                part.opened_at = self.clock.monotonic_s()  # an idle partition costs nothing
+                return
+            writer.abandon()
         else:
             part.tail_last = writer.last
             self._finished(part, writer.finish(tail=True), writer.count)
+        part.writer = None
         if reread:
             # The open file starts again from its first record, so it rolls where it would have.
             self.log.seek(partition, writer.first)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from evsched.adapters.archive_files import ArchiveError
+from evsched.adapters.archive_files import ArchiveError, ArchiveLock
 from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.topics import Topics, partition_count
@@ -109,25 +109,36 @@ def archive(
         log = KafkaPartitionLog(
             settings, topic, partitions, client_id="evsched-archive", **FETCH_OPTIONS
         )
-        async with log:
-            archiver = Archiver(
-                log,
-                to,
-                namespace=settings.namespace,
-                partitions=partitions,
-                clock=SYSTEM_CLOCK,
-                roll=roll,
-                on_file=None if instruments is None else instruments.file_written,
-            )
-            resumed = await _open(archiver, accept_gap)
-            try:
-                await _archive(archiver, log, once=once, instruments=instruments)
-            except BaseException:
-                archiver.abandon()
-                raise
+        archiver = Archiver(
+            log,
+            to,
+            namespace=settings.namespace,
+            partitions=partitions,
+            clock=SYSTEM_CLOCK,
+            roll=roll,
+            on_file=None if instruments is None else instruments.file_written,
+        )
+        lock = _lock(to)
+        try:
+            async with log:
+                resumed = await _open(archiver, accept_gap)
+                try:
+                    await _archive(archiver, log, once=once, instruments=instruments)
+                except BaseException:
+                    archiver.abandon()
+                    raise
+        finally:
+            lock.release()
         _report(archiver, resumed, as_json)
 
     run(main)
+
+
+def _lock(root: Path) -> ArchiveLock:
+    try:
+        return ArchiveLock(root)
+    except ArchiveError as exc:
+        raise OperatorError(ExitCode.FAILED, str(exc)) from None
 
 
 async def _open(archiver: Archiver, accept_gap: bool) -> dict[int, int]:
