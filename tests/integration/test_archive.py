@@ -20,9 +20,10 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.records_to_delete import RecordsToDelete
 from tests.conftest import TEST_EVENT_PARTITIONS
+from tests.integration.engine import wait_for
 from typer.testing import CliRunner
 
-from evsched.adapters.archive_files import partition_events
+from evsched.adapters.archive_files import listed, partition_events
 from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.topics import Topics
 from evsched.client import App
@@ -30,7 +31,8 @@ from evsched.operator import register
 from evsched.ports import Record
 from evsched.settings import Settings
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+# Several evsched processes start one after the other; on a loaded machine that takes minutes.
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(600)]
 PARTITIONS = range(TEST_EVENT_PARTITIONS)
 
 
@@ -175,6 +177,31 @@ async def test_a_killed_archiver_resumes_without_gap_or_duplicate(
     again = await asyncio.to_thread(archive_once, env, root, *roll)
     assert all(row["files"] == [] for row in again["partitions"]), again
     assert tree(root) == tree(fresh)
+
+    # A running archiver shows new records in tails, and SIGTERM stops it cleanly.
+    async with app:
+        await enqueue_many(app, "t.archive", 7, 20_000)
+    running = spawn_archiver(env, root, *roll, "--tail-s", "0.5", "--log-console")
+    try:
+        records = await committed_records(settings)
+        last = {p: max(r.offset for r in records if r.partition == p) for p in PARTITIONS}
+
+        async def caught_up() -> bool:
+            return all(
+                max(f.last for f in listed(root, p)) == last[p] for p in PARTITIONS if last[p]
+            )
+
+        await wait_for(caught_up, what="tails of the newest records", timeout_s=120)
+        running.send_signal(signal.SIGTERM)
+        assert running.wait(timeout=60) == 0
+    finally:
+        if running.poll() is None:
+            running.kill()
+            running.wait()
+    check_exactly_once(root, records)
+    fresh_again = tmp_path / "fresh-again"
+    await asyncio.to_thread(archive_once, env, fresh_again, *roll)
+    assert tree(root) == tree(fresh_again)
 
 
 class Operator:
