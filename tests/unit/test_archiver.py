@@ -243,3 +243,16 @@ def test_one_archiver_per_directory(tmp_path: Path) -> None:
         ArchiveLock(tmp_path)
     held.release()
     ArchiveLock(tmp_path).release()
+
+
+async def test_a_tail_whose_range_retention_cut_is_kept_as_it_is(tmp_path: Path) -> None:
+    log = filled(partitions=1, records=12)
+    await archive_once(log, tmp_path, Roll(records=100))
+    (tail,) = listed(tmp_path, 0)
+    log.append(0, b"late", key=b"k", log_at=9_999)
+    log.trim(0, tail.first + 3)
+    await archive_once(log, tmp_path, Roll(records=100))
+    kept, newer = listed(tmp_path, 0)
+    assert (kept.first, kept.last, kept.tail) == (tail.first, tail.last, False)
+    assert (newer.first, newer.tail) == (tail.last + 1, True)
+    assert [e.offset for e in partition_events(tmp_path, 0)] == offsets(log, 0)

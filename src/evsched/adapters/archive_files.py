@@ -103,6 +103,16 @@ def tidy(root: Path, partition: int) -> list[Path]:
     return gone
 
 
+def seal(tail: ArchiveFile) -> ArchiveFile:
+    """Keep a tail as a sealed file (its range can no longer be read again from the log)."""
+    path = tail.path.with_name(file_name(tail.first, tail.last, tail=False))
+    tail.path.replace(path)
+    _fsync_dir(path.parent)
+    return ArchiveFile(
+        partition=tail.partition, first=tail.first, last=tail.last, tail=False, path=path
+    )
+
+
 def read_file(file: ArchiveFile) -> Iterator[LoggedEvent]:
     """The records of ``file``; ArchiveError for a record that its name does not cover."""
     for event in iter_history(file.path):

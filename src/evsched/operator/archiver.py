@@ -26,6 +26,7 @@ from evsched.adapters.archive_files import (
     covering,
     listed,
     read_manifest,
+    seal,
     tidy,
     write_manifest,
 )
@@ -130,10 +131,15 @@ class Archiver:
             if start > 0:
                 log.warning("archive_starts_after_zero", partition=partition, log_start=start)
             return _Partition(next_offset=start)
-        # A tail is archived, but its range is read again so that it rolls where it would have.
         next_offset = sealed[-1].last + 1 if sealed else files[0].first
-        if tail is not None:
-            next_offset = tail.first
+        tail_last = -1
+        if tail is not None and start > tail.first:
+            # Retention deleted part of the tail's range: it cannot be read again, so it stays.
+            log.warning("archive_tail_kept", partition=partition, path=str(seal(tail).path))
+            next_offset = tail.last + 1
+        elif tail is not None:
+            # A tail is archived, but its range is read again so it rolls where it would have.
+            next_offset, tail_last = tail.first, tail.last
         archived = files[-1].last
         if archived >= end:
             raise ArchiveError(
@@ -150,7 +156,7 @@ class Archiver:
         return _Partition(
             next_offset=max(next_offset, start),
             archived_last=archived,
-            tail_last=-1 if tail is None else tail.last,
+            tail_last=tail_last,
         )
 
     async def step(self, *, targets: Mapping[int, int] | None = None) -> int:
