@@ -8,7 +8,7 @@ reading, so exporting the same records twice gives identical files.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -153,20 +153,29 @@ class HistoryFile:
 
 def read_history(path: Path) -> HistoryFile:
     """Every record of the history file at ``path``; HistoryFileError when it can't be read."""
+    metadata: dict[str, str] = {}
+    events = list(iter_history(path, metadata))
+    return HistoryFile(events, metadata)
+
+
+def iter_history(path: Path, metadata: dict[str, str] | None = None) -> Iterator[LoggedEvent]:
+    """The records of the history file at ``path``, one at a time (its ``evsched.*`` metadata
+    goes into ``metadata`` once the header is read); HistoryFileError when it can't be read."""
     try:
         with path.open("rb") as stream:
             reader = fastavro.reader(stream, reader_schema=_SCHEMA)
-            events = [_logged(record) for record in reader]
-            metadata = {
-                k.removeprefix(META_PREFIX): _text(v)
-                for k, v in reader.metadata.items()
-                if k.startswith(META_PREFIX)
-            }
+            if metadata is not None:
+                metadata.update(
+                    (k.removeprefix(META_PREFIX), _text(v))
+                    for k, v in reader.metadata.items()
+                    if k.startswith(META_PREFIX)
+                )
+            for record in reader:
+                yield _logged(record)
     except OSError as exc:
         raise HistoryFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except Exception as exc:  # fastavro reports a foreign file with assorted exception types
         raise HistoryFileError(f"{path} is not an evsched history file: {exc}") from exc
-    return HistoryFile(events, metadata)
 
 
 def _logged(record: Any) -> LoggedEvent:

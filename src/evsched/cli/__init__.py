@@ -15,7 +15,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="evsched: eve
 app.add_typer(kafka_app, name="kafka")
 app.command("worker")(worker_command)
 app.command("api")(api_command)
-# enqueue, job, jobs, audit, cancel, requeue, dlq, schedules, export, rebuild, replay
+# enqueue, job, jobs, audit, cancel, requeue, dlq, schedules, export, archive, rebuild, replay
 register_operator_commands(app)
 app.command("node")(node_command)
 app.command("dev")(dev_command)

@@ -7,6 +7,7 @@ import typer
 
 # Modules only: the commands' names (export, rebuild, replay) are also names of submodules.
 from evsched.operator import (
+    cmd_archive,
     cmd_export,
     cmd_read,
     cmd_rebuild,
@@ -47,6 +48,7 @@ def register(app: typer.Typer) -> None:
         ("cancel", cmd_write.cancel),
         ("requeue", cmd_write.requeue),
         ("export", cmd_export.export),
+        ("archive", cmd_archive.archive),
         ("rebuild", cmd_rebuild.rebuild),
         ("replay", cmd_replay.replay),
         ("undecodable", cmd_undecodable.undecodable),

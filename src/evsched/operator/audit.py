@@ -48,6 +48,18 @@ class Audit:
 def audit(index: PartitionIndex, entity_id: str, *, as_of: int | None = None) -> Audit | None:
     """The audit of ``entity_id`` in ``index``, or None when it has no event there."""
     stored = index.timeline_events(entity_id)
+    return audit_of(entity_id, index.partition, index.applied_offset(), stored, as_of=as_of)
+
+
+def audit_of(
+    entity_id: str,
+    partition: int,
+    applied_offset: int,
+    stored: list[tuple[TimelineEntry, bytes]],
+    *,
+    as_of: int | None = None,
+) -> Audit | None:
+    """The audit of a timeline read from anywhere (an index, an archive); None when empty."""
     if not stored:
         return None
     if as_of is not None:
@@ -59,8 +71,8 @@ def audit(index: PartitionIndex, entity_id: str, *, as_of: int | None = None) ->
         rows.append(row)
     return Audit(
         entity_id=entity_id,
-        partition=index.partition,
-        applied_offset=index.applied_offset(),
+        partition=partition,
+        applied_offset=applied_offset,
         as_of=as_of,
         rows=tuple(rows),
         state=state,

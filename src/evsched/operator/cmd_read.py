@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from evsched.core.state import JobState, ScheduleState, Status
+from evsched.operator.archive_history import audit_from_archive
 from evsched.operator.audit import audit
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.operator.render import (
@@ -137,18 +138,33 @@ def audit_command(
     data_dir: DataDir = DEFAULT_DATA_DIR,
     offline: Offline = False,
     timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
+    archive: Annotated[
+        Path | None,
+        typer.Option(
+            "--archive",
+            help="Read the history from this archive (evsched archive --to), then the topic "
+            "after it (--offline: the archive alone), instead of the replica.",
+        ),
+    ] = None,
     as_json: Json = False,
 ) -> None:
     """Every event of a job from the index: where, when, who, token, verdict and why."""
 
     async def main() -> None:
-        async with replica(_options(data_dir, offline, timeout_s, as_json)) as local:
-            found = audit(local.index_of(job), job, as_of=as_of)
+        sources = None
+        if archive is not None:
+            found, sources = await audit_from_archive(archive, job, offline=offline, as_of=as_of)
+        else:
+            async with replica(_options(data_dir, offline, timeout_s, as_json)) as local:
+                found = audit(local.index_of(job), job, as_of=as_of)
         if found is None:
-            raise OperatorError(ExitCode.NOT_FOUND, f"no events of {job!r} in the replica")
+            where = "the replica" if archive is None else f"the archive {archive}"
+            raise OperatorError(ExitCode.NOT_FOUND, f"no events of {job!r} in {where}")
         if as_json:
-            emit_json(audit_json(found))
+            emit_json(audit_json(found) | ({} if sources is None else sources.as_json()))
             return
+        if sources is not None:
+            out.print(sources.describe())
         print_audit(out, found)
         _print_state_line(found.state, found.as_of)
         for row in found.drifted:

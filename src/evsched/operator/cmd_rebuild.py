@@ -122,6 +122,14 @@ def rebuild(
     batch_records: Annotated[
         int, typer.Option("--batch-records", min=1, help="Records per index write.")
     ] = BATCH_RECORDS,
+    archive: Annotated[
+        Path | None,
+        typer.Option(
+            "--archive",
+            help="Fold each partition's archive (evsched archive --to) first, then the log "
+            "after it: for a log that retention trimmed.",
+        ),
+    ] = None,
     as_json: Json = False,
 ) -> None:
     """Fold the whole log into fresh indexes, one per partition; --verify compares digests.
@@ -140,7 +148,7 @@ def rebuild(
         if replace:
             rebuild_dirs.replace(data_dir)
         rebuild_dirs.mark(data_dir)
-        plans = [_plan(settings, t, data_dir, batch_records) for t in targets]
+        plans = [_plan(settings, t, data_dir, batch_records, archive) for t in targets]
         started = time.perf_counter()
         results = _run_plans(plans, processes, quiet=as_json)
         seconds = time.perf_counter() - started
@@ -149,8 +157,11 @@ def rebuild(
     guarded(main)
 
 
-def _plan(settings: Settings, target: Target, data_dir: Path, batch_records: int) -> PartitionPlan:
+def _plan(
+    settings: Settings, target: Target, data_dir: Path, batch_records: int, archive: Path | None
+) -> PartitionPlan:
     return PartitionPlan(
+        archive=archive,
         bootstrap=settings.bootstrap,
         namespace=settings.namespace,
         partition=target.partition,

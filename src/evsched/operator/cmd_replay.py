@@ -10,8 +10,10 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from evsched.adapters.archive_files import ArchiveError
 from evsched.adapters.history_file import HistoryFileError, read_history
 from evsched.core.fold import FOLD_VERSION
+from evsched.operator.archive_history import archive_history
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.operator.render import emit_json, err, out
 from evsched.operator.replay import (
@@ -110,9 +112,46 @@ def update(history: Path, expected: Path | None = None) -> Path:
     return target
 
 
+def check_archive(archive: Path, expected: Path, *, update_expected: bool) -> Checked | None:
+    """Replay every record of an archive directory against ``expected`` (or rewrite it)."""
+    outcome = fold_history(archive_history(archive))
+    if update_expected:
+        document = expected_document(outcome, history=archive.name, description="an archive")
+        expected.write_text(dump_expected(document), encoding="utf-8")
+        out.print(f"wrote {expected}")
+        return None
+    recorded = load_expected(expected)
+    return Checked(
+        history=archive,
+        outcome=outcome,
+        comparison=compare(recorded, outcome),
+        recorded_fold_version=recorded.get("fold_version"),
+    )
+
+
+def _archive_only(files: list[Path] | None, expected: Path | None) -> Path:
+    if files:
+        raise typer.BadParameter("--archive replays the archive: name no files", param_hint="FILES")
+    if expected is None:
+        raise typer.BadParameter(
+            "--archive needs the outcome to compare with", param_hint="--expected"
+        )
+    return expected
+
+
 def replay(
     *,
-    files: Annotated[list[Path], typer.Argument(help="History files, or folders of them.")],
+    files: Annotated[
+        list[Path] | None, typer.Argument(help="History files, or folders of them.")
+    ] = None,
+    archive: Annotated[
+        Path | None,
+        typer.Option(
+            "--archive",
+            help="Replay an archive directory (evsched archive --to) instead of history files; "
+            "with --expected.",
+        ),
+    ] = None,
     expected: Annotated[
         Path | None,
         typer.Option("--expected", help="The recorded outcome (default: <name>.expected.json)."),
@@ -131,25 +170,37 @@ def replay(
     Exit 0 when every history folds to its recorded outcome, 1 when one diverges.
     """
     try:
-        found = histories(files)
-        if expected is not None and len(found) != 1:
-            raise typer.BadParameter(
-                "--expected goes with exactly one history file", param_hint="--expected"
+        if archive is not None:
+            done = check_archive(
+                archive, _archive_only(files, expected), update_expected=update_expected
             )
-        if update_expected:
-            for file in found:
-                out.print(f"wrote {update(file, expected)}")
-            return
-        checked = [check(file, expected) for file in found]
+            checked = [] if done is None else [done]
+        else:
+            checked = _check_files(files or [], expected, update_expected)
     except OperatorError as exc:
         err.print(f"[red]error:[/red] {escape(exc.message)}")
         raise typer.Exit(int(exc.code)) from None
-    except HistoryFileError as exc:
+    except (HistoryFileError, ArchiveError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(int(ExitCode.UNAVAILABLE)) from None
     _print(checked, as_json)
     if not all(c.comparison.identical for c in checked):
         raise typer.Exit(int(ExitCode.FAILED))
+
+
+def _check_files(files: list[Path], expected: Path | None, update_expected: bool) -> list[Checked]:
+    if not files:
+        raise typer.BadParameter("name history files or folders, or --archive", param_hint="FILES")
+    found = histories(files)
+    if expected is not None and len(found) != 1:
+        raise typer.BadParameter(
+            "--expected goes with exactly one history file", param_hint="--expected"
+        )
+    if update_expected:
+        for file in found:
+            out.print(f"wrote {update(file, expected)}")
+        return []
+    return [check(file, expected) for file in found]
 
 
 def _print(checked: list[Checked], as_json: bool) -> None:

@@ -18,10 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evsched.adapters.archive_log import ArchivePartitionLog
 from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.topics import Topics
+from evsched.operator.archive_history import ArchiveThenLog
+from evsched.ports import PartitionLog
 from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.projector import Projector
 from evsched.runtime.restore import restore
@@ -51,6 +54,8 @@ class PartitionPlan:
     directory: Path
     batch_records: int = BATCH_RECORDS
     check_crcs: bool = True
+    # Read the partition's archive (``evsched archive --to``) first, then the log after it.
+    archive: Path | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,15 +113,20 @@ def rebuild_one(
 async def _fold_partition(
     plan: PartitionPlan, index: PartitionIndex, report: Callable[[int], None] | None
 ) -> int:
-    log = KafkaPartitionLog(
+    topic = Topics(plan.namespace).events
+    kafka_log = KafkaPartitionLog(
         plan_settings(plan),
-        Topics(plan.namespace).events,
+        topic,
         [plan.partition],
         client_id=f"evsched-rebuild-p{plan.partition}",
         check_crcs=plan.check_crcs,
         **FETCH_OPTIONS,
     )
-    async with log:
+    log: PartitionLog = kafka_log
+    if plan.archive is not None:
+        log = ArchiveThenLog(ArchivePartitionLog(plan.archive, topic), kafka_log)
+    await log.start()
+    try:
         return await restore(
             log,
             {plan.partition: Projector(index)},
@@ -125,6 +135,8 @@ async def _fold_partition(
             fetch_records=FETCH_RECORDS,
             progress=report,
         )
+    finally:
+        await log.close()
 
 
 def _init_worker(counts: Any) -> None:
