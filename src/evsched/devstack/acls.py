@@ -33,7 +33,7 @@ def role_acls(namespace: str) -> list[AclRule]:
 
     return [
         # Producers (services with the client library, `evsched enqueue/cancel/requeue`).
-        topic("producer", "Write Describe", events),
+        topic("producer", "Read Write Describe", events),  # reads: the CLI waits for the verdict
         topic("producer", "Describe", dispatch, prefixed=True),  # which queues are declared
         # The API writes like a producer and folds <ns>.events into its read replica.
         topic("api", "Read Write Describe", events),

@@ -10,6 +10,7 @@ broker-to-controller requests use).
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 from collections.abc import Iterable
@@ -53,10 +54,21 @@ class SecureBroker(LocalBroker):
             data_dir, port, controller_port, cache_root=cache_root, ready_timeout_s=ready_timeout_s
         )
         self.authorizer = authorizer
-        # Random per broker; a test reads them from here (never from a command line it logs).
-        self.passwords = {name: secrets.token_hex(16) for name in (ADMIN, *users)}
         self.tls_dir = self.files.data_dir / "tls"
+        self.passwords = self._passwords((ADMIN, *users))
         self.ca = CertificateAuthority(cert=self.tls_dir / "ca.pem", key=self.tls_dir / "ca.key")
+
+    def _passwords(self, users: Iterable[str]) -> dict[str, str]:
+        """Random per data dir, kept in it (mode 600) as formatted storage holds them already."""
+        path = self.tls_dir / "users.json"
+        if path.exists():
+            known: dict[str, str] = json.loads(path.read_text(encoding="utf-8"))
+            return known
+        passwords = {name: secrets.token_hex(16) for name in users}
+        self.tls_dir.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(passwords), encoding="utf-8")
+        return passwords
 
     def client_env(self, user: str, *, password: str | None = None) -> dict[str, str]:
         """The documented ``EVSCHED_KAFKA_*`` variables that connect as ``user``."""
