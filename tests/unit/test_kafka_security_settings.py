@@ -1,5 +1,5 @@
-"""The TLS/SASL variables (``EVSCHED_KAFKA_*``): what the Kafka client gets, and every value it could
-not use refused up front with the variable's name."""
+"""The TLS/SASL variables (``EVSCHED_KAFKA_*``): what the Kafka client gets, and every value it
+could not use refused up front with the variable's name."""
 
 from __future__ import annotations
 

@@ -101,8 +101,9 @@ def _reason(exc: BaseException, host: str, options: Mapping[str, Any]) -> str | 
     if isinstance(exc, ssl.SSLCertVerificationError):
         return _certificate_reason(exc, host)
     if isinstance(exc, ssl.SSLError):
+        why = getattr(exc, "reason", None) or exc
         return (
-            f"the TLS handshake failed ({exc.reason or exc}): is this a TLS listener? "
+            f"the TLS handshake failed ({why}): is this a TLS listener? "
             f"(EVSCHED_KAFKA_SECURITY_PROTOCOL={protocol})"
         )
     if isinstance(exc, IllegalSaslStateError):
