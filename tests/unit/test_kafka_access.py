@@ -135,3 +135,19 @@ async def test_an_outage_keeps_its_own_words(monkeypatch: pytest.MonkeyPatch) ->
     failed = KafkaConnectionError("Unable to bootstrap")
     await raise_if_refused("b1:9093", failed)
     assert await failure_text("b1:9093", failed) == repr(failed)
+
+
+def test_kafka_topics_prints_a_refusal_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from evsched.cli import kafka as cli
+
+    async def refused(*args: Any, **options: Any) -> list[str]:
+        raise BrokerAccessRefused("Kafka at b1:9093 refused the connection: SASL ... failed")
+
+    monkeypatch.setattr(cli, "ensure_topics", refused)
+    result = CliRunner().invoke(cli.kafka_app, ["topics"], env={})
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if "refused the connection" in line]
+    assert len(lines) == 1, result.output
