@@ -37,7 +37,7 @@ super.users=User:admin;User:ANONYMOUS"""
 
 
 class SecureBroker(LocalBroker):
-    """``LocalBroker`` with TLS, SCRAM users (``users``: name to password) and an authorizer."""
+    """``LocalBroker`` with TLS, a SCRAM user per name in ``users`` and, optionally, ACLs."""
 
     def __init__(
         self,
@@ -70,14 +70,14 @@ class SecureBroker(LocalBroker):
         path.write_text(json.dumps(passwords), encoding="utf-8")
         return passwords
 
-    def client_env(self, user: str, *, password: str | None = None) -> dict[str, str]:
+    def client_env(self, user: str) -> dict[str, str]:
         """The documented ``EVSCHED_KAFKA_*`` variables that connect as ``user``."""
         return {
             "EVSCHED_KAFKA_BOOTSTRAP": self.bootstrap,
             "EVSCHED_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
             "EVSCHED_KAFKA_SASL_MECHANISM": MECHANISM,
             "EVSCHED_KAFKA_SASL_USERNAME": user,
-            "EVSCHED_KAFKA_SASL_PASSWORD": password or self.passwords[user],
+            "EVSCHED_KAFKA_SASL_PASSWORD": self.passwords[user],
             "EVSCHED_KAFKA_SSL_CAFILE": str(self.ca.cert),
         }
 
