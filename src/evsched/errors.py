@@ -94,6 +94,11 @@ class BrokerUnavailable(EvschedError):
     """The broker could not be reached, or gave up on a request; retrying later may succeed."""
 
 
+class BrokerAccessRefused(EvschedError):
+    """The broker refused this client's TLS or SASL (an untrusted certificate, a wrong password or
+    mechanism): a setting to fix, not an outage, so nothing retries it; the message names it."""
+
+
 class Fenced(EvschedError):
     """A newer producer holds this transactional id: the partition has another owner now."""
 

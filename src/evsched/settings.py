@@ -6,6 +6,7 @@ import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from evsched.core.limits import namespace_refusal
@@ -17,13 +18,18 @@ DEFAULT_BOOTSTRAP = f"127.0.0.1:{DEFAULT_BROKER_PORT}"
 DEFAULT_NAMESPACE = "evsched"
 DEFAULT_EVENT_PARTITIONS = 6
 
-# Client security settings passed through to the Kafka client, for clusters beyond the local one.
+# Client security settings passed through to the Kafka client, for clusters beyond the local one
+# (docs/security.md lists them); the password may come from a file instead.
 _SECURITY_ENV = {
     "EVSCHED_KAFKA_SECURITY_PROTOCOL": "security_protocol",
     "EVSCHED_KAFKA_SASL_MECHANISM": "sasl_mechanism",
     "EVSCHED_KAFKA_SASL_USERNAME": "sasl_plain_username",
     "EVSCHED_KAFKA_SASL_PASSWORD": "sasl_plain_password",
 }
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+# What evsched can pass on from the environment (OAUTHBEARER needs a token provider in code).
+_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI")
+_BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 # Options whose values never appear in a repr or a log line.
 _SECRET_OPTIONS = frozenset({"sasl_plain_password", "sasl_oauth_token_provider"})
 
@@ -71,19 +77,65 @@ def kafka_options(env: Mapping[str, str]) -> dict[str, Any]:
     """The Kafka client's security options from ``EVSCHED_KAFKA_*``; TLS gets an SSL context.
 
     Without ``EVSCHED_KAFKA_SSL_CAFILE`` a TLS protocol (SSL, SASL_SSL) verifies the broker
-    against the system's trust store, as any TLS client would.
+    against the system's trust store, as any TLS client would. A value the client could not
+    use raises SettingsError naming the variable.
     """
     options: dict[str, Any] = {
         option: env[name] for name, option in _SECURITY_ENV.items() if env.get(name)
     }
+    protocol = _choice(env, "EVSCHED_KAFKA_SECURITY_PROTOCOL", _PROTOCOLS, "PLAINTEXT")
+    if "security_protocol" in options:
+        options["security_protocol"] = protocol
+    if protocol.startswith("SASL_"):
+        options.update(_sasl_options(env))
     cafile = env.get("EVSCHED_KAFKA_SSL_CAFILE") or None
-    tls = str(options.get("security_protocol", "")).upper() in {"SSL", "SASL_SSL"}
-    if cafile is not None or tls:
-        try:
-            options["ssl_context"] = ssl.create_default_context(cafile=cafile)
-        except (OSError, ssl.SSLError) as exc:
-            raise SettingsError(f"EVSCHED_KAFKA_SSL_CAFILE={cafile!r}: {exc}") from None
+    if cafile is not None or protocol in {"SSL", "SASL_SSL"}:
+        options["ssl_context"] = _ssl_context(env, cafile)
     return options
+
+
+def _sasl_options(env: Mapping[str, str]) -> dict[str, Any]:
+    mechanism = _choice(env, "EVSCHED_KAFKA_SASL_MECHANISM", _MECHANISMS, "PLAIN")
+    options: dict[str, Any] = {"sasl_mechanism": mechanism}
+    if path := env.get("EVSCHED_KAFKA_SASL_PASSWORD_FILE"):
+        if env.get("EVSCHED_KAFKA_SASL_PASSWORD"):
+            raise SettingsError(
+                "EVSCHED_KAFKA_SASL_PASSWORD and EVSCHED_KAFKA_SASL_PASSWORD_FILE are both set: "
+                "use one"
+            )
+        try:
+            options["sasl_plain_password"] = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise SettingsError(f"EVSCHED_KAFKA_SASL_PASSWORD_FILE={path!r}: {exc}") from None
+    password = options.get("sasl_plain_password") or env.get("EVSCHED_KAFKA_SASL_PASSWORD")
+    if mechanism != "GSSAPI" and not (env.get("EVSCHED_KAFKA_SASL_USERNAME") and password):
+        raise SettingsError(
+            f"EVSCHED_KAFKA_SASL_MECHANISM={mechanism} needs EVSCHED_KAFKA_SASL_USERNAME and "
+            "EVSCHED_KAFKA_SASL_PASSWORD (or EVSCHED_KAFKA_SASL_PASSWORD_FILE)"
+        )
+    return options
+
+
+def _ssl_context(env: Mapping[str, str], cafile: str | None) -> ssl.SSLContext:
+    try:
+        context = ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise SettingsError(f"EVSCHED_KAFKA_SSL_CAFILE={cafile!r}: {exc}") from None
+    check = env.get("EVSCHED_KAFKA_SSL_CHECK_HOSTNAME", "true").strip().lower()
+    if check not in _BOOLEANS:
+        raise SettingsError(
+            f"EVSCHED_KAFKA_SSL_CHECK_HOSTNAME={check[:20]!r}: expected true or false"
+        )
+    # The certificate is still verified against the CA without it; only the name is not.
+    context.check_hostname = _BOOLEANS[check]
+    return context
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    value = (env.get(name) or default).strip().upper()
+    if value not in choices:
+        raise SettingsError(f"{name}={env[name][:40]!r}: expected one of {', '.join(choices)}")
+    return value
 
 
 def _partitions(text: str | None) -> int:

@@ -94,7 +94,9 @@ def test_secrets_never_show_in_a_repr() -> None:
 
 @pytest.mark.parametrize("protocol", ["SSL", "SASL_SSL", "ssl"])
 def test_tls_without_a_ca_file_uses_the_system_trust_store(protocol: str) -> None:
-    options = Settings.from_env({"EVSCHED_KAFKA_SECURITY_PROTOCOL": protocol}).kafka_options
+    sasl = {"EVSCHED_KAFKA_SASL_USERNAME": "svc", "EVSCHED_KAFKA_SASL_PASSWORD": "pw"}
+    env = {"EVSCHED_KAFKA_SECURITY_PROTOCOL": protocol, **sasl}
+    options = Settings.from_env(env).kafka_options
     context = options["ssl_context"]
     assert isinstance(context, ssl.SSLContext)
     assert context.verify_mode is ssl.CERT_REQUIRED

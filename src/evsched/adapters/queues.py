@@ -15,6 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from evsched.adapters.clock import monotonic_s
+from evsched.adapters.kafka_access import failure_text
 from evsched.adapters.topics import Topics
 from evsched.errors import EvschedError
 from evsched.settings import Settings
@@ -70,7 +71,9 @@ class KafkaQueues:
                 await admin.start()
                 return set(await admin.list_topics())
         except (KafkaError, TimeoutError) as exc:
-            raise QueueLookupError(f"cannot list the declared queues: {exc!r}") from exc
+            settings = self._settings
+            why = await failure_text(settings.bootstrap, exc, **dict(settings.kafka_options))
+            raise QueueLookupError(f"cannot list the declared queues: {why}") from exc
         finally:
             await admin.close()
 

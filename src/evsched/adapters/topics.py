@@ -11,6 +11,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
+from evsched.adapters.kafka_access import raise_if_refused
 from evsched.core.limits import namespace_refusal, queue_refusal
 from evsched.errors import EvschedError
 
@@ -223,6 +224,7 @@ async def provision(
             await _create_missing(admin, specs, timeout_ms, create=create)
             observed = await _observe_when_visible(admin, [spec.name for spec in specs])
     except KafkaError as exc:
+        await raise_if_refused(bootstrap, exc, **client_options)
         raise TopicProvisioningError(f"provisioning topics on {bootstrap} failed: {exc!r}") from exc
     except TimeoutError as exc:
         raise TopicProvisioningError(
@@ -313,6 +315,7 @@ async def partition_count(
             await admin.start()
             (described,) = await admin.describe_topics([topic])
     except KafkaError as exc:
+        await raise_if_refused(bootstrap, exc, **client_options)
         raise TopicProvisioningError(f"describing {topic} on {bootstrap} failed: {exc!r}") from exc
     except TimeoutError as exc:
         raise TopicProvisioningError(f"describing {topic} took more than {timeout_s} s") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Annotated
@@ -10,10 +11,12 @@ import structlog
 import typer
 import uvicorn
 
+from evsched.adapters.kafka_access import check_access
 from evsched.api.app import create_app
 from evsched.api.auth import AuthConfigError, load_tokens
 from evsched.cli.options import LogJson
 from evsched.client.loader import load_app
+from evsched.errors import BrokerAccessRefused
 from evsched.logging import configure_logging
 from evsched.metrics import Metrics
 from evsched.runtime.gc_policy import tune_for_folding
@@ -104,6 +107,12 @@ def api_command(
         client = load_app(app) if app is not None else None
         settings = client.settings if client is not None else Settings.from_env()
     except SettingsError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        # The replica starts inside uvicorn's lifespan, where a refusal would be a traceback.
+        asyncio.run(check_access(settings.bootstrap, **dict(settings.kafka_options)))
+    except BrokerAccessRefused as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     metrics = Metrics()

@@ -13,6 +13,7 @@ from evsched.adapters.topics import TopicProvisioningError, ensure_topics
 from evsched.devstack.broker import BrokerStatus, LocalBroker
 from evsched.devstack.config import DATA_DIR_ENV
 from evsched.devstack.errors import DevstackError
+from evsched.errors import BrokerAccessRefused
 from evsched.settings import (
     DEFAULT_BOOTSTRAP,
     DEFAULT_BROKER_PORT,
@@ -141,7 +142,7 @@ def topics(
                 **security,
             )
         )
-    except TopicProvisioningError as error:
+    except (TopicProvisioningError, BrokerAccessRefused) as error:
         raise _fail(error) from None
     for name in names:
         typer.echo(name)

@@ -14,6 +14,7 @@ from evsched.cli.options import LogJson, MetricsAddr, metrics_port_option
 from evsched.cli.worker import load_dispatch_key
 from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.core.planner import PlannerLimits
+from evsched.errors import BrokerAccessRefused
 from evsched.logging import configure_logging
 from evsched.runtime.node import NodeConfig
 from evsched.runtime.node_process import serve_node
@@ -84,7 +85,7 @@ def node_command(
     )
     try:
         asyncio.run(serve_node(config))
-    except (TopicMisconfigured, TopicRefused) as exc:
-        # An operator's fix, not a bug: one line naming the topic and the setting.
+    except (TopicMisconfigured, TopicRefused, BrokerAccessRefused) as exc:
+        # An operator's fix, not a bug: one line naming the topic, or the TLS/SASL setting.
         typer.echo(f"evsched node: {exc}", err=True)
         raise typer.Exit(1) from None

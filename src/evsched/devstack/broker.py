@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from evsched.devstack.config import (
     HOST,
@@ -111,9 +112,7 @@ class LocalBroker:
                 if port_in_use(port):
                     raise PortInUse(port)
             ensure_jars(self.dist)
-            ensure_storage_template(self.dist, java)
-            write_broker_config(self.files, port=self.port, controller_port=self.controller_port)
-            copy_storage(self.dist, self.files.log_dir)
+            self._prepare(java)
             child = self._spawn(java)
             try:
                 self._await_ready(child, Deadline(self.ready_timeout_s))
@@ -176,6 +175,16 @@ class LocalBroker:
         self.files.pid_file.unlink(missing_ok=True)
         return None
 
+    def _prepare(self, java: str) -> None:
+        """Write the configs and give the data dir formatted storage (a copy of the template)."""
+        ensure_storage_template(self.dist, java)
+        write_broker_config(self.files, port=self.port, controller_port=self.controller_port)
+        copy_storage(self.dist, self.files.log_dir)
+
+    def _client_options(self) -> dict[str, Any]:
+        """What a client needs besides the address to ask this broker for metadata."""
+        return {}
+
     def _own_child(self, pid: int) -> subprocess.Popen[bytes] | None:
         return self._child if self._child is not None and self._child.pid == pid else None
 
@@ -201,7 +210,9 @@ class LocalBroker:
 
     def _await_ready(self, child: subprocess.Popen[bytes], deadline: Deadline) -> None:
         while child.poll() is None and not deadline.expired:
-            if port_accepts(self.port) and run_sync(metadata_answers(self.bootstrap)):
+            if port_accepts(self.port) and run_sync(
+                metadata_answers(self.bootstrap, **self._client_options())
+            ):
                 return
             time.sleep(0.2)
         if child.poll() is None:

@@ -27,10 +27,16 @@ def _quiet(logger_name: str) -> Iterator[None]:
         logger.setLevel(level)
 
 
-async def metadata_answers(bootstrap: str, timeout_ms: int = 3000) -> bool:
-    """True when the cluster at ``bootstrap`` answers a metadata request listing a broker."""
+async def metadata_answers(bootstrap: str, timeout_ms: int = 3000, **client_options: Any) -> bool:
+    """True when the cluster at ``bootstrap`` answers a metadata request listing a broker.
+
+    ``client_options`` (TLS/SASL) go to aiokafka's admin client as they are.
+    """
     admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms, client_id="evsched-devstack"
+        bootstrap_servers=bootstrap,
+        request_timeout_ms=timeout_ms,
+        client_id="evsched-devstack",
+        **client_options,
     )
     with _quiet("aiokafka"):
         try:

@@ -1,0 +1,98 @@
+"""The role ACL set as docs/security.md prints it, the stock tool's commands, and the test CA."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from evsched.adapters.kafka_acls import AclRule
+from evsched.devstack.acls import ROLES, acl_table, kafka_acls_command, role_acls
+from evsched.devstack.certs import make_ca, make_server_cert
+from evsched.devstack.secure import SecureBroker
+from evsched.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_docs_show_exactly_the_acls_the_tests_apply() -> None:
+    text = (REPO / "docs" / "security.md").read_text(encoding="utf-8")
+    assert acl_table("evsched") in text
+
+
+def _may(role: str, operation: str, topic: str) -> bool:
+    def matches(rule: AclRule) -> bool:
+        if rule.prefixed:
+            return topic.startswith(rule.name)
+        return topic == rule.name
+
+    return any(
+        rule.principal == f"User:{role}"
+        and rule.resource_type == "Topic"
+        and operation in rule.operations
+        and matches(rule)
+        for rule in role_acls("ns")
+    )
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_only_nodes_write_dispatch_and_effects_and_only_operators_create(role: str) -> None:
+    for topic in ("ns.dispatch.default", "ns.effects"):
+        assert _may(role, "Write", topic) is (role == "node")
+    assert _may(role, "Create", "ns.dispatch.default") is (role == "operator")
+    # Another namespace is out of reach of every role.
+    for operation in ("Read", "Write", "Describe", "Create"):
+        assert not _may(role, operation, "other.events")
+
+
+def test_the_stock_tool_command_of_a_rule() -> None:
+    rule = AclRule(
+        principal="User:worker",
+        operations=("Read",),
+        resource_type="Group",
+        name="ns.workers.",
+        prefixed=True,
+    )
+    assert kafka_acls_command(rule, bootstrap="b:9093")[-8:] == [
+        "--allow-principal", "User:worker", "--operation", "Read",
+        "--group", "ns.workers.", "--resource-pattern-type", "prefixed",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="unknown"):
+        AclRule(principal="User:x", operations=("Fly",), resource_type="Topic", name="t")
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not on PATH")
+def test_the_broker_certificate_verifies_against_its_ca_only(tmp_path: Path) -> None:
+    ca = make_ca(tmp_path / "ca", name="ca")
+    server = make_server_cert(ca, tmp_path / "server", hosts=("127.0.0.1", "localhost"))
+    other = make_ca(tmp_path / "other", name="other")
+    verify = ["openssl", "verify", "-x509_strict", "-purpose", "sslserver", "-CAfile"]
+    good = subprocess.run(
+        [*verify, str(ca.cert), str(server.cert)], capture_output=True, check=False
+    )
+    assert good.returncode == 0, good.stderr
+    bad = subprocess.run(
+        [*verify, str(other.cert), str(server.cert)], capture_output=True, check=False
+    )
+    assert bad.returncode != 0
+    text = server.keystore.read_text(encoding="utf-8")
+    assert text.index("BEGIN PRIVATE KEY") < text.index("BEGIN CERTIFICATE")
+    assert server.keystore.stat().st_mode & 0o077 == 0
+    ssl.create_default_context(cafile=ca.cert).load_cert_chain(server.keystore)
+
+
+def test_a_secure_broker_hands_out_the_documented_variables(tmp_path: Path) -> None:
+    broker = SecureBroker(tmp_path / "b", 19740, 19741, users=["node"])
+    env = broker.client_env("node")
+    assert env.pop("EVSCHED_KAFKA_SSL_CAFILE") == str(broker.ca.cert)  # made by `up`
+    settings = Settings.from_env({**env, "EVSCHED_NAMESPACE": "ns"})
+    assert settings.bootstrap == "127.0.0.1:19740"
+    assert settings.kafka_options["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert settings.kafka_options["sasl_plain_password"] == broker.passwords["node"]
+    # The passwords stay with the data dir: its formatted storage holds them.
+    again = SecureBroker(tmp_path / "b", 19740, 19741, users=["node"])
+    assert again.passwords == broker.passwords
+    assert (tmp_path / "b" / "tls" / "users.json").stat().st_mode & 0o077 == 0
