@@ -29,6 +29,11 @@ def _quiet(logger_name: str) -> Iterator[None]:
 
 async def metadata_answers(bootstrap: str, timeout_ms: int = 3000) -> bool:
     """True when the cluster at ``bootstrap`` answers a metadata request listing a broker."""
+    return await broker_count(bootstrap, timeout_ms) > 0
+
+
+async def broker_count(bootstrap: str, timeout_ms: int = 3000) -> int:
+    """How many brokers the cluster at ``bootstrap`` lists; 0 when it does not answer."""
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms, client_id="evsched-devstack"
     )
@@ -37,10 +42,10 @@ async def metadata_answers(bootstrap: str, timeout_ms: int = 3000) -> bool:
             await admin.start()
             cluster: dict[str, Any] = await admin.describe_cluster()
         except (KafkaError, OSError, TimeoutError):
-            return False
+            return 0
         finally:
             await admin.close()
-    return bool(cluster.get("brokers"))
+    return len(cluster.get("brokers") or ())
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
