@@ -11,7 +11,7 @@ import contextlib
 import fcntl
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,7 +119,9 @@ class LocalCluster:
         cache_root: Path | None = None,
         ready_timeout_s: float = 120.0,
         stop_timeout_s: float = 30.0,
+        ports: Sequence[tuple[int, int]] | None = None,
     ) -> None:
+        """``ports`` (client, controller) per node replace the ones derived from ``port``."""
         self.data_dir = (data_dir or default_data_dir()).absolute()
         self.ready_timeout_s = ready_timeout_s
         recorded = Layout.read(self.data_dir / LAYOUT_FILE)
@@ -130,7 +132,7 @@ class LocalCluster:
             )
         self.layout = recorded or Layout(
             version=version or kafka_version(),
-            ports=tuple(node_ports(port, controller_port, brokers)),
+            ports=tuple(ports or node_ports(port, controller_port, brokers)),
         )
         self.version = self.layout.version
         pairs = self.layout.ports
