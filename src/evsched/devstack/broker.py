@@ -132,6 +132,10 @@ class LocalBroker:
 
         A cluster starts every node before waiting: no node answers before a quorum of them runs.
         """
+        if self._child is not None:
+            # A previous JVM of ours that was killed: reap it before its Popen is dropped.
+            self._child.poll()
+            self._child = None
         java = require_tool("java", JAVA_HINT)
         for port in (self.port, self.controller_port):
             if port_in_use(port):
