@@ -148,3 +148,34 @@ def test_cli_refuses_a_cluster_in_a_single_brokers_dir(tmp_path: Path) -> None:
     result = runner.invoke(app, [*args, "--data-dir", str(tmp_path)])
     assert result.exit_code == 1
     assert "holds a single broker" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        ([], {}, None),
+        ([], {"EVSCHED_REPLICATION_FACTOR": "3"}, 3),
+        (["--replication-factor", "2"], {"EVSCHED_REPLICATION_FACTOR": "3"}, 2),
+    ],
+)
+def test_kafka_topics_takes_the_replication_setting(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str], expected: int | None
+) -> None:
+    from evsched.cli import kafka as cli
+
+    seen: dict[str, object] = {}
+
+    async def ensure(*_: object, **options: object) -> list[str]:
+        seen.update(options)
+        return ["ns.events"]
+
+    monkeypatch.setattr(cli, "ensure_topics", ensure)
+    result = runner.invoke(cli.kafka_app, ["topics", *args], env=env)
+    assert result.exit_code == 0, result.output
+    assert seen["replication_factor"] == expected
+
+
+def test_kafka_topics_refuses_a_replication_factor_below_one() -> None:
+    result = runner.invoke(app, ["kafka", "topics", "--replication-factor", "0"])
+    assert result.exit_code == 2
+    assert "--replication-factor" in result.output
