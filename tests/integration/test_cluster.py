@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
 from tests.conftest import unique_name
 
 from evsched.adapters.kafka_log import KafkaEventLog
@@ -170,3 +172,65 @@ async def test_acknowledged_writes_survive_a_killed_broker_and_it_rejoins(
     status = cluster.up()  # starts the killed node again, the others keep running
     assert status.running
     assert cluster.node(leader).status().pid not in {None, pid}
+
+
+async def _wait_for(
+    probe: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 120
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await probe():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        await asyncio.sleep(0.2)
+
+
+async def test_a_broker_frozen_past_its_session_timeout_is_fenced_then_rejoins(
+    cluster: LocalCluster, admin: AIOKafkaAdminClient
+) -> None:
+    namespace = unique_name("cl")
+    await ensure_topics(cluster.bootstrap, namespace, event_partitions=3, queues=[])
+    events = Topics(namespace).events
+    [described] = await admin.describe_topics([events])
+    leader = next(p["leader"] for p in described["partitions"] if p["partition"] == 0)
+    pid = cluster.node(leader).status().pid
+    assert pid is not None
+    settings = Settings(bootstrap=cluster.bootstrap, namespace=namespace, event_partitions=3)
+    log = KafkaEventLog(settings, client_id="cluster-test")
+    await log.start()
+    written = 0
+
+    async def fenced() -> bool:
+        nonlocal written
+        await log.append(events, f"job-{written}", b"during")
+        written += 1
+        try:
+            brokers = (await admin.describe_cluster())["brokers"]
+        except KafkaError:  # the admin client asked the frozen broker: ask again
+            return False
+        return leader not in {b["node_id"] for b in brokers}
+
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            # Appends go on (to the new leaders) until the controller fences the frozen broker.
+            await _wait_for(fenced, "the frozen broker to be fenced", timeout_s=180)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+        async def rejoined() -> bool:
+            try:
+                [topic] = await admin.describe_topics([events])
+            except KafkaError:
+                return False
+            return all(len(p["isr"]) == 3 for p in topic["partitions"])
+
+        await _wait_for(rejoined, "the thawed broker to rejoin every ISR", timeout_s=180)
+        await log.append(events, "job-after", b"after")
+    finally:
+        await log.close()
+    consumer = AIOKafkaConsumer(bootstrap_servers=cluster.bootstrap)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets([TopicPartition(events, p) for p in range(3)])
+    finally:
+        await consumer.stop()
+    assert sum(ends.values()) == written + 1  # every acknowledged append, none twice
