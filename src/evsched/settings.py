@@ -17,6 +17,7 @@ DEFAULT_CONTROLLER_PORT = 19093
 DEFAULT_BOOTSTRAP = f"127.0.0.1:{DEFAULT_BROKER_PORT}"
 DEFAULT_NAMESPACE = "evsched"
 DEFAULT_EVENT_PARTITIONS = 6
+REPLICATION_FACTOR_ENV = "EVSCHED_REPLICATION_FACTOR"
 
 # Client security settings passed through to the Kafka client, for clusters beyond the local one
 # (docs/security.md lists them); the password may come from a file instead.
@@ -43,6 +44,8 @@ class Settings:
     bootstrap: str = DEFAULT_BOOTSTRAP
     namespace: str = DEFAULT_NAMESPACE
     event_partitions: int = DEFAULT_EVENT_PARTITIONS
+    # None: min(3, brokers) at provisioning (evsched.adapters.topics.choose_replication).
+    replication_factor: int | None = None
     # Shown redacted by __repr__: it may hold the SASL password.
     kafka_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -59,7 +62,8 @@ class Settings:
         }
         return (
             f"Settings(bootstrap={self.bootstrap!r}, namespace={self.namespace!r}, "
-            f"event_partitions={self.event_partitions!r}, kafka_options={options!r})"
+            f"event_partitions={self.event_partitions!r}, "
+            f"replication_factor={self.replication_factor!r}, kafka_options={options!r})"
         )
 
     @classmethod
@@ -69,6 +73,7 @@ class Settings:
             bootstrap=env.get("EVSCHED_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP),
             namespace=env.get("EVSCHED_NAMESPACE", DEFAULT_NAMESPACE),
             event_partitions=_partitions(env.get("EVSCHED_EVENT_PARTITIONS")),
+            replication_factor=_replication_factor(env.get(REPLICATION_FACTOR_ENV)),
             kafka_options=kafka_options(env),
         )
 
@@ -148,3 +153,15 @@ def _partitions(text: str | None) -> int:
     if count < 1:
         raise SettingsError(f"EVSCHED_EVENT_PARTITIONS={text!r}: expected a positive integer")
     return count
+
+
+def _replication_factor(text: str | None) -> int | None:
+    if text is None or not text.strip():
+        return None
+    try:
+        factor = int(text)
+    except ValueError:
+        factor = 0
+    if factor < 1:
+        raise SettingsError(f"{REPLICATION_FACTOR_ENV}={text!r}: expected a positive integer")
+    return factor

@@ -127,7 +127,9 @@ def test_pom_pins_the_version_the_code_expects() -> None:
     artifacts = {
         d.findtext("m:artifactId", namespaces=ns) for d in root.iterfind(".//m:dependency", ns)
     }
-    assert artifacts == {"kafka_2.13", "slf4j-reload4j"}
+    assert artifacts == {"kafka_2.13", "slf4j-reload4j", "log4j-slf4j-impl"}
+    profiles = {p.findtext("m:id", namespaces=ns) for p in root.iterfind(".//m:profile", ns)}
+    assert profiles == {"log4j1", "log4j2"}  # chosen by KafkaDist.log4j2
 
 
 def test_cluster_ids_are_kraft_shaped() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -95,8 +95,40 @@ class TopicSpec:
 
     name: str
     partitions: int
-    replication_factor: int
+    # None: chosen when provisioned, by choose_replication from the cluster's broker count.
+    replication_factor: int | None = None
+    min_insync: int | None = None
     configs: Mapping[str, str] = field(default_factory=dict)
+
+
+MIN_INSYNC = "min.insync.replicas"
+
+
+@dataclass(frozen=True, slots=True)
+class Replication:
+    """How many copies of each partition, and how many must have a write before it is acked."""
+
+    factor: int
+    min_insync: int
+
+
+def choose_replication(brokers: int, configured: int | None = None) -> Replication:
+    """The one replication choice for every evsched topic: ``configured`` or min(3, brokers).
+
+    Two in-sync replicas from a factor of 3: an acks=all write survives losing any one broker,
+    and one broker may be down (a rolling restart) without refusing writes.
+    """
+    factor = configured if configured is not None else max(1, min(3, brokers))
+    return Replication(factor=factor, min_insync=2 if factor >= 3 else 1)
+
+
+def _replicated(spec: TopicSpec, brokers: int) -> TopicSpec:
+    chosen = choose_replication(brokers, spec.replication_factor)
+    return replace(
+        spec,
+        replication_factor=chosen.factor,
+        min_insync=spec.min_insync if spec.min_insync is not None else chosen.min_insync,
+    )
 
 
 def topic_specs(
@@ -106,7 +138,7 @@ def topic_specs(
     queues: Iterable[str],
     dispatch_partitions: int | None = None,
     effects_partitions: int | None = None,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     dispatch_retention_ms: int = DISPATCH_RETENTION_MS,
 ) -> list[TopicSpec]:
     """The namespace's topics; dispatch and effects default to as many partitions as events."""
@@ -147,13 +179,16 @@ class ObservedTopic:
 
 
 def find_mismatches(spec: TopicSpec, observed: ObservedTopic) -> list[Mismatch]:
-    """Every way ``observed`` differs from ``spec``; more replicas than asked for is fine."""
+    """Every way ``observed`` differs from ``spec``; more replicas or a higher min ISR is fine."""
     found = []
     if observed.partitions != spec.partitions:
         found.append(
             Mismatch(spec.name, "partitions", str(observed.partitions), str(spec.partitions))
         )
-    if observed.replication_factor < spec.replication_factor:
+    if (
+        spec.replication_factor is not None
+        and observed.replication_factor < spec.replication_factor
+    ):
         found.append(
             Mismatch(
                 spec.name,
@@ -162,6 +197,9 @@ def find_mismatches(spec: TopicSpec, observed: ObservedTopic) -> list[Mismatch]:
                 f">= {spec.replication_factor}",
             )
         )
+    actual_isr = observed.configs.get(MIN_INSYNC)
+    if spec.min_insync is not None and int(actual_isr or 1) < spec.min_insync:
+        found.append(Mismatch(spec.name, MIN_INSYNC, str(actual_isr), f">= {spec.min_insync}"))
     for key, expected in spec.configs.items():
         actual = observed.configs.get(key)
         if actual != expected:
@@ -177,7 +215,7 @@ async def ensure_topics(
     queues: Iterable[str],
     dispatch_partitions: int | None = None,
     effects_partitions: int | None = None,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
     dispatch_retention_ms: int = DISPATCH_RETENTION_MS,
     timeout_s: float = 30.0,
     create: bool = True,
@@ -212,7 +250,9 @@ async def provision(
 ) -> None:
     """Create the topics of ``specs`` that don't exist, then check all of them against ``specs``.
 
-    With ``create=False`` a missing topic raises TopicMissing: only the checks are made.
+    A spec without a replication factor or min ISR gets ``choose_replication``'s for the
+    cluster's broker count. With ``create=False`` a missing topic raises TopicMissing: only
+    the checks are made.
     """
     timeout_ms = int(timeout_s * 1000)
     admin = AIOKafkaAdminClient(
@@ -221,7 +261,9 @@ async def provision(
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
-            await _create_missing(admin, specs, timeout_ms, create=create)
+            brokers = await _broker_count(admin)
+            specs = [_replicated(spec, brokers) for spec in specs]
+            await _create_missing(admin, specs, timeout_ms, create=create, brokers=brokers)
             observed = await _observe_when_visible(admin, [spec.name for spec in specs])
     except KafkaError as exc:
         await raise_if_refused(bootstrap, exc, **client_options)
@@ -237,8 +279,29 @@ async def provision(
         raise TopicMisconfigured(found)
 
 
+async def _broker_count(admin: AIOKafkaAdminClient) -> int:
+    cluster: dict[str, Any] = await admin.describe_cluster()
+    return len(cluster.get("brokers") or ())
+
+
+def _new_topic(spec: TopicSpec, brokers: int) -> NewTopic:
+    factor = spec.replication_factor or 1
+    if factor > brokers:
+        raise TopicRefused(
+            f"creating topic {spec.name!r} needs {factor} brokers for replication factor "
+            f"{factor} but {brokers} answer (set EVSCHED_REPLICATION_FACTOR, or start them)"
+        )
+    configs = {**spec.configs, MIN_INSYNC: str(spec.min_insync or 1)}
+    return NewTopic(spec.name, spec.partitions, factor, topic_configs=configs)
+
+
 async def _create_missing(
-    admin: AIOKafkaAdminClient, specs: Sequence[TopicSpec], timeout_ms: int, *, create: bool
+    admin: AIOKafkaAdminClient,
+    specs: Sequence[TopicSpec],
+    timeout_ms: int,
+    *,
+    create: bool,
+    brokers: int,
 ) -> None:
     existing = set(await admin.list_topics())
     missing = [spec for spec in specs if spec.name not in existing]
@@ -246,12 +309,7 @@ async def _create_missing(
         return
     if not create:
         raise TopicMissing(f"topics {[spec.name for spec in missing]} do not exist")
-    new_topics = [
-        NewTopic(
-            spec.name, spec.partitions, spec.replication_factor, topic_configs=dict(spec.configs)
-        )
-        for spec in missing
-    ]
+    new_topics = [_new_topic(spec, brokers) for spec in missing]
     response = await admin.create_topics(new_topics, timeout_ms=timeout_ms)
     for result in response.to_object()["topic_errors"]:
         error = for_code(result["error_code"])

@@ -1,4 +1,4 @@
-"""``evsched kafka up|down|status|topics``: a local broker for development, no Docker needed."""
+"""``evsched kafka up|down|status|topics``: a local broker or cluster for development, no Docker."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import typer
 
 from evsched.adapters.topics import TopicProvisioningError, ensure_topics
 from evsched.devstack.broker import BrokerStatus, LocalBroker
-from evsched.devstack.config import DATA_DIR_ENV
+from evsched.devstack.cluster import ClusterStatus, LocalCluster, is_cluster_dir
+from evsched.devstack.config import DATA_DIR_ENV, VERSION_ENV
 from evsched.devstack.errors import DevstackError
+from evsched.devstack.toolchain import KAFKA_VERSION
 from evsched.errors import BrokerAccessRefused
 from evsched.settings import (
     DEFAULT_BOOTSTRAP,
@@ -20,13 +22,14 @@ from evsched.settings import (
     DEFAULT_CONTROLLER_PORT,
     DEFAULT_EVENT_PARTITIONS,
     DEFAULT_NAMESPACE,
+    REPLICATION_FACTOR_ENV,
     Settings,
     SettingsError,
 )
 
 kafka_app = typer.Typer(
     no_args_is_help=True,
-    help="Run a single-node Kafka broker from Maven Central jars (Java 17+ and Maven needed).",
+    help="Run a local Kafka broker or cluster from Maven Central jars (Java 17+, Maven needed).",
 )
 
 DataDir = Annotated[
@@ -44,7 +47,29 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object inst
 EXIT_STOPPED = 3  # LSB's "program is not running", as `systemctl status` uses it
 
 
-def _echo_status(status: BrokerStatus, as_json: bool, text: str) -> None:
+Brokers = Annotated[
+    int,
+    typer.Option(
+        "--brokers",
+        min=1,
+        max=9,
+        help="Nodes (broker + controller each, all KRaft voters). Node i listens on "
+        "port+2(i-1) and controller-port+2(i-1).",
+    ),
+]
+KafkaVersion = Annotated[
+    str | None,
+    typer.Option(
+        "--kafka-version",
+        envvar=VERSION_ENV,
+        help=f"Kafka version from Maven Central, 3.9.x or 4.x. [default: {KAFKA_VERSION}]",
+        show_default=False,
+    ),
+]
+Status = BrokerStatus | ClusterStatus
+
+
+def _echo_status(status: Status, as_json: bool, text: str) -> None:
     typer.echo(json.dumps(status.as_dict()) if as_json else text)
 
 
@@ -53,61 +78,99 @@ def _fail(error: Exception) -> typer.Exit:
     return typer.Exit(1)
 
 
-@kafka_app.command()
-def up(
-    data_dir: DataDir = None,
-    port: Port = DEFAULT_BROKER_PORT,
-    controller_port: ControllerPort = DEFAULT_CONTROLLER_PORT,
-    timeout_s: Annotated[float, typer.Option("--timeout", help="Seconds to wait for it.")] = 90.0,
-    as_json: AsJson = False,
-) -> None:
-    """Start the broker (first run: fetch jars, format storage) and print its bootstrap address.
+def _pids(status: Status) -> str:
+    if isinstance(status, ClusterStatus):
+        return "pids " + ", ".join(str(pid) for pid in status.pids)
+    return f"pid {status.pid}"
 
-    Exits 0 without starting another when this data dir's broker already runs.
-    """
-    broker = LocalBroker(data_dir, port, controller_port, ready_timeout_s=timeout_s)
-    try:
-        status = broker.up()
-    except DevstackError as error:
-        raise _fail(error) from None
+
+def _up_text(status: Status) -> str:
     if status.already_running:
-        text = (
+        return (
             f"Kafka is already running at {status.bootstrap} "
-            f"(pid {status.pid}, data in {status.data_dir})"
+            f"({_pids(status)}, data in {status.data_dir})"
         )
-    else:
-        text = (
-            f"Kafka {status.version} is up at {status.bootstrap} "
-            f"(pid {status.pid}, started in {status.started_in_s:.1f} s, data in {status.data_dir})"
-        )
-    _echo_status(status, as_json, text)
-
-
-@kafka_app.command()
-def down(data_dir: DataDir = None) -> None:
-    """Stop the broker started from this data dir (and nothing else)."""
-    broker = LocalBroker(data_dir)
-    try:
-        pid = broker.down()
-    except DevstackError as error:
-        raise _fail(error) from None
-    where = broker.files.data_dir
-    typer.echo(
-        f"Stopped Kafka (pid {pid})." if pid else f"Kafka is not running (data dir {where})."
+    return (
+        f"Kafka {status.version} is up at {status.bootstrap} "
+        f"({_pids(status)}, started in {status.started_in_s:.1f} s, data in {status.data_dir})"
     )
 
 
 @kafka_app.command()
+def up(
+    *,
+    data_dir: DataDir = None,
+    port: Port = DEFAULT_BROKER_PORT,
+    controller_port: ControllerPort = DEFAULT_CONTROLLER_PORT,
+    brokers: Brokers = 1,
+    kafka_version: KafkaVersion = None,
+    timeout_s: Annotated[float, typer.Option("--timeout", help="Seconds to wait for it.")] = 120.0,
+    as_json: AsJson = False,
+) -> None:
+    """Start the broker or cluster (first run: fetch jars, format storage); print the bootstrap.
+
+    Exits 0 without starting another when this data dir's broker already runs; a cluster with a
+    stopped node gets that node started again.
+    """
+    try:
+        if brokers > 1 or is_cluster_dir(data_dir):
+            status: Status = LocalCluster(
+                data_dir,
+                port,
+                controller_port,
+                brokers=brokers,
+                version=kafka_version,
+                ready_timeout_s=timeout_s,
+            ).up()
+        else:
+            broker = LocalBroker(
+                data_dir, port, controller_port, version=kafka_version, ready_timeout_s=timeout_s
+            )
+            status = broker.up()
+    except DevstackError as error:
+        raise _fail(error) from None
+    _echo_status(status, as_json, _up_text(status))
+
+
+@kafka_app.command()
+def down(data_dir: DataDir = None) -> None:
+    """Stop the broker or every node of the cluster started from this data dir (nothing else)."""
+    try:
+        if is_cluster_dir(data_dir):
+            pids = LocalCluster(data_dir).down()
+        else:
+            pid = LocalBroker(data_dir).down()
+            pids = [pid] if pid else []
+    except DevstackError as error:
+        raise _fail(error) from None
+    where = (data_dir or LocalBroker().files.data_dir).absolute()
+    listed = ", ".join(str(pid) for pid in pids)
+    typer.echo(f"Stopped Kafka (pid {listed})." if pids else f"Kafka is not running ({where}).")
+
+
+@kafka_app.command()
 def status(data_dir: DataDir = None, as_json: AsJson = False) -> None:
-    """Say whether this data dir's broker runs, and where. Exits 3 when it is stopped."""
-    current = LocalBroker(data_dir).status()
-    if current.running:
-        text = f"running at {current.bootstrap} (pid {current.pid}, data in {current.data_dir})"
+    """Say whether this data dir's broker (every node) runs, and where. Exits 3 unless all run."""
+    current: Status
+    if is_cluster_dir(data_dir):
+        current = LocalCluster(data_dir).status()
+        states = ", ".join(
+            f"{b.bootstrap} {'up' if b.running else 'down'}" for b in current.brokers
+        )
+        state = "running" if current.running else "degraded"
+        text = f"{state}: {states} (data in {current.data_dir})"
     else:
+        current = LocalBroker(data_dir).status()
+        text = f"running at {current.bootstrap} (pid {current.pid}, data in {current.data_dir})"
+    if not any(b.running for b in _brokers(current)):
         text = f"stopped (data dir {current.data_dir})"
     _echo_status(current, as_json, text)
     if not current.running:
         raise typer.Exit(EXIT_STOPPED)
+
+
+def _brokers(status: Status) -> tuple[BrokerStatus, ...]:
+    return status.brokers if isinstance(status, ClusterStatus) else (status,)
 
 
 @kafka_app.command()
@@ -121,7 +184,16 @@ def topics(
     partitions: Annotated[
         int, typer.Option("--partitions", envvar="EVSCHED_EVENT_PARTITIONS")
     ] = DEFAULT_EVENT_PARTITIONS,
-    replication_factor: Annotated[int, typer.Option("--replication-factor")] = 1,
+    replication_factor: Annotated[
+        int | None,
+        typer.Option(
+            "--replication-factor",
+            envvar=REPLICATION_FACTOR_ENV,
+            min=1,
+            help="Replicas per partition; min ISR is 2 from 3. [default: min(3, brokers)]",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Create the namespace's topics; check that existing ones are configured as evsched needs.
 

@@ -1,4 +1,4 @@
-"""A single-node Kafka broker run from Maven Central jars: ``LocalBroker(...).up()``/``down()``."""
+"""One Kafka node (broker + controller) run from Maven Central jars: ``LocalBroker(...).up()``."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from evsched.devstack.config import (
     read_ports,
     write_broker_config,
 )
-from evsched.devstack.errors import BrokerFailed, PortInUse
+from evsched.devstack.errors import BrokerFailed, DevstackError, PortInUse
 from evsched.devstack.process import (
     Deadline,
     is_our_broker,
@@ -32,11 +32,11 @@ from evsched.devstack.process import (
 from evsched.devstack.readiness import metadata_answers, run_sync
 from evsched.devstack.toolchain import (
     JAVA_HINT,
-    KAFKA_VERSION,
     KafkaDist,
     copy_storage,
     ensure_jars,
     ensure_storage_template,
+    kafka_version,
     require_tool,
 )
 from evsched.settings import DEFAULT_BROKER_PORT, DEFAULT_CONTROLLER_PORT
@@ -46,7 +46,9 @@ from evsched.settings import DEFAULT_BROKER_PORT, DEFAULT_CONTROLLER_PORT
 # at once; that was the tail of enqueue latency (docs/benchmarks.md). docker-compose.yml's broker
 # uses the same (a test keeps them in step).
 JVM_HEAP_AND_GC = ("-Xms1g", "-Xmx1g", "-XX:+UseZGC")
-_JVM_OPTIONS = [*JVM_HEAP_AND_GC, "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true"]
+# Three nodes of a local cluster share 2 cores and 24 GB with everything else: half each.
+CLUSTER_HEAP_AND_GC = ("-Xms512m", "-Xmx512m", "-XX:+UseZGC")
+_JVM_FLAGS = ("-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,7 +76,11 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 class LocalBroker:
-    """One combined broker + controller on loopback whose files all live in ``data_dir``."""
+    """One combined broker + controller on loopback whose files all live in ``data_dir``.
+
+    Alone by default; a node of a cluster (evsched.devstack.cluster) with ``node_id``,
+    ``voters`` and ``brokers``.
+    """
 
     def __init__(
         self,
@@ -82,18 +88,28 @@ class LocalBroker:
         port: int = DEFAULT_BROKER_PORT,
         controller_port: int = DEFAULT_CONTROLLER_PORT,
         *,
-        version: str = KAFKA_VERSION,
+        version: str | None = None,
         cache_root: Path | None = None,
         ready_timeout_s: float = 90.0,
         stop_timeout_s: float = 30.0,
+        node_id: int = 1,
+        voters: str | None = None,
+        brokers: int = 1,
+        jvm_heap_and_gc: tuple[str, ...] = JVM_HEAP_AND_GC,
     ) -> None:
         # Absolute, because `down` recognises our JVM by the config path on its command line.
         self.files = BrokerFiles(data_dir=(data_dir or default_data_dir()).absolute())
-        self.dist = KafkaDist(version=version, cache_root=cache_root or default_cache_root())
+        self.dist = KafkaDist(
+            version=version or kafka_version(), cache_root=cache_root or default_cache_root()
+        )
         self.port = port
         self.controller_port = controller_port
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        self.node_id = node_id
+        self.voters = voters
+        self.brokers = brokers
+        self.jvm_heap_and_gc = jvm_heap_and_gc
         self._child: subprocess.Popen[bytes] | None = None
 
     @property
@@ -107,23 +123,52 @@ class LocalBroker:
             running = self._running_pid()
             if running is not None:
                 return self._status(running, already_running=True)
-            java = require_tool("java", JAVA_HINT)
-            for port in (self.port, self.controller_port):
-                if port_in_use(port):
-                    raise PortInUse(port)
-            ensure_jars(self.dist)
-            self._prepare(java)
-            child = self._spawn(java)
-            try:
-                self._await_ready(child, Deadline(self.ready_timeout_s))
-            except BaseException:
-                # ^C or a crash while waiting: don't leave a half-started broker behind.
-                if child.poll() is None:
-                    terminate(child.pid, 10.0, child)
-                self.files.pid_file.unlink(missing_ok=True)
-                raise
+            child = self.start()
+            self.await_ready(child, Deadline(self.ready_timeout_s))
         elapsed = round(time.perf_counter() - started, 2)
         return self._status(child.pid, started_in_s=elapsed)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """Prepare (jars, storage, config) and spawn the JVM without waiting for it to answer.
+
+        A cluster starts every node before waiting: no node answers before a quorum of them runs.
+        """
+        if self._child is not None:
+            # A previous JVM of ours that was killed: reap it before its Popen is dropped.
+            self._child.poll()
+            self._child = None
+        java = require_tool("java", JAVA_HINT)
+        for port in (self.port, self.controller_port):
+            if port_in_use(port):
+                raise PortInUse(port)
+        self._check_version()
+        ensure_jars(self.dist)
+        self._prepare(java)
+        self.files.version_file.write_text(self.dist.version, encoding="utf-8")
+        return self._spawn(java)
+
+    def await_ready(self, child: subprocess.Popen[bytes], deadline: Deadline) -> None:
+        """Wait until the broker answers; on failure or ^C stop it and raise."""
+        try:
+            self._await_ready(child, deadline)
+        except BaseException:
+            # ^C or a crash while waiting: don't leave a half-started broker behind.
+            if child.poll() is None:
+                terminate(child.pid, 10.0, child)
+            self.files.pid_file.unlink(missing_ok=True)
+            raise
+
+    def _check_version(self) -> None:
+        # Storage formatted by one major is not started by another: say so instead of a trace.
+        try:
+            formatted = self.files.version_file.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return
+        if formatted != self.dist.version and (self.files.log_dir / "meta.properties").exists():
+            raise DevstackError(
+                f"{self.files.data_dir} holds Kafka {formatted}'s data, not {self.dist.version}'s: "
+                "start that version, or use another --data-dir"
+            )
 
     def down(self) -> int | None:
         """Stop our broker (SIGTERM, SIGKILL after a deadline); its pid, or None if none ran."""
@@ -152,10 +197,18 @@ class LocalBroker:
             bootstrap=f"{HOST}:{port}",
             pid=pid,
             data_dir=self.files.data_dir,
-            version=self.dist.version,
+            version=self.recorded_version,
             started_in_s=started_in_s,
             already_running=already_running,
         )
+
+    @property
+    def recorded_version(self) -> str:
+        """The version this data dir was last started with, else the one asked for."""
+        try:
+            return self.files.version_file.read_text(encoding="utf-8").strip() or self.dist.version
+        except FileNotFoundError:
+            return self.dist.version
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -177,9 +230,17 @@ class LocalBroker:
 
     def _prepare(self, java: str) -> None:
         """Write the configs and give the data dir formatted storage (a copy of the template)."""
-        ensure_storage_template(self.dist, java)
-        write_broker_config(self.files, port=self.port, controller_port=self.controller_port)
-        copy_storage(self.dist, self.files.log_dir)
+        ensure_storage_template(self.dist, java, self.brokers)
+        write_broker_config(
+            self.files,
+            port=self.port,
+            controller_port=self.controller_port,
+            node_id=self.node_id,
+            voters=self.voters,
+            brokers=self.brokers,
+            log4j2=self.dist.log4j2,
+        )
+        copy_storage(self.dist, self.files.log_dir, self.node_id, self.brokers)
 
     def _client_options(self) -> dict[str, Any]:
         """What a client needs besides the address to ask this broker for metadata."""
@@ -190,8 +251,8 @@ class LocalBroker:
 
     def _spawn(self, java: str) -> subprocess.Popen[bytes]:
         command = [
-            java, *_JVM_OPTIONS,
-            f"-Dlog4j.configuration=file:{self.files.log4j_properties}",
+            java, *self.jvm_heap_and_gc, *_JVM_FLAGS,
+            *self.dist.logging_args(self.files.log4j_properties),
             "-cp", self.dist.classpath, "kafka.Kafka", str(self.files.server_properties),
         ]  # fmt: skip
         with self.files.console_log.open("ab") as console:

@@ -10,11 +10,13 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
+from evsched.adapters.topics import choose_replication
 from evsched.settings import DEFAULT_CONTROLLER_PORT
 
 HOST = "127.0.0.1"
 DATA_DIR_ENV = "EVSCHED_KAFKA_DATA"
 CACHE_DIR_ENV = "EVSCHED_KAFKA_CACHE"
+VERSION_ENV = "EVSCHED_KAFKA_VERSION"
 
 
 def default_data_dir(environ: dict[str, str] | None = None) -> Path:
@@ -58,6 +60,11 @@ class BrokerFiles:
         return self.data_dir / ".lock"
 
     @property
+    def version_file(self) -> Path:
+        """The Kafka version that formatted this data dir's storage."""
+        return self.data_dir / "kafka-version"
+
+    @property
     def log_dir(self) -> Path:
         """Kafka's ``log.dirs``: the KRaft metadata and the topic partitions."""
         return self.data_dir / "kraft"
@@ -76,29 +83,63 @@ def _template(name: str) -> Template:
     return Template(resources.files(__package__).joinpath(name).read_text(encoding="utf-8"))
 
 
-def render_server_properties(*, port: int, controller_port: int, log_dir: Path) -> str:
+def render_server_properties(
+    *,
+    port: int,
+    controller_port: int,
+    log_dir: Path,
+    node_id: int = 1,
+    voters: str | None = None,
+    brokers: int = 1,
+) -> str:
+    """One node's config; a cluster's nodes share ``voters`` (``id@host:port,...``)."""
+    # The broker's internal topics follow the same rule as evsched's own (min ISR 2 from RF 3).
+    replication = choose_replication(brokers)
     return _template("server.properties.in").substitute(
-        host=HOST, port=port, controller_port=controller_port, log_dir=log_dir
+        host=HOST,
+        port=port,
+        controller_port=controller_port,
+        log_dir=log_dir,
+        node_id=node_id,
+        voters=voters or f"{node_id}@{HOST}:{controller_port}",
+        replicas=replication.factor,
+        min_isr=replication.min_insync,
     )
 
 
-def render_log4j_properties(*, log_file: Path) -> str:
-    return _template("log4j.properties.in").substitute(log_file=log_file)
+def render_log4j_properties(*, log_file: Path, log4j2: bool = False) -> str:
+    """Kafka 3 logs through log4j 1 (reload4j), Kafka 4 through log4j2: different formats."""
+    name = "log4j2.properties.in" if log4j2 else "log4j.properties.in"
+    return _template(name).substitute(log_file=log_file)
 
 
 def pom_text() -> str:
     return resources.files(__package__).joinpath("kafka-pom.xml").read_text(encoding="utf-8")
 
 
-def write_broker_config(files: BrokerFiles, *, port: int, controller_port: int) -> None:
+def write_broker_config(
+    files: BrokerFiles,
+    *,
+    port: int,
+    controller_port: int,
+    node_id: int = 1,
+    voters: str | None = None,
+    brokers: int = 1,
+    log4j2: bool = False,
+) -> None:
     """Write the broker's server and log4j configs into its data dir."""
     files.server_log.parent.mkdir(parents=True, exist_ok=True)
-    files.server_properties.write_text(
-        render_server_properties(port=port, controller_port=controller_port, log_dir=files.log_dir),
-        encoding="utf-8",
+    server = render_server_properties(
+        port=port,
+        controller_port=controller_port,
+        log_dir=files.log_dir,
+        node_id=node_id,
+        voters=voters,
+        brokers=brokers,
     )
+    files.server_properties.write_text(server, encoding="utf-8")
     files.log4j_properties.write_text(
-        render_log4j_properties(log_file=files.server_log), encoding="utf-8"
+        render_log4j_properties(log_file=files.server_log, log4j2=log4j2), encoding="utf-8"
     )
 
 

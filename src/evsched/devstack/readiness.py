@@ -32,6 +32,11 @@ async def metadata_answers(bootstrap: str, timeout_ms: int = 3000, **client_opti
 
     ``client_options`` (TLS/SASL) go to aiokafka's admin client as they are.
     """
+    return await broker_count(bootstrap, timeout_ms, **client_options) > 0
+
+
+async def broker_count(bootstrap: str, timeout_ms: int = 3000, **client_options: Any) -> int:
+    """How many brokers the cluster at ``bootstrap`` lists; 0 when it does not answer."""
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap,
         request_timeout_ms=timeout_ms,
@@ -43,10 +48,10 @@ async def metadata_answers(bootstrap: str, timeout_ms: int = 3000, **client_opti
             await admin.start()
             cluster: dict[str, Any] = await admin.describe_cluster()
         except (KafkaError, OSError, TimeoutError):
-            return False
+            return 0
         finally:
             await admin.close()
-    return bool(cluster.get("brokers"))
+    return len(cluster.get("brokers") or ())
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from evsched.devstack.config import HOST, new_cluster_id, pom_text, render_log4j_properties
+from evsched.devstack.config import (
+    HOST,
+    VERSION_ENV,
+    new_cluster_id,
+    pom_text,
+    render_log4j_properties,
+)
 from evsched.devstack.errors import BrokerFailed, JarsUnavailable, ToolMissing
 
 KAFKA_VERSION = "3.9.1"
+# The newest Kafka 4 the suite is run against (docs/operations.md, "Kafka versions").
+KAFKA4_VERSION = "4.4.0"
 JAVA_HINT = "Java 17+ is required: apt-get install openjdk-17-jre-headless"
 MAVEN_HINT = "Maven is required to fetch the Kafka jars once: apt-get install maven"
 _RESOLVE_TIMEOUT_S = 600.0
@@ -24,6 +33,17 @@ def require_tool(name: str, hint: str) -> str:
     if path is None:
         raise ToolMissing(hint)
     return path
+
+
+def kafka_version(environ: dict[str, str] | None = None) -> str:
+    """``$EVSCHED_KAFKA_VERSION``, else the version evsched is tested with first."""
+    env = os.environ if environ is None else environ
+    return env.get(VERSION_ENV, "").strip() or KAFKA_VERSION
+
+
+def _major(version: str) -> int:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,8 +66,21 @@ class KafkaDist:
         return str(self.lib / "*")
 
     @property
+    def log4j2(self) -> bool:
+        """Kafka 4 logs through log4j2; 3.x through slf4j 1.7 and reload4j."""
+        return _major(self.version) >= 4
+
+    def logging_args(self, config: Path) -> list[str]:
+        flag = "-Dlog4j2.configurationFile=" if self.log4j2 else "-Dlog4j.configuration=file:"
+        return [f"{flag}{config}"]
+
+    @property
     def storage_template(self) -> Path:
         return self.home / "storage-template"
+
+    def cluster_template(self, nodes: int) -> Path:
+        """Formatted storage of an ``nodes``-voter cluster: ``node-<id>/`` each, one cluster id."""
+        return self.home / f"storage-template-{nodes}"
 
 
 def _tail(text: str, lines: int = 20) -> str:
@@ -89,7 +122,7 @@ def ensure_jars(dist: KafkaDist) -> Path:
     command = [
         mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
         "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
-        f"-Dkafka.version={dist.version}",
+        f"-Dkafka.version={dist.version}", "-P", "log4j2" if dist.log4j2 else "log4j1",
     ]  # fmt: skip
     done = _run(command, _RESOLVE_TIMEOUT_S, staging, JarsUnavailable)
     if done.returncode != 0 or not (staging / f"kafka_2.13-{dist.version}.jar").exists():
@@ -100,46 +133,73 @@ def ensure_jars(dist: KafkaDist) -> Path:
     return dist.lib
 
 
-def _format_properties(log_dir: Path) -> str:
+def _format_properties(log_dir: Path, node_id: int, nodes: int) -> str:
     # Ports don't reach the formatted storage: with static voters only the ids do.
+    voters = ",".join(f"{n}@{HOST}:{9093 + n}" for n in range(1, nodes + 1))
     return "\n".join(
         [
-            "node.id=1",
+            f"node.id={node_id}",
             "process.roles=broker,controller",
-            f"controller.quorum.voters=1@{HOST}:9093",
+            f"controller.quorum.voters={voters}",
             "controller.listener.names=CONTROLLER",
-            f"listeners=PLAINTEXT://{HOST}:9092,CONTROLLER://{HOST}:9093",
+            f"listeners=PLAINTEXT://{HOST}:9092,CONTROLLER://{HOST}:{9093 + node_id}",
             f"log.dirs={log_dir}",
             "",
         ]
     )
 
 
-def ensure_storage_template(dist: KafkaDist, java: str) -> Path:
-    """Format KRaft storage once per version; later data dirs copy ``<template>/data``."""
-    if dist.storage_template.is_dir():
-        return dist.storage_template
-    staging = Path(tempfile.mkdtemp(prefix="storage.", dir=dist.home))
-    (staging / "server.properties").write_text(_format_properties(staging / "data"), "utf-8")
-    (staging / "log4j.properties").write_text(
-        render_log4j_properties(log_file=staging / "format.log"), "utf-8"
+def _format(dist: KafkaDist, java: str, staging: Path, *, node_id: int, nodes: int) -> None:
+    """Format one node's KRaft storage into its dir under ``staging``."""
+    target = _node_dir(staging, node_id, nodes)
+    config = staging / f"server-{node_id}.properties"
+    config.write_text(_format_properties(target, node_id, nodes), "utf-8")
+    log_config = staging / "log4j.properties"
+    log_config.write_text(
+        render_log4j_properties(log_file=staging / "format.log", log4j2=dist.log4j2), "utf-8"
     )
     command = [
-        java, "-Xmx256m", f"-Dlog4j.configuration=file:{staging / 'log4j.properties'}",
+        java, "-Xmx256m", *dist.logging_args(log_config),
         "-cp", dist.classpath, "kafka.tools.StorageTool", "format",
-        "-t", new_cluster_id(), "-c", str(staging / "server.properties"),
+        "-t", cluster_id(staging), "-c", str(config),
     ]  # fmt: skip
     done = _run(command, _FORMAT_TIMEOUT_S, staging, BrokerFailed)
-    if done.returncode != 0 or not (staging / "data" / "meta.properties").exists():
+    if done.returncode != 0 or not (target / "meta.properties").exists():
         shutil.rmtree(staging, ignore_errors=True)
         raise BrokerFailed(f"formatting KRaft storage failed:\n{_tail(done.stdout + done.stderr)}")
-    _publish(staging, dist.storage_template)
-    return dist.storage_template
 
 
-def copy_storage(dist: KafkaDist, log_dir: Path) -> None:
+def cluster_id(staging: Path) -> str:
+    """The cluster id shared by every node formatted in ``staging`` (made on first use)."""
+    path = staging / "cluster.id"
+    if not path.exists():
+        path.write_text(new_cluster_id(), "utf-8")
+    return path.read_text("utf-8")
+
+
+def ensure_storage_template(dist: KafkaDist, java: str, nodes: int = 1) -> Path:
+    """Format KRaft storage once per version and cluster size; data dirs copy from it.
+
+    One node: ``<template>/data``; a cluster: ``<template>/node-<id>`` for each voter.
+    """
+    target = dist.storage_template if nodes == 1 else dist.cluster_template(nodes)
+    if target.is_dir():
+        return target
+    staging = Path(tempfile.mkdtemp(prefix="storage.", dir=dist.home))
+    for node_id in range(1, nodes + 1):
+        _format(dist, java, staging, node_id=node_id, nodes=nodes)
+    _publish(staging, target)
+    return target
+
+
+def copy_storage(dist: KafkaDist, log_dir: Path, node_id: int = 1, nodes: int = 1) -> None:
     """Give a fresh data dir formatted storage, unless it already has some."""
     if (log_dir / "meta.properties").exists():
         return
     shutil.rmtree(log_dir, ignore_errors=True)
-    shutil.copytree(dist.storage_template / "data", log_dir)
+    template = dist.storage_template if nodes == 1 else dist.cluster_template(nodes)
+    shutil.copytree(_node_dir(template, node_id, nodes), log_dir)
+
+
+def _node_dir(template: Path, node_id: int, nodes: int) -> Path:
+    return template / ("data" if nodes == 1 else f"node-{node_id}")

@@ -102,6 +102,7 @@ class QueueTopics:
             settings.namespace,
             event_partitions=settings.event_partitions,
             queues=sorted(queues),
+            replication_factor=settings.replication_factor,
             create=False,
             **dict(settings.kafka_options),
         )

@@ -47,6 +47,7 @@ async def serve_node(config: NodeConfig) -> None:
             settings.namespace,
             event_partitions=settings.event_partitions,
             queues=[],
+            replication_factor=settings.replication_factor,
             timeout_s=PROVISION_TIMEOUT_S,
             **dict(settings.kafka_options),
         )

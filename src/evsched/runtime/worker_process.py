@@ -63,6 +63,7 @@ async def ensure_worker_topics(app: App, config: WorkerConfig, timeout_s: float 
         settings.namespace,
         event_partitions=settings.event_partitions,
         queues=config.queues,
+        replication_factor=settings.replication_factor,
         timeout_s=timeout_s,
         **dict(settings.kafka_options),
     )

@@ -1,0 +1,236 @@
+"""Every topic on a real three-broker cluster (evsched.devstack.cluster): three replicas and min
+ISR 2 whoever creates it, weaker topics reported by name, and writes that survive a killed broker.
+
+Marked ``cluster`` and ``slow``: it starts three broker JVMs of its own (the shared broker is never
+touched), on free ports, with the jars the session broker uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
+from tests.conftest import unique_name
+
+from evsched.adapters.kafka_log import KafkaEventLog
+from evsched.adapters.topics import TopicMisconfigured, TopicRefused, Topics, ensure_topics
+from evsched.devstack.cluster import LocalCluster
+from evsched.devstack.errors import DevstackError
+from evsched.devstack.process import free_port, is_alive
+from evsched.settings import Settings
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(900)]
+
+
+def _free_ports(count: int) -> list[int]:
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(free_port())
+    return sorted(ports)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """Three KRaft nodes on free ports for this module alone."""
+    flat = _free_ports(6)
+    local = LocalCluster(
+        tmp_path_factory.mktemp("cluster"),
+        brokers=3,
+        ready_timeout_s=300.0,
+        ports=list(zip(flat[0::2], flat[1::2], strict=True)),
+    )
+    try:
+        local.up()
+    except DevstackError as exc:
+        local.down()
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"local cluster: {exc}")
+        pytest.skip(f"local cluster: {exc}")
+    try:
+        yield local
+    finally:
+        for node in local.nodes:  # a frozen JVM ignores SIGTERM until continued
+            if (pid := node.status().pid) is not None:
+                os.kill(pid, signal.SIGCONT)
+        local.down()
+
+
+@pytest.fixture
+async def admin(cluster: LocalCluster) -> AsyncIterator[AIOKafkaAdminClient]:
+    client = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+    await client.start()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def replication(admin: AIOKafkaAdminClient, topic: str) -> tuple[set[int], str]:
+    """(replica counts over the topic's partitions, its min.insync.replicas)."""
+    [described] = await admin.describe_topics([topic])
+    [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+    [resource] = response.to_object()["resources"]
+    configs = {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
+    return {len(p["replicas"]) for p in described["partitions"]}, configs["min.insync.replicas"]
+
+
+async def test_every_topic_gets_three_replicas_and_min_isr_two(
+    cluster: LocalCluster, admin: AIOKafkaAdminClient
+) -> None:
+    namespace = unique_name("cl")
+    names = await ensure_topics(cluster.bootstrap, namespace, event_partitions=3, queues=[])
+    # A queue declared later, as a worker of a new pool does: the same rule, without asking.
+    names += await ensure_topics(cluster.bootstrap, namespace, event_partitions=3, queues=["new"])
+    assert Topics(namespace).dispatch("new") in names
+    for topic in set(names):
+        assert await replication(admin, topic) == ({3}, "2"), topic
+
+
+async def test_a_topic_below_the_setting_is_reported_by_name(
+    cluster: LocalCluster, admin: AIOKafkaAdminClient
+) -> None:
+    namespace = unique_name("cl")
+    weak = Topics(namespace).effects
+    await admin.create_topics(
+        [
+            NewTopic(
+                weak,
+                3,
+                1,
+                topic_configs={
+                    "retention.ms": "-1",
+                    "retention.bytes": "-1",
+                    "min.insync.replicas": "1",
+                },
+            )
+        ]
+    )
+    with pytest.raises(TopicMisconfigured) as caught:
+        await ensure_topics(cluster.bootstrap, namespace, event_partitions=3, queues=[])
+    message = str(caught.value)
+    assert f"topic {weak!r} has replication.factor=1, evsched needs >= 3" in message
+    assert f"topic {weak!r} has min.insync.replicas=1, evsched needs >= 2" in message
+    # Accepted on purpose: the setting says one replica is what this deployment wants.
+    await ensure_topics(
+        cluster.bootstrap, namespace, event_partitions=3, queues=[], replication_factor=1
+    )
+
+
+async def test_the_setting_overrides_the_default_and_cannot_exceed_the_brokers(
+    cluster: LocalCluster, admin: AIOKafkaAdminClient
+) -> None:
+    two = unique_name("cl")
+    await ensure_topics(cluster.bootstrap, two, event_partitions=1, queues=[], replication_factor=2)
+    assert await replication(admin, Topics(two).events) == ({2}, "1")
+    with pytest.raises(TopicRefused, match="needs 4 brokers for replication factor 4 but 3"):
+        await ensure_topics(
+            cluster.bootstrap, unique_name("cl"), event_partitions=1, queues=[],
+            replication_factor=4,
+        )  # fmt: skip
+
+
+async def test_acknowledged_writes_survive_a_killed_broker_and_it_rejoins(
+    cluster: LocalCluster, admin: AIOKafkaAdminClient
+) -> None:
+    namespace = unique_name("cl")
+    await ensure_topics(cluster.bootstrap, namespace, event_partitions=3, queues=[])
+    events = Topics(namespace).events
+    [described] = await admin.describe_topics([events])
+    leader = next(p["leader"] for p in described["partitions"] if p["partition"] == 0)
+    victim = cluster.node(leader)
+    pid = victim.status().pid
+    assert pid is not None
+    settings = Settings(bootstrap=cluster.bootstrap, namespace=namespace, event_partitions=3)
+    log = KafkaEventLog(settings, client_id="cluster-test")
+    await log.start()
+    try:
+        before = [await log.append(events, f"job-{i}", b"before") for i in range(30)]
+        os.kill(pid, signal.SIGKILL)
+        # acks=all with min ISR 2: every append after the kill still lands on two brokers.
+        async with asyncio.timeout(120):
+            after = [await log.append(events, f"job-{i}", b"after") for i in range(30)]
+    finally:
+        await log.close()
+    assert len(before) == len(after) == 30
+    assert victim.status().pid is None and not is_alive(pid)
+    consumer = AIOKafkaConsumer(bootstrap_servers=cluster.bootstrap)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(events, p) for p in range(3)]
+        ends = await consumer.end_offsets(partitions)
+    finally:
+        await consumer.stop()
+    assert sum(ends.values()) == 60  # every acknowledged append is there, none twice
+    status = cluster.up()  # starts the killed node again, the others keep running
+    assert status.running
+    assert cluster.node(leader).status().pid not in {None, pid}
+
+
+async def _wait_for(
+    probe: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 120
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await probe():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        await asyncio.sleep(0.2)
+
+
+async def test_a_broker_frozen_past_its_session_timeout_is_fenced_then_rejoins(
+    cluster: LocalCluster, admin: AIOKafkaAdminClient
+) -> None:
+    namespace = unique_name("cl")
+    await ensure_topics(cluster.bootstrap, namespace, event_partitions=3, queues=[])
+    events = Topics(namespace).events
+    [described] = await admin.describe_topics([events])
+    leader = next(p["leader"] for p in described["partitions"] if p["partition"] == 0)
+    pid = cluster.node(leader).status().pid
+    assert pid is not None
+    settings = Settings(bootstrap=cluster.bootstrap, namespace=namespace, event_partitions=3)
+    log = KafkaEventLog(settings, client_id="cluster-test")
+    await log.start()
+    written = 0
+
+    async def fenced() -> bool:
+        nonlocal written
+        await log.append(events, f"job-{written}", b"during")
+        written += 1
+        try:
+            brokers = (await admin.describe_cluster())["brokers"]
+        except KafkaError:  # the admin client asked the frozen broker: ask again
+            return False
+        return leader not in {b["node_id"] for b in brokers}
+
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            # Appends go on (to the new leaders) until the controller fences the frozen broker.
+            await _wait_for(fenced, "the frozen broker to be fenced", timeout_s=180)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+        async def rejoined() -> bool:
+            try:
+                [topic] = await admin.describe_topics([events])
+            except KafkaError:
+                return False
+            return all(len(p["isr"]) == 3 for p in topic["partitions"])
+
+        await _wait_for(rejoined, "the thawed broker to rejoin every ISR", timeout_s=180)
+        await log.append(events, "job-after", b"after")
+    finally:
+        await log.close()
+    consumer = AIOKafkaConsumer(bootstrap_servers=cluster.bootstrap)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets([TopicPartition(events, p) for p in range(3)])
+    finally:
+        await consumer.stop()
+    assert sum(ends.values()) == written + 1  # every acknowledged append, none twice
