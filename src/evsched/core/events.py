@@ -157,6 +157,9 @@ class AttemptFailed:
     message: str
     retryable: bool = True
     trace: TraceContext | None = None
+    # Added in fold version 3: the failure's category and its (bounded) traceback.
+    category: str | None = None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,7 +174,10 @@ class LeaseExpired:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobRequeued:
-    """A dead or cancelled job goes back to scheduled with a fresh attempt budget."""
+    """A dead or cancelled job goes back to scheduled with a fresh attempt budget.
+
+    With ``rerun`` (fold version 3) a succeeded job may go back too, to run again.
+    """
 
     event_id: str
     job_id: str
@@ -180,6 +186,7 @@ class JobRequeued:
     reason: str = ""
     run_at: int | None = None
     trace: TraceContext | None = None
+    rerun: bool = False
 
 
 # --- schedule events (key = schedule id) ------------------------------------------------------
