@@ -7,7 +7,7 @@ as the engine relies on Kafka to behave. Nothing here imports a third-party clie
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncGenerator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -211,4 +211,4 @@ class JobFeed(Protocol):
         """The events partition ``job_id``'s records go to (Kafka's murmur2 partitioner)."""
         ...
 
-    def follow(self, job_id: str, partition: int, offset: int) -> AsyncIterator[Record]: ...
+    def follow(self, job_id: str, partition: int, offset: int) -> AsyncGenerator[Record, None]: ...

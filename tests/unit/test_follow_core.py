@@ -95,9 +95,7 @@ def test_an_attempt_is_current_until_the_fold_moves_past_its_token() -> None:
 def test_a_cancel_before_the_lease_ends_the_attempt_the_lease_never_got() -> None:
     state = state_before_lease(DISPATCH)
     state, _ = fold(state, JobCancelled(**common(1)), at(7))  # type: ignore[arg-type]
-    state, entry = fold(
-        state, JobLeased(**common(2), token=4, attempt=2, lease_ms=5_000), at(8)
-    )  # type: ignore[arg-type]
+    state, entry = fold(state, JobLeased(**common(2), token=4, attempt=2, lease_ms=5_000), at(8))  # type: ignore[arg-type]
     assert entry.verdict is Verdict.REJECTED
     assert not attempt_current(state, 4)
 
@@ -224,4 +222,6 @@ def test_rerun_on_a_dead_job_is_a_plain_requeue_and_on_a_running_one_rejected() 
     assert requeued is not None and requeued.result == b"42"
     running = replace(dead, status=Status.RUNNING)
     _, refused = fold(running, JobRequeued(**common(11), rerun=True), at(11))  # type: ignore[arg-type]
-    assert refused.verdict is Verdict.REJECTED and refused.reason == "cannot requeue: job is running"
+    assert (
+        refused.verdict is Verdict.REJECTED and refused.reason == "cannot requeue: job is running"
+    )

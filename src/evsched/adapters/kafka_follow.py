@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import structlog
 from aiokafka.structs import TopicPartition
@@ -96,7 +96,9 @@ class KafkaJobFeed:
             raise EvschedError("the job feed is not started")
         return partition_for(job_id, self._count)
 
-    async def follow(self, job_id: str, partition: int, offset: int) -> AsyncIterator[Record]:
+    async def follow(
+        self, job_id: str, partition: int, offset: int
+    ) -> AsyncGenerator[Record, None]:
         if self._count is None or not 0 <= partition < self._count:
             raise EvschedError(f"{self.topic} has no partition {partition}")
         watch = _Follow(job_id.encode(), partition, max(0, offset))

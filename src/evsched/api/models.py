@@ -113,7 +113,8 @@ class RequeueRequest(_Request):
     delay_s: Delay | None = None
     run_at: RunAt | None = None
     rerun: bool = Field(
-        False, description="Requeue a succeeded job too, to run it again (its result is cleared)."
+        default=False,
+        description="Requeue a succeeded job too, to run it again (its result is cleared).",
     )
 
 

@@ -94,20 +94,20 @@ def outcome(state: JobState) -> Any:
 class JobHandle(str):
     """What ``enqueue`` returns: the job id (a ``str``, as before), plus a way to its result.
 
-    ``partition`` and ``offset`` say where its enqueue landed; ``await handle.result(timeout=…)``
-    (or ``result_sync``) returns its result or raises JobFailed (dead or cancelled), and
-    TimeoutError when it is not finished in time.
+    ``enqueue_partition`` and ``enqueue_offset`` say where its enqueue landed (None: unknown).
+    ``await handle.result(timeout=…)`` (or ``result_sync``) returns its result or raises
+    JobFailed (dead or cancelled), and TimeoutError when it is not finished in time.
     """
 
     app: App
-    partition: int | None
-    offset: int | None
+    enqueue_partition: int | None
+    enqueue_offset: int | None
 
     def __new__(
         cls, job_id: str, app: App, *, partition: int | None = None, offset: int | None = None
     ) -> JobHandle:
         handle = super().__new__(cls, job_id)
-        handle.app, handle.partition, handle.offset = app, partition, offset
+        handle.app, handle.enqueue_partition, handle.enqueue_offset = app, partition, offset
         return handle
 
     @property
@@ -117,7 +117,9 @@ class JobHandle(str):
     async def result(self, timeout: float | None = None) -> Any:  # noqa: ASYNC109 - the API asked for
         """The job's result once it succeeded; JobFailed if it died or was cancelled."""
         async with asyncio.timeout(timeout):
-            state = await self.app.follow_to_end(self.job_id, self.partition, self.offset)
+            state = await self.app.follow_to_end(
+                self.job_id, self.enqueue_partition, self.enqueue_offset
+            )
         return outcome(state)
 
     def result_sync(self, timeout: float | None = None) -> Any:

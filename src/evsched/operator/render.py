@@ -155,7 +155,13 @@ def jobs_table(states: Iterable[JobState], *, categories: bool = False) -> Table
     table = Table(*names, *(["category"] if categories else []))
     for s in states:
         error = f"{s.last_error.error_type}: {s.last_error.message}" if s.last_error else ""
-        row = [s.job_id, status_text(s.status), s.task, s.queue, f"{s.attempt}/{s.max_attempts}"]
+        row: list[str | Text] = [
+            s.job_id,
+            status_text(s.status),
+            s.task,
+            s.queue,
+            f"{s.attempt}/{s.max_attempts}",
+        ]
         row += [str(s.token), iso(s.run_at), error[:_PREVIEW]]
         if categories:
             row.append(category_of(s.last_error) if s.last_error else "")

@@ -7,7 +7,7 @@ what the log's acknowledgement reported (0 when it reported none).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from evsched.errors import EvschedError
 from evsched.ports import Record
@@ -35,7 +35,9 @@ class MemoryJobFeed:
     async def partition_of(self, job_id: str) -> int:
         return 0
 
-    async def follow(self, job_id: str, partition: int, offset: int) -> AsyncIterator[Record]:
+    async def follow(
+        self, job_id: str, partition: int, offset: int
+    ) -> AsyncGenerator[Record, None]:
         if partition != 0:
             raise EvschedError(f"{self.topic} has no partition {partition}")
         key, seen = job_id.encode(), 0
