@@ -55,8 +55,9 @@ class KafkaJobFeed:
         )
         self._count = partitions
         self._follows: dict[int, list[_Follow]] = {}
-        # Bumped by every seek of a partition: a fetch begun before it may hold records the
-        # seek went back before, so its records of that partition are dropped and read again.
+        # Bumped by every seek of a partition: a fetch begun before it may return records from
+        # before the seek (and move the position past it), so they are dropped and the
+        # partition sought again.
         self._epochs: dict[int, int] = {}
         self._read_to: dict[int, int] = {}
         self._changed = asyncio.Event()
@@ -152,8 +153,13 @@ class KafkaJobFeed:
                 log.warning("follow_fetch_failed", topic=self.topic, error=repr(exc))
                 await asyncio.sleep(RETRY_S)
                 continue
+            sought = {p for p, epoch in self._epochs.items() if epoch != epochs.get(p, 0)}
+            for partition in sought:
+                # A fetch begun before the seek may have moved the position past it when it
+                # returned: seek again, now that no fetch is under way.
+                self._consumer.seek(self._tp(partition), self._read_to[partition])
             for tp, raws in batches.items():
-                if raws and self._epochs.get(tp.partition, 0) == epochs.get(tp.partition, 0):
+                if raws and tp.partition not in sought:
                     self._deliver(tp.partition, raws)
 
     def _deliver(self, partition: int, raws: list[object]) -> None:
