@@ -162,3 +162,17 @@ async def test_an_app_without_a_feed_says_how_to_get_one() -> None:
     job = await app.task(lambda: None, name="nofeed").enqueue()
     with pytest.raises(NoJobReader, match="feed_factory"):
         await job.result(timeout=1)
+
+
+async def test_a_rerun_handle_waits_for_the_outcome_after_its_requeue() -> None:
+    app, log = make_app()
+    job = await app.task(lambda: None, name="again").enqueue()
+    node = Node(log, job)
+    await node.run(token=1)
+    await node.write(AttemptSucceeded, token=1, result=b"1")
+    assert await job.result(timeout=5) == 1
+    again = await app.requeue(job, rerun=True)
+    waiting = asyncio.create_task(again.result(timeout=5))
+    await node.run(token=2)
+    await node.write(AttemptSucceeded, token=2, result=b"2")
+    assert await waiting == 2

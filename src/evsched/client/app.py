@@ -237,11 +237,14 @@ class App:
         reason: str = "",
         delay: Delay | None = None,
         run_at: datetime | None = None,
-    ) -> None:
-        """Send a dead or cancelled job back to scheduled, with a fresh attempt budget."""
+        rerun: bool = False,
+    ) -> JobHandle:
+        """Send a dead or cancelled job back to scheduled, with a fresh attempt budget; with
+        ``rerun``, a succeeded job too, to run it again (audited as a rerun). Returns a handle
+        whose ``result()`` is the outcome after this requeue."""
         check_id("job_id", job_id)
         now = self.clock.now_ms()
-        await self.publish(
+        appended = await self.publish(
             JobRequeued(
                 event_id=new_id(),
                 job_id=job_id,
@@ -249,8 +252,10 @@ class App:
                 source=SOURCE,
                 reason=reason,
                 run_at=resolve_run_at(now, delay, run_at),
+                rerun=rerun,
             )
         )
+        return JobHandle(job_id, self, partition=appended.partition, after=appended.offset)
 
     async def upsert_schedule(
         self,
@@ -322,8 +327,9 @@ class App:
     def cancel_sync(self, job_id: str, *, reason: str = "") -> None:
         self._sync.run(lambda: self.cancel(job_id, reason=reason))
 
-    def requeue_sync(self, job_id: str, **options: Any) -> None:
-        self._sync.run(lambda: self.requeue(job_id, **options))
+    def requeue_sync(self, job_id: str, **options: Any) -> JobHandle:
+        handle: JobHandle = self._sync.run(lambda: self.requeue(job_id, **options))
+        return handle
 
     def upsert_schedule_sync(
         self, schedule_id: str, cron: str, timezone: str, task: str | Task, **options: Any
@@ -342,12 +348,18 @@ class App:
         return JobHandle(job_id, self)
 
     async def follow_to_end(
-        self, job_id: str, partition: int | None = None, offset: int | None = None
+        self,
+        job_id: str,
+        partition: int | None = None,
+        offset: int | None = None,
+        *,
+        after: int | None = None,
     ) -> JobState:
-        """Follow the job on its partition from ``offset`` until it is finished; its state then."""
+        """Follow the job on its partition from ``offset`` until it is finished (past ``after``
+        when given); its state then."""
         holder = self._sync_feed if asyncio.get_running_loop() is self._sync.loop else None
         feed = await (holder or self._async_feed).get()
-        return await terminal_state(feed, job_id, partition, offset)
+        return await terminal_state(feed, job_id, partition, offset, after=after)
 
     def _make_feed(self) -> JobFeed:
         if self._feed_factory is None:

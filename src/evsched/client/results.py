@@ -32,8 +32,9 @@ class FollowGap(EvschedError):
 
 async def job_states(
     feed: JobFeed, job_id: str, partition: int, offset: int, state: JobState | None = None
-) -> AsyncIterator[JobState | None]:
-    """The job's state after each of its events from ``offset`` on; FollowGap when it began late.
+) -> AsyncIterator[tuple[JobState | None, int]]:
+    """The job's state after each of its events from ``offset`` on, with the event's offset;
+    FollowGap when the follow began late.
 
     Undecodable records and events of other kinds or ids under the job's key are skipped.
     """
@@ -50,23 +51,31 @@ async def job_states(
             if missed_history(state, entry):
                 raise FollowGap(f"job {job_id}: {entry.kind} at p{partition}@{record.offset}")
             state = new
-            yield state
+            yield state, record.offset
 
 
 async def terminal_state(
-    feed: JobFeed, job_id: str, partition: int | None, offset: int | None
+    feed: JobFeed,
+    job_id: str,
+    partition: int | None,
+    offset: int | None,
+    *,
+    after: int | None = None,
 ) -> JobState:
     """The job's state once it succeeded, died or was cancelled (no time limit: the caller's).
 
-    Without a known ``offset`` (or after a gap) it follows from the partition's start.
+    Without a known ``offset`` (or after a gap) it follows from the partition's start. With
+    ``after``, only an outcome folded past that offset counts (a requeue's: its rerun's outcome).
     """
     if partition is None:
         partition = await feed.partition_of(job_id)
     starts = [0] if offset is None or offset <= 0 else [offset, 0]
     for index, start in enumerate(starts):
         try:
-            async for state in job_states(feed, job_id, partition, start):
-                if state is not None and state.status in TERMINAL_STATUSES:
+            async for state, at in job_states(feed, job_id, partition, start):
+                if state is None or state.status not in TERMINAL_STATUSES:
+                    continue
+                if after is None or at > after:
                     return state
         except FollowGap:
             if index == len(starts) - 1:
@@ -102,12 +111,20 @@ class JobHandle(str):
     app: App
     enqueue_partition: int | None
     enqueue_offset: int | None
+    after: int | None
 
     def __new__(
-        cls, job_id: str, app: App, *, partition: int | None = None, offset: int | None = None
+        cls,
+        job_id: str,
+        app: App,
+        *,
+        partition: int | None = None,
+        offset: int | None = None,
+        after: int | None = None,
     ) -> JobHandle:
         handle = super().__new__(cls, job_id)
         handle.app, handle.enqueue_partition, handle.enqueue_offset = app, partition, offset
+        handle.after = after  # only an outcome past this offset (a requeue's) counts
         return handle
 
     @property
@@ -118,7 +135,7 @@ class JobHandle(str):
         """The job's result once it succeeded; JobFailed if it died or was cancelled."""
         async with asyncio.timeout(timeout):
             state = await self.app.follow_to_end(
-                self.job_id, self.enqueue_partition, self.enqueue_offset
+                self.job_id, self.enqueue_partition, self.enqueue_offset, after=self.after
             )
         return outcome(state)
 

@@ -66,7 +66,7 @@ class AttemptFence:
         logger = log.bind(job_id=dispatch.job_id, token=dispatch.token)
         start = state_before_lease(dispatch)
         try:
-            async for state in job_states(
+            async for state, _ in job_states(
                 feed, dispatch.job_id, dispatch.partition, dispatch.events_offset, start
             ):
                 if not attempt_current(state, dispatch.token):
