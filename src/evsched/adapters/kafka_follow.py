@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
+from typing import Any
 
 import structlog
 from aiokafka.structs import TopicPartition
@@ -50,9 +51,8 @@ class KafkaJobFeed:
     ) -> None:
         self._settings = settings
         self.topic = topic
-        self._consumer = kafka.consumer(
-            settings, group_id=None, client_id=client_id, **LATENCY_OPTIONS
-        )
+        self._client_id = client_id
+        self._consumer: Any = None  # made in start(): aiokafka binds it to the running loop
         self._count = partitions
         self._follows: dict[int, list[_Follow]] = {}
         # Bumped by every seek of a partition: a fetch begun before it may return records from
@@ -71,6 +71,9 @@ class KafkaJobFeed:
                 )
             except EvschedError as exc:
                 raise BrokerUnavailable(str(exc)) from exc
+        self._consumer = kafka.consumer(
+            self._settings, group_id=None, client_id=self._client_id, **LATENCY_OPTIONS
+        )
         with broker_errors(f"start a follower of {self.topic}"):
             try:
                 await self._consumer.start()
@@ -89,8 +92,9 @@ class KafkaJobFeed:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        with contextlib.suppress(kafka.KafkaError):
-            await self._consumer.stop()
+        if self._consumer is not None:
+            with contextlib.suppress(kafka.KafkaError):
+                await self._consumer.stop()
 
     async def partition_of(self, job_id: str) -> int:
         if self._count is None:
