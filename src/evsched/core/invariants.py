@@ -131,6 +131,8 @@ def _audit(
             account.run_at = position.log_at if event.run_at is None else event.run_at
             if isinstance(event, JobEnqueued):
                 account.policy = event.retry
+            elif event.rerun:
+                account.successes = 0  # an explicit rerun is a new run: it may succeed again
         case JobLeased():
             found += _early(account, event, position)
             found += _token_reused(account, event, position)
