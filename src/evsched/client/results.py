@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from evsched.adapters.avro import decode_event
 from evsched.adapters.payload import decode_json
@@ -22,8 +22,20 @@ from evsched.core.state import TERMINAL_STATUSES, JobState, Status
 from evsched.errors import DecodeError, EvschedError, JobFailed
 from evsched.ports import JobFeed
 
-if TYPE_CHECKING:
-    from evsched.client.app import App
+
+class Follower(Protocol):
+    """What a handle needs of its App (``client.app.App``)."""
+
+    async def follow_to_end(
+        self,
+        job_id: str,
+        partition: int | None = None,
+        offset: int | None = None,
+        *,
+        after: int | None = None,
+    ) -> JobState: ...
+
+    def run_sync(self, make: Callable[[], Any]) -> Any: ...
 
 
 class FollowGap(EvschedError):
@@ -108,7 +120,7 @@ class JobHandle(str):
     JobFailed (dead or cancelled), and TimeoutError when it is not finished in time.
     """
 
-    app: App
+    app: Follower
     enqueue_partition: int | None
     enqueue_offset: int | None
     after: int | None
@@ -116,7 +128,7 @@ class JobHandle(str):
     def __new__(
         cls,
         job_id: str,
-        app: App,
+        app: Follower,
         *,
         partition: int | None = None,
         offset: int | None = None,
