@@ -13,7 +13,7 @@ from evsched.core.events import JobRequeued
 from evsched.operator.cmd_write import requeue_event
 from tests.unit.test_failure_detail import failed
 from tests.unit.test_operator_audit import Story, enq, lease, start
-from tests.unit.test_operator_cli import cli, invoke  # noqa: F401 - the fixture
+from tests.unit.test_operator_cli import cli, invoke
 
 __all__ = ["cli"]
 
@@ -30,7 +30,7 @@ def dead_dir(tmp_path: Path) -> Path:
     return tmp_path / "replica"
 
 
-def test_dlq_list_shows_and_filters_by_category(cli: typer.Typer, dead_dir: Path) -> None:  # noqa: F811
+def test_dlq_list_shows_and_filters_by_category(cli: typer.Typer, dead_dir: Path) -> None:
     offline = ["--offline", "--data-dir", str(dead_dir)]
     code, output = invoke(cli, "dlq", "list", *offline, "--json")
     assert code == 0
