@@ -11,7 +11,14 @@ from typing import Any
 from evsched.adapters.avro import encode_event
 from evsched.client.context import Context
 from evsched.core.dispatch import Dispatch
-from evsched.core.events import AttemptCheckpointed, AttemptStarted, JobCancelled, JobLeased
+from evsched.core.events import (
+    AttemptCheckpointed,
+    AttemptStarted,
+    AttemptSucceeded,
+    JobCancelled,
+    JobLeased,
+    LeaseExpired,
+)
 from evsched.testing import MemoryJobFeed
 from tests.unit.worker_rig import EVENTS, Rig, make_rig, until
 
@@ -156,3 +163,32 @@ async def test_failures_carry_their_category_and_a_bounded_traceback() -> None:
     assert outcomes["plain"].category == "transient"
     assert outcomes["plain"].traceback.rstrip().endswith("ValueError: bad input")
     assert (outcomes["slow"].category, outcomes["slow"].traceback) == ("timeout", None)
+
+
+async def test_a_lost_lease_ends_is_current_but_lets_the_handler_finish() -> None:
+    rig = make_rig()
+    seen: list[tuple[bool, bool]] = []
+
+    @rig.app.task(name="zombie")
+    def zombie(ctx: Context) -> str:
+        deadline = time.monotonic() + DEADLINE_S
+        while ctx.is_current_sync() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append((ctx.is_current_sync(), ctx.cancelled))
+        return "late"
+
+    async with rig.worker(follow=MemoryJobFeed(rig.log, EVENTS)):
+        dispatch = await lease(rig, "zombie")
+        await started(rig, dispatch.job_id)
+        rig.log.log_at = 10**9  # far past the run lease: the node's expiry applies
+        expired = LeaseExpired(
+            event_id="expire",
+            job_id=dispatch.job_id,
+            emitted_at=0,
+            source="node-test",
+            token=dispatch.token,
+        )
+        await rig.log.append(EVENTS, dispatch.job_id, encode_event(expired))
+        done = await rig.outcome(dispatch.job_id, timeout_s=DEADLINE_S)
+    assert seen == [(False, False)]
+    assert isinstance(done, AttemptSucceeded)  # not cancelled: its completion comes in stale

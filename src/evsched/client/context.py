@@ -58,6 +58,11 @@ class Fence(Protocol):
         ...
 
     @property
+    def cancelled(self) -> bool:
+        """The log showed the job cancelled while this attempt ran."""
+        ...
+
+    @property
     def followed(self) -> bool:
         """A follow of the job runs, so ``ended`` is as fresh as the log."""
         ...
@@ -114,12 +119,12 @@ class Context:
 
     @property
     def cancelled(self) -> bool:
-        """True once the worker saw in the log that this attempt is over: the job was cancelled,
-        its lease expired or it was leased again. Sync handlers poll it; an async handler is
-        also cancelled (``asyncio.CancelledError``) at that moment. Whatever it writes later
-        (checkpoints, its completion) is rejected by the fold."""
+        """True once the worker saw in the log that the job was cancelled while this attempt
+        ran (within about a second). Sync handlers poll it; an async handler is also cancelled
+        (``asyncio.CancelledError``) at that moment. Whatever it writes later (checkpoints, its
+        completion) is rejected by the fold."""
         fence = self._io.fence
-        return fence is not None and fence.ended
+        return fence is not None and fence.cancelled
 
     def effect(self, kind: str, payload: bytes | Any, key: str | None = None) -> None:
         """Record a side effect; it is published only if this attempt's success is accepted.
@@ -145,14 +150,14 @@ class Context:
 
         False once the attempt ended, or the worker went longer than the lease without renewing
         it (by its own monotonic clock: e.g. it was frozen), or its follow of the job saw it
-        cancelled, expired or leased again (``cancelled``). A worker that follows the job
+        cancelled, expired or leased again. A worker that follows the job
         answers from that follow; otherwise, with a JobReader, from whether the projection still
         shows this token live (as fresh as that projection); without either, True.
         The fold has the last word: a completion with a stale token is rejected either way.
         """
-        if self._collected.finished or self._io.lease.lost or self.cancelled:
-            return False
         fence = self._io.fence
+        if self._collected.finished or self._io.lease.lost or (fence is not None and fence.ended):
+            return False
         if fence is not None and fence.followed:
             return True
         reader = self._io.reader

@@ -150,7 +150,7 @@ class AttemptRunner:
             heartbeat.cancel()
             await asyncio.wait({heartbeat})
             await stop_following(following)
-        if fence.ended:
+        if fence.cancelled:
             # Whatever the handler did after: its attempt is over (the fold rejects it anyway).
             message = f"attempt cancelled: {fence.reason}"
             outcome = Failed("evsched.Cancelled", message, True, category=failures.CANCELLED)
@@ -250,7 +250,7 @@ class AttemptRunner:
             name = f"evsched handler {task.name} job {dispatch.job_id} token {dispatch.token}"
             run = self.handlers.submit(call, name=name)
             running, stop = asyncio.wrap_future(run.done), run.cancel
-            fence.on_end(run.cancel)  # a cancel (or lost lease) seen in the log reaches it
+            fence.on_cancel(run.cancel)  # a cancel seen in the log reaches the handler
         else:
             context = contextvars.copy_context()
             running = asyncio.wrap_future(self.executor.submit(self.threads.run, context, call))

@@ -4,8 +4,10 @@ the attempt stops being current (cancelled, its lease expired, leased again).
 Each running attempt follows its job's events partition from the offset its dispatch carries (the
 node's position when it leased), folding only that job's events with the core fold, starting from
 the state the dispatch describes. As soon as the fold says the attempt's token no longer holds the
-job, ``ended`` is set: ``ctx.cancelled`` turns true, ``ctx.is_current()`` false, and an async
-handler is cancelled. See docs/architecture.md ("Cancel that reaches running code") for the cost.
+job, ``ended`` is set and ``ctx.is_current()`` turns false. When the job was cancelled, also
+``cancelled``: ``ctx.cancelled`` turns true and an async handler is cancelled. An attempt that
+lost its lease otherwise (a frozen worker's) is left to finish, as before: its completion is
+stale. See docs/architecture.md ("Following one job") for the cost.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class AttemptFence:
     def __init__(self, dispatch: Dispatch) -> None:
         self.dispatch = dispatch
         self._ended = threading.Event()
+        self.cancelled = False  # ended because the job was cancelled
         self.reason: str | None = None
         self._on_end: list[Callable[[], object]] = []
         self.followed = False  # a follow runs (the dispatch said where to start)
@@ -41,20 +44,22 @@ class AttemptFence:
     def ended(self) -> bool:
         return self._ended.is_set()
 
-    def on_end(self, call: Callable[[], object]) -> None:
-        """Call ``call`` (on the worker's loop) once the attempt ends, at once if it has."""
-        if self.ended:
+    def on_cancel(self, call: Callable[[], object]) -> None:
+        """Call ``call`` (on the worker's loop) once the job is cancelled, at once if it is."""
+        if self.cancelled:
             call()
-        else:
+        elif not self.ended:
             self._on_end.append(call)
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: str, *, cancelled: bool = False) -> None:
         if self.ended:
             return
         self.reason = reason
+        self.cancelled = cancelled
         self._ended.set()
-        for call in self._on_end:
-            call()
+        if cancelled:
+            for call in self._on_end:
+                call()
         self._on_end.clear()
 
     async def follow(self, feed: JobFeed) -> None:
@@ -71,8 +76,9 @@ class AttemptFence:
             ):
                 if not attempt_current(state, dispatch.token):
                     reason = why_ended(state, dispatch.token)
-                    logger.info("attempt_ended_by_log", reason=reason)
-                    self.end(reason)
+                    cancelled = state is not None and state.status is Status.CANCELLED
+                    logger.info("attempt_ended_by_log", reason=reason, cancelled=cancelled)
+                    self.end(reason, cancelled=cancelled)
                     return
         except (FollowGap, EvschedError) as exc:
             # Not knowable from here: the fold still rejects the attempt's late writes.
