@@ -27,6 +27,9 @@ from evsched.errors import EvschedError
 from evsched.ports import JobFeed
 
 log = structlog.get_logger("evsched.worker")
+# An attempt is followed only once it has run this long: most attempts end sooner and never read
+# the events topic, and a cancel is still seen within a second (the follow starts from the lease).
+FOLLOW_AFTER_S = 0.25
 
 
 class AttemptFence:
@@ -62,11 +65,12 @@ class AttemptFence:
                 call()
         self._on_end.clear()
 
-    async def follow(self, feed: JobFeed) -> None:
+    async def follow(self, feed: JobFeed, after_s: float = FOLLOW_AFTER_S) -> None:
         """Follow the job until the attempt ends (then ``end``), or until cancelled."""
         dispatch = self.dispatch
         if dispatch.events_offset is None:
             return  # a node before events_offset: the fence falls back to the lease watch
+        await asyncio.sleep(after_s)
         self.followed = True
         logger = log.bind(job_id=dispatch.job_id, token=dispatch.token)
         start = state_before_lease(dispatch)
