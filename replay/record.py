@@ -37,7 +37,7 @@ from evsched.operator.export import LogRange, export_range  # noqa: E402
 from evsched.operator.live_index import ReadOnlyIndex  # noqa: E402
 from evsched.operator.replay import dump_expected, expected_document, fold_history  # noqa: E402
 from evsched.operator.replica_dir import LocalIndex, catch_up  # noqa: E402
-from replay import scenarios  # noqa: E402
+from replay import scenarios, scenarios_failures  # noqa: E402
 
 CORPUS = REPO / "replay"
 
@@ -78,6 +78,15 @@ SCENARIOS = {
             "enqueue with a victim's body digest (conflict), and a record cut inside a double.",
             scenarios.hardening,
             all_terminal=False,  # the victim is delayed by an hour on purpose
+        ),
+        Scenario(
+            "failures",
+            "Fold version 3 (issue 13, items 4, 5, 10): failures with a category and a traceback "
+            "(an app's own category, permanent, timeout), a cancel that reaches a running "
+            "handler (its report comes in rejected), a succeeded job requeued without rerun "
+            "(rejected) and with it (applied; it runs again), and a hostile producer's failure "
+            "reports beyond the limits (an oversized traceback, a bad category).",
+            scenarios_failures.failures,
         ),
         Scenario(
             "cron",

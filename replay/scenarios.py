@@ -149,8 +149,19 @@ async def _cancel_running(stack: Stack, app: App) -> list[str]:
         await app.cancel(job_id, reason="operator stop")
         await until_status(stack, [job_id], Status.CANCELLED)
         (folder / "go").touch()
-        await _wait_path(folder / "finished-1-1")
+        await _completion_folded(stack, job_id)
     return jobs
+
+
+async def _completion_folded(stack: Stack, job_id: str) -> None:
+    """Until the cancelled attempt's report (its success, or the follow's cancelled failure) is
+    folded: since fold version 3 a worker's follow cancels the handler."""
+
+    async def folded() -> bool:
+        kinds = {e.kind for e in await stack.timeline(job_id)}
+        return bool(kinds & {"AttemptSucceeded", "AttemptFailed"})
+
+    await wait_for(folded, what=f"the late completion of {job_id}", timeout_s=120)
 
 
 async def _repeats_and_garbage(stack: Stack, job_ids: list[str]) -> None:

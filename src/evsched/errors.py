@@ -122,3 +122,30 @@ class RestoreRefused(EvschedError):
         super().__init__(f"partition {partition}: {reason}")
         self.partition = partition
         self.reason = reason
+
+
+class JobFailed(EvschedError):
+    """A job whose result was awaited ended without one: ``status`` is dead or cancelled.
+
+    ``error_type``, ``message``, ``category`` and ``traceback`` are those of its last failure
+    (None for a job cancelled before any attempt failed).
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        error_type: str | None = None,
+        message: str | None = None,
+        category: str | None = None,
+        traceback: str | None = None,
+    ) -> None:
+        detail = f": {error_type}: {message}" if error_type is not None else ""
+        super().__init__(f"job {job_id} is {status}{detail}")
+        self.job_id = job_id
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+        self.category = category
+        self.traceback = traceback

@@ -31,6 +31,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from evsched.adapters.index import PartitionIndex
+from evsched.core.failures import BUILTIN_CATEGORIES, category_of
 from evsched.core.state import FoldedEvent, JobState, Status, Verdict
 
 log = structlog.get_logger("evsched.metrics")
@@ -38,6 +39,10 @@ log = structlog.get_logger("evsched.metrics")
 ENQUEUE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LATENESS_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 COMPLETIONS = frozenset({"AttemptSucceeded", "AttemptFailed"})
+# Events that end an attempt with an error (a lease expiry of a started attempt records one).
+FAILURES = frozenset({"AttemptFailed", "LeaseExpired"})
+MAX_APP_CATEGORIES = 20
+OTHER_CATEGORY = "other"
 
 
 class JobCounts:
@@ -159,6 +164,15 @@ class Metrics:
             ["queue"],
             registry=r,
         )
+        self.failures = PromCounter(
+            "evsched_failures",
+            "Attempts that failed or lost their worker, by queue and failure category: transient, "
+            "permanent, timeout, cancelled, lost_worker, or an app's own (the first "
+            f"{MAX_APP_CATEGORIES} seen; later ones count as 'other').",
+            ["queue", "category"],
+            registry=r,
+        )
+        self._categories = CategoryLabels()
         self.writes_unconfirmed = PromCounter(
             "evsched_api_writes_unconfirmed",
             "API writes answered 202 unconfirmed: the broker did not acknowledge them in time.",
@@ -183,7 +197,7 @@ class Metrics:
                 continue
             if entry.verdict is Verdict.APPLIED:
                 self.jobs.move(folded.before, after)
-                self._applied(entry.kind, entry.log_at, after)
+                self._applied(entry.kind, entry.log_at, after, folded.before)
                 if after.status is Status.DEAD and not _was_dead(folded.before):
                     self.dead_letters.labels(after.queue).inc()
             elif entry.verdict is Verdict.STALE and entry.kind in COMPLETIONS:
@@ -191,7 +205,14 @@ class Metrics:
         for follower in self.followers:
             follower(events)
 
-    def _applied(self, kind: str, log_at: int, after: JobState) -> None:
+    def _applied(
+        self, kind: str, log_at: int, after: JobState, before: JobState | None = None
+    ) -> None:
+        error = after.last_error
+        fresh = before is None or before.last_error != error
+        if kind in FAILURES and error is not None and fresh:
+            label = self._categories.label(category_of(error))
+            self.failures.labels(after.queue, label).inc()
         if kind == "LeaseExpired":
             self.lease_expirations.labels(after.queue).inc()
         elif kind == "AttemptStarted":
@@ -214,6 +235,24 @@ class Metrics:
     def render(self) -> tuple[bytes, str]:
         """The registry in Prometheus' text format, and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class CategoryLabels:
+    """Failure categories as metric labels: the built-in ones, and at most
+    ``MAX_APP_CATEGORIES`` of an app's own per process (the fold bounds their names; this bounds
+    how many series they make)."""
+
+    def __init__(self, limit: int = MAX_APP_CATEGORIES) -> None:
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def label(self, category: str) -> str:
+        if category in BUILTIN_CATEGORIES or category in self._seen:
+            return category
+        if len(self._seen) < self._limit:
+            self._seen.add(category)
+            return category
+        return OTHER_CATEGORY
 
 
 def _was_dead(before: JobState | None) -> bool:

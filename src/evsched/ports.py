@@ -7,7 +7,7 @@ as the engine relies on Kafka to behave. Nothing here imports a third-party clie
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import AsyncGenerator, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -191,3 +191,24 @@ class PartitionLog(Protocol):
     ) -> dict[int, list[Record]]:
         """Records of ``partitions`` from their positions on; waits up to ``timeout_s`` for any."""
         ...
+
+
+class JobFeed(Protocol):
+    """Follows single jobs on their events partitions without a replica, read_committed.
+
+    ``follow`` yields the records keyed by ``job_id`` at or after ``offset`` of ``partition``
+    (below the log's start: from its start) in offset order as they are committed, for as long
+    as the caller iterates; many follows share one reader. Broker failures are retried inside
+    (a follow just waits). ``adapters.kafka_follow.KafkaJobFeed`` holds the Kafka
+    implementation, ``testing.MemoryJobFeed`` the in-memory twin.
+    """
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def partition_of(self, job_id: str) -> int:
+        """The events partition ``job_id``'s records go to (Kafka's murmur2 partitioner)."""
+        ...
+
+    def follow(self, job_id: str, partition: int, offset: int) -> AsyncGenerator[Record, None]: ...

@@ -372,7 +372,13 @@ async def test_requeue_a_dead_job_gives_it_a_fresh_budget(api: Harness) -> None:
     assert requeued.status_code == 200
     state = requeued.json()
     assert (state["status"], state["attempt"], state["token"]) == ("scheduled", 0, 1)
-    assert state["last_error"] == {"type": "ValueError", "message": "no", "retryable": False}
+    assert state["last_error"] == {
+        "type": "ValueError",
+        "message": "no",
+        "retryable": False,
+        "category": "permanent",
+        "traceback": None,
+    }
     assert state["run_at"] > state["enqueued_at"]
 
 

@@ -306,3 +306,15 @@ def test_entries_of_refused_events_are_recorded_but_not_audited() -> None:
         "nobody"
     ]
     assert [(e.verdict, e.status_after) for e in entries] == [(Verdict.REJECTED, None)]
+
+
+def test_i1_allows_one_success_per_explicit_rerun() -> None:
+    rerun = JobRequeued(**_meta("j"), rerun=True)
+    log = Log().add(enqueue("j"), lease("j", 1, 1), start("j", 1), succeed("j", 1))
+    log.add(rerun, lease("j", 2, 1), start("j", 2), succeed("j", 2), at=T0 + 10**6)
+    assert check_history(log.items) == []
+    plain = JobRequeued(**_meta("k"))
+    broken = Log().add(enqueue("k"), lease("k", 1, 1), start("k", 1), succeed("k", 1))
+    broken.add(plain, succeed("k", 1), at=T0 + 10**6)
+    found = _only(check_history(broken.items, fold_job=_succeeds_twice))
+    assert found.invariant == "I1"

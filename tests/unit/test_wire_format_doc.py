@@ -91,7 +91,7 @@ def test_the_fingerprint_table_lists_every_schema_with_its_fingerprint() -> None
         listed[path] = wire
     shipped = {
         f"schemas/{sub + '/' if sub else ''}{file.split('/')[-1]}"
-        for sub in ("", "history", "dispatch")
+        for sub in ("", "history", "dispatch", "dispatch/history")
         for file in load_schema_files("schemas", sub)
     }
     assert set(listed) == shipped

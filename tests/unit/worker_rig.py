@@ -78,6 +78,7 @@ class Rig:
         reader: Any = None,
         instruments: WorkerInstruments | None = None,
         dispatch_key: DispatchKey | None = None,
+        follow: Any = None,
         **config: Any,
     ) -> AsyncIterator[Worker]:
         settings = {"queues": ("default",), "worker_id": "w1", "poll_s": 0.05, **config}
@@ -90,6 +91,7 @@ class Rig:
             reader=reader,
             instruments=instruments,
             dispatch_key=dispatch_key,
+            follow=follow,
         )
         running = asyncio.create_task(worker.run())
         try:

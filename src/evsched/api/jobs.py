@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response
 
+from evsched.adapters.clock import monotonic_s
 from evsched.api import reader
 from evsched.api.context import Ctx, Writes
 from evsched.api.errors import ApiError
@@ -23,11 +26,15 @@ from evsched.api.queues import require_declared
 from evsched.api.responses import READ, WRITE, Responses, error
 from evsched.api.writes import cancel_event, enqueue_event, requeue_event
 from evsched.commands import MAX_KEY_CHARS
-from evsched.core.state import JobState, Status, TimelineEntry, Verdict
+from evsched.core.failures import MAX_CATEGORY_CHARS, category_of
+from evsched.core.state import TERMINAL_STATUSES, JobState, Status, TimelineEntry, Verdict
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 JobId = Annotated[str, Path(min_length=1, max_length=MAX_KEY_CHARS)]
+# The longest long poll of GET /v1/jobs/{id}?wait=; each wait step re-reads the job.
+MAX_WAIT_S = 60.0
+WAIT_STEP_S = 1.0
 
 
 FOUND: Responses = {404: error("No such job.")}
@@ -80,8 +87,24 @@ async def enqueue(
 
 
 @router.get("/{job_id}", response_model=Job, responses={**READ, **FOUND})
-async def get_job(ctx: Ctx, job_id: JobId) -> Job:
-    return Job.of(_found(ctx, job_id))
+async def get_job(
+    ctx: Ctx,
+    job_id: JobId,
+    wait: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            le=MAX_WAIT_S,
+            description=f"Long poll: hold the answer up to this many seconds (at most "
+            f"{MAX_WAIT_S:g}) until the job succeeded, died or was cancelled; then its "
+            "result or last_error. The job as it is when the wait runs out otherwise.",
+        ),
+    ] = None,
+) -> Job:
+    state = _found(ctx, job_id)
+    if wait:
+        state = await _finished(ctx, state, wait)
+    return Job.of(state)
 
 
 @router.get("", response_model=JobPage, responses=READ)
@@ -91,16 +114,26 @@ async def list_jobs(
     status: Status | None = None,
     queue: Annotated[str | None, Query(max_length=200)] = None,
     task: Annotated[str | None, Query(max_length=MAX_KEY_CHARS)] = None,
+    category: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_CATEGORY_CHARS,
+            description="Only jobs whose last failure is of this category: the dead-letter "
+            "listing is ?status=dead&category=...",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=2_000)] = None,
 ) -> JobPage:
     """Jobs in a stable order (partition, then id), filtered; reads at most the scan budget."""
 
     def keep(state: JobState) -> bool:
+        error = state.last_error
         return (
             (status is None or state.status is status)
             and (queue is None or state.queue == queue)
             and (task is None or state.task == task)
+            and (category is None or (error is not None and category_of(error) == category))
         )
 
     def rows(partition: int, after: str | None) -> Any:
@@ -158,6 +191,22 @@ async def requeue(ctx: Ctx, job_id: JobId, body: RequeueRequest | None = None) -
     event = requeue_event(job_id, body or RequeueRequest(), ctx.writer.now_ms())
     entry = await ctx.writer.write(event, f"/v1/jobs/{job_id}")
     return Job.of(_judged(ctx, job_id, entry))
+
+
+async def _finished(ctx: Ctx, state: JobState, wait_s: float) -> JobState:
+    """``state`` once terminal, as this replica folds its partition, or after ``wait_s``."""
+    deadline = monotonic_s() + wait_s
+    partition = ctx.replica.partition_of(state.job_id)
+    while state.status not in TERMINAL_STATUSES:
+        left = deadline - monotonic_s()
+        if left <= 0:
+            break
+        following = ctx.replica.index(partition).applied_offset() + 1
+        with contextlib.suppress(TimeoutError):  # nothing new folded: look again until the end
+            await ctx.replica.wait_for(partition, following, timeout_s=min(left, WAIT_STEP_S))
+        await asyncio.sleep(0)  # a replica that cannot wait (a twin) still lets writers run
+        state = _found(ctx, state.job_id)
+    return state
 
 
 def _utf8_header(value: str | None, name: str) -> str | None:

@@ -22,6 +22,7 @@ from pydantic import (
 
 from evsched.adapters.payload import MAX_JSON_DEPTH, NotJson, decode_args, decode_json, deeper_than
 from evsched.commands import MAX_AHEAD, MAX_KEY_CHARS
+from evsched.core.failures import category_of
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
 INT64_MAX = 2**63 - 1
@@ -111,6 +112,10 @@ class RequeueRequest(_Request):
     reason: Reason = ""
     delay_s: Delay | None = None
     run_at: RunAt | None = None
+    rerun: bool = Field(
+        default=False,
+        description="Requeue a succeeded job too, to run it again (its result is cleared).",
+    )
 
 
 class ScheduleRequest(_Request):
@@ -153,6 +158,11 @@ class LastError(BaseModel):
     type: str
     message: str
     retryable: bool
+    category: str = Field(
+        description="transient, permanent, timeout, cancelled, lost_worker, or a category the "
+        "app maps exception classes to."
+    )
+    traceback: str | None = Field(None, description="The failed attempt's traceback, if kept.")
 
 
 class Job(BaseModel):
@@ -214,7 +224,13 @@ class Job(BaseModel):
             result=_json(state.result),
             last_error=None
             if error is None
-            else LastError(type=error.error_type, message=error.message, retryable=error.retryable),
+            else LastError(
+                type=error.error_type,
+                message=error.message,
+                retryable=error.retryable,
+                category=category_of(error),
+                traceback=error.traceback,
+            ),
         )
 
 

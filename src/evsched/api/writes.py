@@ -208,6 +208,7 @@ def requeue_event(job_id: str, body: RequeueRequest, now_ms: int) -> JobRequeued
         source=SOURCE,
         reason=body.reason,
         run_at=resolve_run_at(now_ms, body.delay_s, body.run_at),
+        rerun=body.rerun,
     )
 
 

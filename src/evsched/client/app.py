@@ -10,11 +10,13 @@ from typing import Any, overload
 
 from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.ids import new_id
+from evsched.adapters.kafka_follow import KafkaJobFeed
 from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.queues import KafkaQueues, QueueCatalog, QueueLookupError, undeclared
 from evsched.adapters.topics import Topics
+from evsched.client.results import JobHandle, LoopFeed, terminal_state
 from evsched.client.sync import LoopThread
-from evsched.client.task import Handler, Task
+from evsched.client.task import Categories, Handler, Task, checked_categories
 from evsched.commands import (
     SOURCE,
     Delay,
@@ -36,7 +38,7 @@ from evsched.core.events import (
 )
 from evsched.core.state import JobState
 from evsched.errors import EvschedError, NoJobReader, PublishError, UnknownQueue, UnknownTask
-from evsched.ports import Appended, Clock, EventLog, JobReader
+from evsched.ports import Appended, Clock, EventLog, JobFeed, JobReader
 from evsched.settings import Settings
 
 
@@ -84,7 +86,8 @@ class App:
     """Task definitions plus a producer: ``@app.task`` to define, ``await task.enqueue()`` to run.
 
     Writes return only after the broker acknowledged them (idempotent producer, acks=all).
-    ``log_factory`` replaces Kafka (tests pass ``testing.MemoryLog``); ``reader`` serves
+    ``log_factory`` replaces Kafka (tests pass ``testing.MemoryLog``); ``feed_factory`` makes
+    the follower results are read with (``testing.MemoryJobFeed``); ``reader`` serves
     :meth:`get_job`. Use ``async with app:`` (or ``with app:`` in sync code) to close it.
     Enqueues and schedules on a queue that is not declared raise UnknownQueue; ``queues`` says
     which are (default: the cluster's dispatch topics, or every queue with a ``log_factory``).
@@ -99,8 +102,12 @@ class App:
         reader: JobReader | None = None,
         clock: Clock = SYSTEM_CLOCK,
         queues: QueueCatalog | None = None,
+        feed_factory: Callable[[], JobFeed] | None = None,
+        failure_categories: Categories | None = None,
     ) -> None:
         self.settings = settings if settings is not None else Settings.from_env()
+        # Exception classes to failure categories, for every task (a task's own map wins).
+        self.failure_categories = checked_categories(failure_categories, "failure_categories")
         self.name = name
         self.topics = Topics(self.settings.namespace)
         self.reader = reader
@@ -112,7 +119,14 @@ class App:
         catalog = self._catalog_factory(queues, checked=log_factory is None)
         self._async_log = _LoopLog(factory, catalog)
         self._sync_log = _LoopLog(factory, catalog)
-        self._sync = LoopThread(f"evsched-client-{name}", cleanup=self._sync_log.close)
+        if feed_factory is None and log_factory is None:
+            feed_factory = lambda: KafkaJobFeed(  # noqa: E731
+                self.settings, self.topics.events, client_id=f"evsched-follow-{name}"
+            )
+        self._feed_factory = feed_factory
+        self._async_feed = LoopFeed(self._make_feed)
+        self._sync_feed = LoopFeed(self._make_feed)
+        self._sync = LoopThread(f"evsched-client-{name}", cleanup=self._close_sync_loop)
 
     # --- definitions ----------------------------------------------------------------------------
 
@@ -133,6 +147,7 @@ class App:
         priority: int = 0,
         retry_on: Sequence[type[BaseException]] = (Exception,),
         permanent_on: Sequence[type[BaseException]] = (),
+        categories: Categories | None = None,
     ) -> Callable[[Handler], Task]: ...
 
     def task(
@@ -148,11 +163,15 @@ class App:
         priority: int = 0,
         retry_on: Sequence[type[BaseException]] = (Exception,),
         permanent_on: Sequence[type[BaseException]] = (),
+        categories: Categories | None = None,
     ) -> Task | Callable[[Handler], Task]:
         """Define a task; its name defaults to ``module.function_name``.
 
         An exception in ``permanent_on`` kills the job at once; one in ``retry_on`` (and not in
         ``permanent_on``) is retried while attempts are left; any other is permanent.
+        ``categories`` maps exception classes to the failure category (snake_case) their
+        failures are reported under, before the app's ``failure_categories``; unmapped ones are
+        ``transient`` or ``permanent``.
         """
 
         def define(handler: Handler) -> Task:
@@ -168,7 +187,7 @@ class App:
             )
             if spec.name in self._tasks:
                 raise EvschedError(f"task {spec.name!r} is defined twice")
-            defined = Task(self, spec, handler)
+            defined = Task(self, spec, handler, categories)
             self._tasks[spec.name] = defined
             return defined
 
@@ -191,11 +210,11 @@ class App:
 
     # --- writes ---------------------------------------------------------------------------------
 
-    async def enqueue(self, task: str, /, *args: Any, **kwargs: Any) -> str:
-        """Enqueue the task named ``task`` with default options; returns the job id."""
+    async def enqueue(self, task: str, /, *args: Any, **kwargs: Any) -> JobHandle:
+        """Enqueue the task named ``task`` with default options; returns the job's handle."""
         return await self.get_task(task).enqueue(*args, **kwargs)
 
-    def enqueue_sync(self, task: str, /, *args: Any, **kwargs: Any) -> str:
+    def enqueue_sync(self, task: str, /, *args: Any, **kwargs: Any) -> JobHandle:
         return self.get_task(task).enqueue_sync(*args, **kwargs)
 
     async def cancel(self, job_id: str, *, reason: str = "") -> None:
@@ -218,11 +237,14 @@ class App:
         reason: str = "",
         delay: Delay | None = None,
         run_at: datetime | None = None,
-    ) -> None:
-        """Send a dead or cancelled job back to scheduled, with a fresh attempt budget."""
+        rerun: bool = False,
+    ) -> JobHandle:
+        """Send a dead or cancelled job back to scheduled, with a fresh attempt budget; with
+        ``rerun``, a succeeded job too, to run it again (audited as a rerun). Returns a handle
+        whose ``result()`` is the outcome after this requeue."""
         check_id("job_id", job_id)
         now = self.clock.now_ms()
-        await self.publish(
+        appended = await self.publish(
             JobRequeued(
                 event_id=new_id(),
                 job_id=job_id,
@@ -230,8 +252,10 @@ class App:
                 source=SOURCE,
                 reason=reason,
                 run_at=resolve_run_at(now, delay, run_at),
+                rerun=rerun,
             )
         )
+        return JobHandle(job_id, self, partition=appended.partition, after=appended.offset)
 
     async def upsert_schedule(
         self,
@@ -303,8 +327,9 @@ class App:
     def cancel_sync(self, job_id: str, *, reason: str = "") -> None:
         self._sync.run(lambda: self.cancel(job_id, reason=reason))
 
-    def requeue_sync(self, job_id: str, **options: Any) -> None:
-        self._sync.run(lambda: self.requeue(job_id, **options))
+    def requeue_sync(self, job_id: str, **options: Any) -> JobHandle:
+        handle: JobHandle = self._sync.run(lambda: self.requeue(job_id, **options))
+        return handle
 
     def upsert_schedule_sync(
         self, schedule_id: str, cron: str, timezone: str, task: str | Task, **options: Any
@@ -316,6 +341,37 @@ class App:
 
     # --- reads ----------------------------------------------------------------------------------
 
+    def job(self, job_id: str) -> JobHandle:
+        """A handle on a job known by its id only: its result is followed from the partition's
+        start (a handle from ``enqueue`` knows where to start)."""
+        check_id("job_id", job_id)
+        return JobHandle(job_id, self)
+
+    async def follow_to_end(
+        self,
+        job_id: str,
+        partition: int | None = None,
+        offset: int | None = None,
+        *,
+        after: int | None = None,
+    ) -> JobState:
+        """Follow the job on its partition from ``offset`` until it is finished (past ``after``
+        when given); its state then."""
+        holder = self._sync_feed if asyncio.get_running_loop() is self._sync.loop else None
+        feed = await (holder or self._async_feed).get()
+        return await terminal_state(feed, job_id, partition, offset, after=after)
+
+    def _make_feed(self) -> JobFeed:
+        if self._feed_factory is None:
+            raise NoJobReader("this App was created without a feed: pass App(feed_factory=...)")
+        return self._feed_factory()
+
+    async def _close_sync_loop(self) -> None:
+        try:
+            await self._sync_feed.close()
+        finally:
+            await self._sync_log.close()
+
     async def get_job(self, job_id: str) -> JobState | None:
         """The job's state from the app's JobReader (None if unknown there)."""
         if self.reader is None:
@@ -326,7 +382,10 @@ class App:
 
     async def close(self) -> None:
         """Close the producer of the calling loop and the private loop of the sync forms."""
-        await self._async_log.close()
+        try:
+            await self._async_feed.close()
+        finally:
+            await self._async_log.close()
         await asyncio.to_thread(self._sync.close)
 
     def close_sync(self) -> None:

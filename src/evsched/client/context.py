@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -49,6 +49,25 @@ class LeaseWatch:
         return (at - self.renewed_at) * 1000 > self.lease_ms
 
 
+class Fence(Protocol):
+    """What the worker's follow of the job (``runtime.fence.AttemptFence``) tells a context."""
+
+    @property
+    def ended(self) -> bool:
+        """The log showed the attempt is over: cancelled, expired or leased again."""
+        ...
+
+    @property
+    def cancelled(self) -> bool:
+        """The log showed the job cancelled while this attempt ran."""
+        ...
+
+    @property
+    def followed(self) -> bool:
+        """A follow of the job runs, so ``ended`` is as fresh as the log."""
+        ...
+
+
 @dataclass(slots=True, kw_only=True)
 class AttemptIo:
     """The worker's side of a context: how checkpoints are written and who can check the fence."""
@@ -57,6 +76,7 @@ class AttemptIo:
     lease: LeaseWatch
     reader: JobReader | None
     loop: asyncio.AbstractEventLoop
+    fence: Fence | None = None
 
 
 @dataclass(slots=True)
@@ -97,6 +117,15 @@ class Context:
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
 
+    @property
+    def cancelled(self) -> bool:
+        """True once the worker saw in the log that the job was cancelled while this attempt
+        ran (within about a second). Sync handlers poll it; an async handler is also cancelled
+        (``asyncio.CancelledError``) at that moment. Whatever it writes later (checkpoints, its
+        completion) is rejected by the fold."""
+        fence = self._io.fence
+        return fence is not None and fence.cancelled
+
     def effect(self, kind: str, payload: bytes | Any, key: str | None = None) -> None:
         """Record a side effect; it is published only if this attempt's success is accepted.
 
@@ -119,13 +148,18 @@ class Context:
     async def is_current(self) -> bool:
         """Whether this attempt still holds the job's lease, as far as the worker can tell.
 
-        False once the worker went longer than the lease without renewing it (by its own
-        monotonic clock: e.g. it was frozen). Otherwise, with a JobReader, whether the projection
-        still shows this token live (as fresh as that projection); without one, True.
+        False once the attempt ended, or the worker went longer than the lease without renewing
+        it (by its own monotonic clock: e.g. it was frozen), or its follow of the job saw it
+        cancelled, expired or leased again. A worker that follows the job
+        answers from that follow; otherwise, with a JobReader, from whether the projection still
+        shows this token live (as fresh as that projection); without either, True.
         The fold has the last word: a completion with a stale token is rejected either way.
         """
-        if self._collected.finished or self._io.lease.lost:
+        fence = self._io.fence
+        if self._collected.finished or self._io.lease.lost or (fence is not None and fence.ended):
             return False
+        if fence is not None and fence.followed:
+            return True
         reader = self._io.reader
         if reader is None:
             return True

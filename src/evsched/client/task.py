@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from evsched.adapters.ids import new_id
 from evsched.adapters.tracing import InvalidTrace, current_trace, make_trace
+from evsched.client.results import JobHandle
 from evsched.commands import (
     Delay,
     EnqueueOptions,
@@ -19,13 +20,29 @@ from evsched.commands import (
     job_template,
 )
 from evsched.core.events import JobTemplate, TraceContext
-from evsched.errors import InvalidEnqueue
+from evsched.core.failures import category_refusal
+from evsched.errors import InvalidEnqueue, InvalidTask
 
 if TYPE_CHECKING:
     from evsched.client.app import App
 
 Handler = Callable[..., Any]
 CONTEXT_PARAMETER = "ctx"
+# Exception classes to the failure category their failures are counted under.
+Categories = Mapping[type[BaseException], str]
+
+
+def checked_categories(categories: Categories | None, field: str = "categories") -> Categories:
+    """``categories`` as a dict, InvalidTask when a key is no exception class or a name is bad."""
+    checked: dict[type[BaseException], str] = {}
+    for kind, name in (categories or {}).items():
+        if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+            raise InvalidTask(field, f"{kind!r} is not an exception class")
+        reason = category_refusal(name)
+        if reason is not None:
+            raise InvalidTask(field, reason)
+        checked[kind] = name
+    return checked
 
 
 def takes_context(handler: Handler) -> bool:
@@ -44,9 +61,12 @@ def qualified_name(kind: type[BaseException]) -> str:
 class Task:
     """What ``@app.task`` returns: call it to run the handler here, ``enqueue`` to make a job."""
 
-    def __init__(self, app: App, spec: TaskSpec, handler: Handler) -> None:
+    def __init__(
+        self, app: App, spec: TaskSpec, handler: Handler, categories: Categories | None = None
+    ) -> None:
         self.app = app
         self.spec = spec
+        self.categories = checked_categories(categories)
         self.name = spec.name
         self.handler = handler
         self.takes_context = takes_context(handler)
@@ -91,11 +111,12 @@ class Task:
             ),
         )
 
-    async def enqueue(self, *args: Any, **kwargs: Any) -> str:
-        """Enqueue a job with the task's defaults; returns its id once the broker acknowledged."""
+    async def enqueue(self, *args: Any, **kwargs: Any) -> JobHandle:
+        """Enqueue a job with the task's defaults; returns its handle (its id, a ``str``) once the
+        broker acknowledged it: ``await handle.result(timeout=…)`` waits for its outcome."""
         return await TaskOptions(self, EnqueueOptions()).enqueue(*args, **kwargs)
 
-    def enqueue_sync(self, *args: Any, **kwargs: Any) -> str:
+    def enqueue_sync(self, *args: Any, **kwargs: Any) -> JobHandle:
         """``enqueue`` for sync code (any thread), on the app's private event loop."""
         return TaskOptions(self, EnqueueOptions()).enqueue_sync(*args, **kwargs)
 
@@ -103,6 +124,15 @@ class Task:
         if isinstance(exc, self.spec.permanent_on):
             return False
         return isinstance(exc, self.spec.retry_on)
+
+    def category_for(self, exc: BaseException) -> str | None:
+        """The category ``exc``'s class (or its nearest base) is mapped to, by this task's
+        ``categories`` or else the app's ``failure_categories``; None when neither maps it."""
+        for kind in type(exc).__mro__:
+            for mapping in (self.categories, self.app.failure_categories):
+                if kind in mapping:
+                    return mapping[kind]
+        return None
 
     def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """InvalidEnqueue when the handler could not be called with these arguments."""
@@ -148,8 +178,8 @@ class TaskOptions:
             changes["trace"] = _trace_option(changes.get("trace"), traceparent, tracestate)
         return TaskOptions(self.task, replace(self.values, **changes))
 
-    async def enqueue(self, *args: Any, **kwargs: Any) -> str:
-        """Write the JobEnqueued; returns the job id once the broker acknowledged it."""
+    async def enqueue(self, *args: Any, **kwargs: Any) -> JobHandle:
+        """Write the JobEnqueued; returns the job's handle once the broker acknowledged it."""
         app = self.task.app
         self.task.check_call(args, kwargs)
         event = build_enqueue(
@@ -159,13 +189,21 @@ class TaskOptions:
             now_ms=app.clock.now_ms(),
             new_id=new_id,
         )
-        await app.publish(event)
-        return event.job_id
+        appended = await app.publish(event)
+        # A keyed job's first enqueue may be older than this one: its result is followed from
+        # the partition's start.
+        keyed = event.idempotency_key is not None
+        return JobHandle(
+            event.job_id,
+            app,
+            partition=appended.partition,
+            offset=None if keyed else appended.offset,
+        )
 
-    def enqueue_sync(self, *args: Any, **kwargs: Any) -> str:
+    def enqueue_sync(self, *args: Any, **kwargs: Any) -> JobHandle:
         # The app's loop thread does not see this thread's OpenTelemetry context: take it here.
         traced = self._traced()
-        result: str = self.task.app.run_sync(lambda: traced.enqueue(*args, **kwargs))
+        result: JobHandle = self.task.app.run_sync(lambda: traced.enqueue(*args, **kwargs))
         return result
 
     def _traced(self) -> TaskOptions:

@@ -13,7 +13,8 @@ class Dispatch:
 
     ``partition`` is the events partition that owns the job; ``leased_at`` is the node's clock at
     decision time (informational: lease times come from the log). ``checkpoint`` is the last
-    accepted checkpoint, so a re-run resumes from it.
+    accepted checkpoint, so a re-run resumes from it. ``events_offset`` is where a worker follows
+    the job from to learn when its attempt stops being current (``core.follow``).
     """
 
     job_id: str
@@ -32,6 +33,9 @@ class Dispatch:
     checkpoint: bytes | None = None
     idempotency_key: str | None = None
     trace: TraceContext | None = None
+    # The node's position in the events partition when it leased: the lease and everything
+    # after it about the job lie at or past it (None from nodes before it was added).
+    events_offset: int | None = None
 
 
 # How much earlier than its start deadline a worker stops starting a dispatch: its AttemptStarted

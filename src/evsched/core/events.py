@@ -162,6 +162,9 @@ class AttemptFailed:
     message: str
     retryable: bool = True
     trace: TraceContext | None = None
+    # Added in fold version 3: the failure's category and its (bounded) traceback.
+    category: str | None = None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,7 +179,10 @@ class LeaseExpired:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobRequeued:
-    """A dead or cancelled job goes back to scheduled with a fresh attempt budget."""
+    """A dead or cancelled job goes back to scheduled with a fresh attempt budget.
+
+    With ``rerun`` (fold version 3) a succeeded job may go back too, to run again.
+    """
 
     event_id: str
     job_id: str
@@ -185,6 +191,7 @@ class JobRequeued:
     reason: str = ""
     run_at: int | None = None
     trace: TraceContext | None = None
+    rerun: bool = False
 
 
 # --- schedule events (key = schedule id) ------------------------------------------------------

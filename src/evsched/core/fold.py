@@ -172,15 +172,32 @@ def _cancelled(state: JobState | None, event: JobCancelled, position: Position) 
 def _requeued(state: JobState | None, event: JobRequeued, position: Position) -> Step:
     if state is None:
         return None, Verdict.REJECTED, "unknown job"
-    if state.status not in (Status.DEAD, Status.CANCELLED):
-        return state, Verdict.REJECTED, f"cannot requeue: job is {state.status}"
+    rerun = event.rerun and state.status is Status.SUCCEEDED
+    if state.status not in (Status.DEAD, Status.CANCELLED) and not rerun:
+        why = " (a succeeded job needs rerun)" if state.status is Status.SUCCEEDED else ""
+        return state, Verdict.REJECTED, f"cannot requeue: job is {state.status}{why}"
+    run_at = position.log_at if event.run_at is None else event.run_at
+    if rerun:
+        # Its earlier result and progress are gone from the state (the log keeps them): a
+        # reader waiting for the rerun's result must not take the old one, nor the run resume.
+        again = _applied(
+            state,
+            event,
+            position,
+            status=Status.SCHEDULED,
+            attempt=0,
+            run_at=run_at,
+            result=None,
+            checkpoint=None,
+        )
+        return again, Verdict.APPLIED, f"requeued by {event.source} to run again (rerun)"
     requeued = _applied(
         state,
         event,
         position,
         status=Status.SCHEDULED,
         attempt=0,
-        run_at=position.log_at if event.run_at is None else event.run_at,
+        run_at=run_at,
         lease_until=None,
         worker_id=None,
     )
@@ -322,7 +339,11 @@ def _running_event(
             return done, Verdict.APPLIED, f"succeeded with token {event.token}"
         case AttemptFailed():
             error = JobError(
-                error_type=event.error_type, message=event.message, retryable=event.retryable
+                error_type=event.error_type,
+                message=event.message,
+                retryable=event.retryable,
+                category=event.category,
+                traceback=event.traceback,
             )
             return _retry_or_die(state, event, error, position)
         case _:

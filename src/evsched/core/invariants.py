@@ -128,9 +128,7 @@ def _audit(
     found: list[Violation] = []
     match event:
         case JobEnqueued() | JobRequeued():
-            account.run_at = position.log_at if event.run_at is None else event.run_at
-            if isinstance(event, JobEnqueued):
-                account.policy = event.retry
+            _queued(account, event, position)
         case JobLeased():
             found += _leased(account, event, position)
         case AttemptStarted():
@@ -161,6 +159,14 @@ def _leased(account: _Account, event: JobLeased, position: Position) -> list[Vio
     account.attempt = event.attempt
     account.started = False
     return found
+
+
+def _queued(account: _Account, event: JobEnqueued | JobRequeued, position: Position) -> None:
+    account.run_at = position.log_at if event.run_at is None else event.run_at
+    if isinstance(event, JobEnqueued):
+        account.policy = event.retry
+    elif event.rerun:
+        account.successes = 0  # an explicit rerun is a new run: it may succeed again
 
 
 def _twice(account: _Account) -> str:

@@ -29,6 +29,7 @@ from evsched.core.events import (
     ScheduleFired,
     ScheduleUpserted,
 )
+from evsched.core.failures import MAX_TRACEBACK_CHARS, category_refusal
 
 # job_id, schedule_id, event_id: UTF-8 bytes. The index keys an id with a 2-byte length.
 MAX_ID_BYTES = 1024
@@ -101,11 +102,24 @@ def _job_refusal(event: Event) -> str | None:
                 _bounded("lease_ms", event.lease_ms, 0, MAX_DURATION_MS),
             )
         case AttemptCheckpointed() | AttemptSucceeded() | AttemptFailed() | LeaseExpired():
-            return _bounded("token", event.token, 0, MAX_TOKEN)
+            return _first(_bounded("token", event.token, 0, MAX_TOKEN), _failure_refusal(event))
         case JobRequeued():
             return _optional_time("run_at", event.run_at)
         case _:
             return None  # a cancel carries nothing to bound
+
+
+def _failure_refusal(
+    event: AttemptCheckpointed | AttemptSucceeded | AttemptFailed | LeaseExpired,
+) -> str | None:
+    if not isinstance(event, AttemptFailed):
+        return None
+    traceback = event.traceback
+    if traceback is not None and len(traceback) > MAX_TRACEBACK_CHARS:
+        return (
+            f"traceback has {len(traceback)} characters, above the limit of {MAX_TRACEBACK_CHARS}"
+        )
+    return None if event.category is None else category_refusal(event.category)
 
 
 def _enqueued_refusal(event: JobEnqueued) -> str | None:

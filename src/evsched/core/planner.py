@@ -49,8 +49,12 @@ def plan_leases(
     now: int,
     limits: PlannerLimits,
     source: str,
+    events_offset: int | None = None,
 ) -> list[Lease]:
     """Lease due scheduled jobs in priority order while their queue has room.
+
+    ``events_offset`` is the partition's position the candidates' states were folded up to; each
+    dispatch carries it, so its worker can follow the job from there.
 
     A queue has room while both its leased-or-running jobs (``in_flight``) and its leased jobs
     no worker started yet (``unstarted``) are under their limits; each lease granted here counts
@@ -69,11 +73,13 @@ def plan_leases(
             continue
         used[queue] = used.get(queue, 0) + 1
         waiting[queue] = waiting.get(queue, 0) + 1
-        leases.append(_lease(state, now=now, limits=limits, source=source))
+        leases.append(_lease(state, now=now, limits=limits, source=source, at=events_offset))
     return leases
 
 
-def _lease(state: JobState, *, now: int, limits: PlannerLimits, source: str) -> Lease:
+def _lease(
+    state: JobState, *, now: int, limits: PlannerLimits, source: str, at: int | None
+) -> Lease:
     token = state.token + 1
     event = JobLeased(
         event_id=ids.decision_event_id(state.job_id, "lease", token),
@@ -104,6 +110,7 @@ def _lease(state: JobState, *, now: int, limits: PlannerLimits, source: str) -> 
         checkpoint=state.checkpoint,
         idempotency_key=state.idempotency_key,
         trace=state.trace,
+        events_offset=at,
     )
     return Lease(event=event, dispatch=dispatch)
 

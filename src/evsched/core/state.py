@@ -32,9 +32,14 @@ class Verdict(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobError:
+    """A failed attempt's error; ``category`` and ``traceback`` are None when not reported
+    (see ``core.failures.category_of`` for the category such a failure counts under)."""
+
     error_type: str
     message: str
     retryable: bool
+    category: str | None = None
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from evsched.adapters.index import PartitionIndex
-from evsched.core.events import ScheduleDeleted, ScheduleFired, ScheduleUpserted
+from evsched.core.events import AttemptFailed, ScheduleDeleted, ScheduleFired, ScheduleUpserted
 from evsched.core.state import JobState, ScheduleState, TimelineEntry, Verdict
 from evsched.errors import DecodeError
 from evsched.operator.readings import job_reading, schedule_reading
@@ -26,6 +26,8 @@ class AuditRow:
     # The verdict the current fold gives the stored bytes; it differs from entry.verdict only
     # when the fold changed since the index was built (which should have forced a rebuild).
     refolded: Verdict
+    # The traceback a failure report carried (kept with each failed attempt), else None.
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,4 +94,5 @@ def _refold(state: State | None, entry: TimelineEntry, raw: bytes) -> tuple[Stat
     else:
         assert not isinstance(before, ScheduleState) and not isinstance(after, ScheduleState)
         text = job_reading(entry, event, before, after)
-    return after, AuditRow(entry=entry, reading=text, refolded=done.verdict)
+    traceback = event.traceback if isinstance(event, AttemptFailed) else None
+    return after, AuditRow(entry=entry, reading=text, refolded=done.verdict, traceback=traceback)

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from evsched.core.failures import category_of
 from evsched.core.state import JobState, ScheduleState, Status
 from evsched.operator.archive_history import audit_from_archive
 from evsched.operator.audit import audit
@@ -54,11 +55,14 @@ def find_jobs(
     queue: str | None = None,
     task: str | None = None,
     limit: int | None = None,
+    category: str | None = None,
 ) -> list[JobState]:
     """Jobs matching every filter given, in id order per partition, stopping at ``limit``."""
     found: list[JobState] = []
     for state in _all_jobs(local):
         if status is not None and state.status is not status:
+            continue
+        if category is not None and category != _category(state):
             continue
         if (queue is not None and state.queue != queue) or (
             task is not None and state.task != task
@@ -68,6 +72,10 @@ def find_jobs(
         if limit is not None and len(found) >= limit:
             break
     return found
+
+
+def _category(state: JobState) -> str | None:
+    return None if state.last_error is None else category_of(state.last_error)
 
 
 def _all_jobs(local: LocalIndex) -> Iterator[JobState]:
@@ -192,18 +200,33 @@ def dlq_list(
     *,
     queue: QueueFilter = None,
     task: TaskFilter = None,
+    category: Annotated[
+        str | None,
+        typer.Option(
+            "--category",
+            help="Only jobs whose last failure is of this category (transient, permanent, "
+            "timeout, cancelled, lost_worker, or one the app maps exceptions to).",
+        ),
+    ] = None,
     limit: Limit = 50,
     data_dir: DataDir = DEFAULT_DATA_DIR,
     offline: Offline = False,
     timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
     as_json: Json = False,
 ) -> None:
-    """List dead jobs (the dead-letter queue)."""
+    """List dead jobs (the dead-letter queue) with the category of their last failure."""
 
     async def main() -> None:
         async with replica(_options(data_dir, offline, timeout_s, as_json)) as local:
-            found = find_jobs(local, status=Status.DEAD, queue=queue, task=task, limit=limit)
-        _print_jobs(found, as_json)
+            found = find_jobs(
+                local, status=Status.DEAD, queue=queue, task=task, limit=limit, category=category
+            )
+        if as_json:
+            emit_json([{**plain(s), "category": _category(s)} for s in found])
+        elif found:
+            out.print(jobs_table(found, categories=True))
+        else:
+            out.print("no matching jobs")
 
     run(main)
 

@@ -214,7 +214,9 @@ def cancel(
     run(main)
 
 
-def requeue_event(job_id: str, reason: str, delay_s: float | None, run_at: str | None) -> Event:
+def requeue_event(
+    job_id: str, reason: str, delay_s: float | None, run_at: str | None, *, rerun: bool = False
+) -> Event:
     now = now_ms()
     try:
         at = resolve_run_at(now, delay_s, parse_run_at(run_at))
@@ -227,22 +229,28 @@ def requeue_event(job_id: str, reason: str, delay_s: float | None, run_at: str |
         source=SOURCE,
         reason=reason,
         run_at=at,
+        rerun=rerun,
     )
 
 
 def requeue(
     *,
-    job: Annotated[str, typer.Argument(help="A dead or cancelled job.")],
+    job: Annotated[str, typer.Argument(help="A dead or cancelled job (or succeeded, --rerun).")],
     reason: Reason = "",
     delay_s: DelayS = None,
     run_at: RunAt = None,
+    rerun: Annotated[
+        bool,
+        typer.Option("--rerun", help="Also a succeeded job: run it again (its result is cleared)."),
+    ] = False,
     wait: Wait = True,
     data_dir: DataDir = DEFAULT_DATA_DIR,
     timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
     as_json: Json = False,
 ) -> None:
-    """Send a dead or cancelled job back to scheduled, with a fresh attempt budget."""
-    event = requeue_event(job, reason, delay_s, run_at)
+    """Send a dead or cancelled job back to scheduled, with a fresh attempt budget; with
+    --rerun a succeeded job too, to run it again."""
+    event = requeue_event(job, reason, delay_s, run_at, rerun=rerun)
     options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
 
     async def main() -> ExitCode:

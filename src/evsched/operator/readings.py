@@ -132,7 +132,8 @@ def _cancelled(event: JobCancelled, before: JobState | None, _: JobState) -> str
 
 def _requeued(event: JobRequeued, before: JobState | None, after: JobState) -> str:
     was = f" from {before.status}" if before is not None else ""
-    text = f"requeued{was} by {event.source} with a fresh attempt budget"
+    again = " to run again (rerun)" if event.rerun and was == " from succeeded" else ""
+    text = f"requeued{was} by {event.source}{again} with a fresh attempt budget"
     if after.run_at > after.updated_at:
         text += f", due in {span(after.run_at - after.updated_at)}"
     return text + (f": {_short(event.reason)}" if event.reason else "")
@@ -174,7 +175,12 @@ def _failed(event: AttemptFailed, _: JobState | None, after: JobState) -> str:
     attempt = after.attempt
     error = _short(f"{event.error_type}: {event.message}")
     kind = "" if event.retryable else "permanent "
-    return f"attempt {attempt} failed on {event.source} with {kind}{error}; {_next(after)}"
+    category = f" [{event.category}]" if event.category is not None else ""
+    traced = "; traceback kept" if event.traceback else ""
+    return (
+        f"attempt {attempt} failed on {event.source} with {kind}{error}{category}{traced}; "
+        f"{_next(after)}"
+    )
 
 
 def _expired(event: LeaseExpired, before: JobState | None, after: JobState) -> str:

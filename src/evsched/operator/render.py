@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from evsched.adapters.payload import MAX_JSON_DEPTH, deeper_than
+from evsched.core.failures import category_of
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 from evsched.operator.audit import Audit
 from evsched.operator.readings import iso
@@ -93,7 +94,9 @@ def audit_json(found: Audit) -> dict[str, Any]:
         "applied_offset": found.applied_offset,
         "as_of": found.as_of,
         "state": None if found.state is None else plain(found.state),
-        "events": [entry_json(row.entry, row.reading) for row in found.rows],
+        "events": [
+            {**entry_json(row.entry, row.reading), "traceback": row.traceback} for row in found.rows
+        ],
         "drifted_offsets": [row.entry.offset for row in found.drifted],
     }
 
@@ -134,6 +137,8 @@ def job_table(state: JobState) -> Table:
         ("idempotency_key", state.idempotency_key or ""),
         ("schedule", f"{state.schedule_id} @ {iso(state.fire_at)}" if state.schedule_id else ""),
         ("last_error", f"{error.error_type}: {error.message}" if error else ""),
+        ("category", category_of(error) if error else ""),
+        ("traceback", (error.traceback or "") if error else ""),
         ("result", preview(state.result)),
         ("checkpoint", preview(state.checkpoint)),
         ("partition", str(state.partition)),
@@ -144,20 +149,23 @@ def job_table(state: JobState) -> Table:
     return table
 
 
-def jobs_table(states: Iterable[JobState]) -> Table:
-    table = Table("job", "status", "task", "queue", "attempt", "token", "run_at", "last error")
+def jobs_table(states: Iterable[JobState], *, categories: bool = False) -> Table:
+    """Jobs, one a row; with ``categories`` (the dead-letter listing) their failure category."""
+    names = ["job", "status", "task", "queue", "attempt", "token", "run_at", "last error"]
+    table = Table(*names, *(["category"] if categories else []))
     for s in states:
         error = f"{s.last_error.error_type}: {s.last_error.message}" if s.last_error else ""
-        table.add_row(
+        row: list[str | Text] = [
             s.job_id,
             status_text(s.status),
             s.task,
             s.queue,
             f"{s.attempt}/{s.max_attempts}",
-            str(s.token),
-            iso(s.run_at),
-            error[:_PREVIEW],
-        )
+        ]
+        row += [str(s.token), iso(s.run_at), error[:_PREVIEW]]
+        if categories:
+            row.append(category_of(s.last_error) if s.last_error else "")
+        table.add_row(*row)
     return table
 
 
@@ -169,7 +177,16 @@ def print_audit(console: Console, found: Audit) -> None:
     """The audit as a table on a wide console, else one event per two lines."""
     if console.width >= WIDE:
         console.print(audit_table(found))
-        return
+    else:
+        _print_audit_narrow(console, found)
+    for row in found.rows:
+        if row.traceback:
+            e = row.entry
+            console.print(Text(f"traceback of {e.kind} at {e.partition}@{e.offset}:", style="bold"))
+            console.print(Padding(Text(row.traceback), (0, 0, 0, 4), expand=False))
+
+
+def _print_audit_narrow(console: Console, found: Audit) -> None:
     console.print(Text(_audit_title(found), style="bold"))
     for row in found.rows:
         e = row.entry

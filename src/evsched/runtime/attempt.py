@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import functools
 import threading
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from evsched.adapters.tracing import attempt_trace
 from evsched.client.context import AttemptIo, Context, LeaseWatch
 from evsched.client.task import Task, qualified_name
 from evsched.commands import MAX_EVENT_BYTES
+from evsched.core import failures
 from evsched.core.dispatch import Dispatch, start_deadline_by_log
 from evsched.core.events import (
     AttemptCheckpointed,
@@ -30,7 +32,8 @@ from evsched.core.events import (
     LeaseRenewed,
 )
 from evsched.errors import EncodeError, InvalidEnqueue
-from evsched.ports import Appended, Clock, EventLog, JobReader
+from evsched.ports import Appended, Clock, EventLog, JobFeed, JobReader
+from evsched.runtime.fence import AttemptFence, stop_following
 from evsched.runtime.handler_loop import HandlerEscaped, HandlerLoop, contain
 from evsched.runtime.log_clock import LogClock
 
@@ -54,6 +57,8 @@ class Failed:
     message: str
     retryable: bool
     exc: BaseException | None = field(default=None, compare=False)
+    category: str | None = None
+    traceback: str | None = None
 
 
 Outcome = Succeeded | Failed
@@ -88,6 +93,8 @@ class AttemptRunner:
     executor: Executor
     handlers: HandlerLoop
     reader: JobReader | None = None
+    # Follows each attempt's job from its lease, so a cancel reaches the handler (runtime.fence).
+    feed: JobFeed | None = None
     threads: ThreadCount = field(default_factory=ThreadCount)
     log_clock: LogClock = field(default_factory=LogClock)
     # Told (task, outcome, seconds) once an attempt's completion is sent; outcome is
@@ -125,6 +132,10 @@ class AttemptRunner:
             return
         lease = LeaseWatch(self.lease_ms, self.clock, renewed_at=sent_at)
         logger.info("job_started", attempt=dispatch.attempt, worker_id=self.worker_id)
+        fence = AttemptFence(dispatch)
+        following = None
+        if self.feed is not None:
+            following = asyncio.create_task(fence.follow(self.feed))
         ctx = Context(
             dispatch,
             worker_id=self.worker_id,
@@ -133,15 +144,21 @@ class AttemptRunner:
                 lease=lease,
                 reader=self.reader,
                 loop=asyncio.get_running_loop(),
+                fence=fence,
             ),
         )
         heartbeat = asyncio.create_task(self._heartbeat(dispatch, lease))
         overrun: asyncio.Future[Any] | None = None
         try:
-            outcome, overrun = await self._execute(dispatch, task, ctx)
+            outcome, overrun = await self._execute(dispatch, task, ctx, fence)
         finally:
             heartbeat.cancel()
             await asyncio.wait({heartbeat})
+            await stop_following(following)
+        if fence.cancelled:
+            # Whatever the handler did after: its attempt is over (the fold rejects it anyway).
+            message = f"attempt cancelled: {fence.reason}"
+            outcome = Failed("evsched.Cancelled", message, True, category=failures.CANCELLED)
         try:
             outcome = await self._complete(dispatch, outcome, ctx.finish(), logger)
             if self.on_finished is not None:
@@ -233,7 +250,7 @@ class AttemptRunner:
             lease.renewed(sent_at)
 
     async def _execute(
-        self, dispatch: Dispatch, task: Task | None, ctx: Context
+        self, dispatch: Dispatch, task: Task | None, ctx: Context, fence: AttemptFence
     ) -> tuple[Outcome, asyncio.Future[Any] | None]:
         if task is None:
             # Likely a rolling deploy: a worker that knows the task may get the retry.
@@ -246,10 +263,10 @@ class AttemptRunner:
             return Failed("evsched.InvalidArguments", str(exc), retryable=False), None
         leading = (ctx,) if task.takes_context else ()
         call = functools.partial(task.handler, *leading, *arguments.args, **arguments.kwargs)
-        return await self._call(task, call, dispatch)
+        return await self._call(task, call, dispatch, fence)
 
     async def _call(
-        self, task: Task, call: Callable[[], Any], dispatch: Dispatch
+        self, task: Task, call: Callable[[], Any], dispatch: Dispatch, fence: AttemptFence
     ) -> tuple[Outcome, asyncio.Future[Any] | None]:
         """Run the handler: async ones on the handler loop, sync ones in the thread pool."""
         timeout_ms = dispatch.timeout_ms
@@ -259,6 +276,7 @@ class AttemptRunner:
             name = f"evsched handler {task.name} job {dispatch.job_id} token {dispatch.token}"
             run = self.handlers.submit(call, name=name)
             running, stop = asyncio.wrap_future(run.done), run.cancel
+            fence.on_cancel(run.cancel)  # a cancel seen in the log reaches the handler
         else:
             context = contextvars.copy_context()
             running = asyncio.wrap_future(self.executor.submit(self.threads.run, context, call))
@@ -276,7 +294,7 @@ class AttemptRunner:
             if task.is_async:
                 stop()  # a handler that ignores it keeps its slot until it really ends
             message = f"attempt exceeded its timeout of {timeout_ms} ms"
-            return Failed("TimeoutError", message, retryable=True), running
+            return Failed("TimeoutError", message, True, category=failures.TIMEOUT), running
         except Exception as exc:
             return _failure(task, exc.original if isinstance(exc, HandlerEscaped) else exc), None
         try:
@@ -326,6 +344,8 @@ class AttemptRunner:
             error_type=outcome.error_type,
             message=outcome.message,
             retryable=outcome.retryable,
+            category=outcome.category or _default_category(outcome.retryable),
+            traceback=outcome.traceback,
         )
 
 
@@ -342,7 +362,19 @@ def _outcome_label(outcome: Outcome) -> str:
 
 def _failure(task: Task, exc: BaseException) -> Failed:
     message = (str(exc) or repr(exc))[:MAX_MESSAGE_CHARS]
-    return Failed(qualified_name(type(exc)), message, task.is_retryable(exc), exc)
+    retryable = task.is_retryable(exc)
+    return Failed(
+        qualified_name(type(exc)),
+        message,
+        retryable,
+        exc,
+        category=task.category_for(exc) or _default_category(retryable),
+        traceback=failures.truncate_middle("".join(traceback.format_exception(exc))),
+    )
+
+
+def _default_category(retryable: bool) -> str:
+    return failures.TRANSIENT if retryable else failures.PERMANENT
 
 
 async def _outlive(running: asyncio.Future[Any], logger: Any, bound_s: float | None) -> None:

@@ -299,6 +299,7 @@ class OwnedPartition:
             now=now,
             limits=self.limits,
             source=self.source,
+            events_offset=self.projector.next_offset,
         )
 
     def _held_back(self, entity: str) -> bool:

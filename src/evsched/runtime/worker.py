@@ -21,7 +21,7 @@ from evsched.core.dispatch import Dispatch
 from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.errors import EvschedError
 from evsched.metrics import WorkerInstruments
-from evsched.ports import Clock, DispatchFeed, EventLog, JobReader, Record
+from evsched.ports import Clock, DispatchFeed, EventLog, JobFeed, JobReader, Record
 from evsched.runtime.attempt import AttemptRunner, ThreadCount
 from evsched.runtime.gate import DispatchGate
 from evsched.runtime.handler_loop import BLOCKED_AFTER_S, HandlerLoop
@@ -74,8 +74,11 @@ class Worker:
         reader: JobReader | None = None,
         instruments: WorkerInstruments | None = None,
         dispatch_key: DispatchKey | None = None,
+        follow: JobFeed | None = None,
     ) -> None:
         self.app = app
+        # Each running attempt follows its job on this feed, so a cancel reaches the handler.
+        self._follow = follow
         self.config = config
         self._feed = feed
         self._events = events
@@ -124,6 +127,7 @@ class Worker:
             executor=executor,
             handlers=self.handlers,
             reader=self._reader,
+            feed=self._follow,
             threads=self.threads,
             log_clock=self._log_clock,
             on_finished=None if self._instruments is None else self._instruments.finished,
@@ -133,7 +137,13 @@ class Worker:
         try:
             await self._events.start()
             try:
-                await self._serve(runner)
+                if self._follow is not None:
+                    await self._follow.start()
+                try:
+                    await self._serve(runner)
+                finally:
+                    if self._follow is not None:
+                        await self._follow.close()
             finally:
                 await self._events.close()
         finally:

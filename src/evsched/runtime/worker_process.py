@@ -9,6 +9,7 @@ import signal
 import structlog
 
 from evsched.adapters.kafka_feed import KafkaDispatchFeed
+from evsched.adapters.kafka_follow import KafkaJobFeed
 from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import TopicMisconfigured, TopicProvisioningError, ensure_topics
@@ -46,8 +47,15 @@ def kafka_worker(
         start_lookback_ms=config.start_lookback_ms,
     )
     events = KafkaEventLog(app.settings, client_id=client_id)
+    follow = KafkaJobFeed(app.settings, app.topics.events, client_id=f"{client_id}-follow")
     return Worker(
-        app, config, feed=feed, events=events, instruments=instruments, dispatch_key=dispatch_key
+        app,
+        config,
+        feed=feed,
+        events=events,
+        instruments=instruments,
+        dispatch_key=dispatch_key,
+        follow=follow,
     )
 
 

@@ -4,6 +4,7 @@ Each twin behaves as ``tests/contract`` proves the real adapter does.
 """
 
 from evsched.testing.driver import NodeDriver
+from evsched.testing.follow import MemoryJobFeed
 from evsched.testing.memory import FrozenClock, MemoryFeed, MemoryLog, MemoryReader, Written
 from evsched.testing.outbox import MemoryBroker, MemoryOutbox, SimulatedCrash, Transaction
 from evsched.testing.partition_log import MemoryPartitionLog
@@ -12,6 +13,7 @@ __all__ = [
     "FrozenClock",
     "MemoryBroker",
     "MemoryFeed",
+    "MemoryJobFeed",
     "MemoryLog",
     "MemoryOutbox",
     "MemoryPartitionLog",

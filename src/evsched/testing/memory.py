@@ -44,6 +44,7 @@ class Written:
     key: str
     value: bytes
     offset: int
+    log_at: int | None = None
 
     @property
     def event(self) -> Event:
@@ -107,10 +108,10 @@ class MemoryLog:
             if self._failures:
                 raise self._failures.popleft()
             offset = sum(1 for r in self._records if r.topic == topic)
-            self._records.append(Written(topic, key, value, offset))
             log_at = self.log_at
             if log_at is None and self._clock is not None:
                 log_at = self._clock.now_ms()
+            self._records.append(Written(topic, key, value, offset, log_at))
         self._waiters.notify()
         return Appended(topic, 0, offset, log_at)
 

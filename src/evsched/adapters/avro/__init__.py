@@ -316,8 +316,18 @@ def _dispatch_plan() -> _WritePlan:
     return _write_plan(MAGIC + schema_fingerprint(schema), parsed, Dispatch)
 
 
+def _dispatch_history() -> dict[bytes, ParsedSchema]:
+    """Older Dispatch schemas by header: records of nodes not yet upgraded still decode."""
+    found = load_schema_files("schemas", "dispatch/history")
+    return {
+        MAGIC + schema_fingerprint(schema): parse_contract_schema(schema, path)
+        for path, schema in found.items()
+    }
+
+
 _DISPATCH = _dispatch_plan()
 _DISPATCH_READ = _fast_reader(_DISPATCH.schema, Dispatch)
+_DISPATCH_OLD = _dispatch_history()
 
 
 def encode_dispatch(dispatch: Dispatch) -> bytes:
@@ -335,11 +345,12 @@ def decode_dispatch(data: bytes) -> Dispatch:
         else:
             return fast
     try:
-        if data[:HEADER_SIZE] != _DISPATCH.header:
-            raise DecodeError(f"not a Dispatch record: header {bytes(data[:HEADER_SIZE]).hex()}")
-        dispatch: Dispatch = _DISPATCH.mapper.from_avro(
-            _read(data, HEADER_SIZE, _DISPATCH.schema, None)
-        )
+        header = bytes(data[:HEADER_SIZE])
+        writer = _DISPATCH.schema if header == _DISPATCH.header else _DISPATCH_OLD.get(header)
+        if writer is None:
+            raise DecodeError(f"not a Dispatch record: header {header.hex()}")
+        reader = None if writer is _DISPATCH.schema else _DISPATCH.schema
+        dispatch: Dispatch = _DISPATCH.mapper.from_avro(_read(data, HEADER_SIZE, writer, reader))
     except DecodeError:
         raise
     except Exception as exc:  # anything the bytes provoke must surface as a DecodeError
