@@ -293,6 +293,7 @@ def _leased_body(**overrides: bytes) -> bytes:
         "attempt": b"\x02",
         "lease_ms": b"\xd0\x0f",
         "trace": b"\x00",
+        "not_before": b"\x00",
     }
     return b"".join({**fields, **overrides}.values())
 
