@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -17,6 +17,10 @@ from evsched.errors import EvschedError
 DAY_MS = 86_400_000
 DISPATCH_RETENTION_MS = 7 * DAY_MS
 INFINITE = "-1"
+# ``<ns>.events`` may be trimmed once the changelog (``<ns>.state``) holds every partition's index:
+# a finite retention.ms is accepted from this floor up (the default retention period of finished
+# jobs in the index, so a job's whole history stays in the log at least as long as its state).
+EVENTS_RETENTION_FLOOR_MS = 7 * DAY_MS
 
 
 class TopicProvisioningError(EvschedError):
@@ -72,6 +76,11 @@ class Topics:
     def effects(self) -> str:
         return f"{self.namespace}.effects"
 
+    @property
+    def state(self) -> str:
+        """The compacted changelog of every partition's index (``runtime.changelog``)."""
+        return f"{self.namespace}.state"
+
     def dispatch(self, queue: str) -> str:
         _check_name_part(queue_refusal(queue))
         return f"{self.namespace}.dispatch.{queue}"
@@ -91,6 +100,8 @@ class TopicSpec:
     partitions: int
     replication_factor: int
     configs: Mapping[str, str] = field(default_factory=dict)
+    # Set on the events topic: an existing topic's retention.ms may be infinite or this or more.
+    retention_floor_ms: int | None = None
 
 
 def topic_specs(
@@ -102,6 +113,7 @@ def topic_specs(
     effects_partitions: int | None = None,
     replication_factor: int = 1,
     dispatch_retention_ms: int = DISPATCH_RETENTION_MS,
+    events_retention_floor_ms: int = EVENTS_RETENTION_FLOOR_MS,
 ) -> list[TopicSpec]:
     """The namespace's topics; dispatch and effects default to as many partitions as events."""
     names = Topics(namespace)
@@ -113,11 +125,20 @@ def topic_specs(
         replication_factor=replication_factor,
         configs={**forever, "message.timestamp.type": "LogAppendTime"},
     )
+    events = replace(events, retention_floor_ms=events_retention_floor_ms)
     effects = TopicSpec(
         name=names.effects,
         partitions=effects_partitions or event_partitions,
         replication_factor=replication_factor,
         configs=forever,
+    )
+    # Compacted: the newest value of each index key survives, tombstones delete (Kafka Streams'
+    # changelog). Partitioned as the events, partition for partition.
+    state = TopicSpec(
+        name=names.state,
+        partitions=event_partitions,
+        replication_factor=replication_factor,
+        configs={"cleanup.policy": "compact"},
     )
     dispatch = [
         TopicSpec(
@@ -128,7 +149,7 @@ def topic_specs(
         )
         for queue in dict.fromkeys(queues)
     ]
-    return [events, *dispatch, effects]
+    return [events, *dispatch, effects, state]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,11 +177,25 @@ def find_mismatches(spec: TopicSpec, observed: ObservedTopic) -> list[Mismatch]:
                 f">= {spec.replication_factor}",
             )
         )
-    for key, expected in spec.configs.items():
+    for key, wanted in spec.configs.items():
         actual = observed.configs.get(key)
+        expected = wanted
+        if key == "retention.ms" and spec.retention_floor_ms is not None:
+            expected = _retention_refusal(actual, spec.retention_floor_ms) or str(actual)
         if actual != expected:
             found.append(Mismatch(spec.name, key, str(actual), expected))
     return found
+
+
+def _retention_refusal(actual: str | None, floor_ms: int) -> str | None:
+    """What a trimmed events topic needs instead of ``actual`` (None: it is acceptable)."""
+    try:
+        value = int(actual or "")
+    except ValueError:
+        value = 0
+    if value == -1 or value >= floor_ms:
+        return None
+    return f"-1 (infinite) or >= {floor_ms} (the changelog <ns>.state restores what is trimmed)"
 
 
 async def ensure_topics(
