@@ -76,6 +76,7 @@ def node_over(
     config = NodeConfig(settings=Settings(namespace="ns"), node_id="n", data_dir=tmp_path / "n")
     node = Node(config, NodeMetrics.create())
     node.restores.open_log = lambda partition: log
+    node.restores.open_state = lambda partition: MemoryPartitionLog("ns.state")  # empty
     consumer = GroupConsumer(committed)
     node._consumer = consumer  # type: ignore[assignment]
     opened: list[tuple[int, int | None, int]] = []
