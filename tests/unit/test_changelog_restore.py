@@ -39,7 +39,8 @@ V = FOLD_VERSION
         (LocalIndex(applied_offset=5, fold_version=V), 0, Meta(5, V), Action.USE_LOCAL, False),
         (LocalIndex(applied_offset=5, fold_version=V), 0, Meta(4, V), Action.USE_LOCAL, True),
         (LocalIndex(applied_offset=5, fold_version=V), 0, Meta(5, V + 1), Action.USE_LOCAL, True),
-        (LocalIndex(), 0, Meta(5, V), Action.RESTORE, False),  # a take-over without a data dir
+        (LocalIndex(), 0, Meta(5, V), Action.USE_LOCAL, False),  # a short log: folded
+        (LocalIndex(), 0, Meta(RESTORE_AHEAD_RECORDS, V), Action.RESTORE, False),  # a long one
         (
             LocalIndex(applied_offset=5, fold_version=V),
             0,
@@ -91,7 +92,7 @@ async def _restored_by_a_node(
     with capture_logs() as logs:
         node.restores.start(node._consumer, 0, "test")  # type: ignore[arg-type]
         async with asyncio.timeout(10):
-            while node.health.phase(0) is Phase.RESTORING:
+            while node.health.phase(0) in (Phase.OPENING, Phase.RESTORING):
                 await asyncio.sleep(0.01)
     return opened, node, logs
 

@@ -22,8 +22,8 @@ from evsched.errors import RestoreRefused
 from evsched.ports import Holdback, Outgoing, PartitionLog, PartitionOutbox
 from evsched.runtime.changelog import ChangelogWriter, Meta, changelog_keys, restore_into
 
-# An index this many records behind the changelog's snapshot is restored rather than folded
-# forward (an empty one always is): a restore costs the live keys, a fold the records between.
+# An index (an empty one too) more records than this behind the changelog's snapshot is restored
+# rather than folded forward: a restore costs the live keys, a fold the records in between.
 RESTORE_AHEAD_RECORDS = 10_000
 # Records per transaction while seeding a changelog with a whole index.
 SEED_RECORDS = 5_000
@@ -67,9 +67,8 @@ def plan_open(local: LocalIndex, *, log_start: int, meta: Meta | None) -> OpenPl
 
 
 def _far_behind(applied: int, meta: Meta) -> bool:
-    return applied < 0 <= meta.applied_offset or (
-        meta.applied_offset - applied > RESTORE_AHEAD_RECORDS
-    )
+    # Folding a few records is quicker than a restore's round trips, even into an empty index.
+    return meta.applied_offset - applied > RESTORE_AHEAD_RECORDS
 
 
 def _covered(applied: int, meta: Meta | None) -> bool:

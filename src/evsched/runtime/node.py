@@ -29,7 +29,7 @@ from evsched.errors import BrokerUnavailable, Fenced, IndexVersionMismatch, Part
 from evsched.metrics import Metrics, NodeInstruments
 from evsched.runtime.budget import QueueBudget
 from evsched.runtime.changelog import ChangelogWriter
-from evsched.runtime.changelog_restore import Action
+from evsched.runtime.changelog_restore import Action, OpenPlan
 from evsched.runtime.dispatch_topics import QueueTopics
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.lifecycle import Phase
@@ -178,7 +178,11 @@ class Node:
             self._open_failed(partition, exc)
             return
         try:
-            await self._open(consumer, index)
+            [plan] = await self._plans(consumer, [index])
+            if isinstance(plan, BaseException):
+                index.close()
+                raise plan
+            await self._open(consumer, index, plan)
         except Exception as exc:
             self._open_failed(partition, exc)
 
@@ -276,11 +280,29 @@ class Node:
                 self.restores.start(consumer, exc.partition, _rebuilding(exc))
             except Exception as exc:
                 self._open_failed(partition, exc)
-        for index in indexes:
+        plans = await self._plans(consumer, indexes)
+        for index, plan in zip(indexes, plans, strict=True):
             try:
-                await self._open(consumer, index)
+                if isinstance(plan, BaseException):
+                    index.close()
+                    raise plan
+                await self._open(consumer, index, plan)
             except Exception as exc:
                 self._open_failed(index.partition, exc)
+
+    async def _plans(
+        self, consumer: KafkaGroupConsumer, indexes: list[PartitionIndex]
+    ) -> list[OpenPlan | BaseException]:
+        """Each index's plan against the log's start and the changelog, asked all at once."""
+        if not indexes:
+            return []
+        try:
+            starts = await consumer.start_offsets([i.partition for i in indexes])
+        except Exception as exc:
+            return [exc for _ in indexes]  # each index is closed by its caller
+        return await asyncio.gather(
+            *(self.restores.plan(i, starts[i.partition]) for i in indexes), return_exceptions=True
+        )
 
     def _seek_to_index(self, consumer: KafkaGroupConsumer, partition: int) -> PartitionIndex:
         """Pause the partition's fetches, open its index and seek past it (no await)."""
@@ -317,13 +339,14 @@ class Node:
         for partition in partitions:
             self.health.closed(partition)
 
-    async def _open(self, consumer: KafkaGroupConsumer, index: PartitionIndex) -> None:
+    async def _open(
+        self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan
+    ) -> None:
         partition = index.partition
         outbox: KafkaOutbox | None = None
         owner: OwnedPartition | None = None
         try:
-            # Missing, behind the log's start, or far behind the changelog: restored first.
-            plan = await self.restores.plan(index)
+            # Of another fold version, behind the log's start, or far behind the changelog.
             if plan.action is not Action.USE_LOCAL:
                 index.close()
                 self.restores.start(consumer, partition, f"index: {plan.action.value}")

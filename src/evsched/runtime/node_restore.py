@@ -11,7 +11,7 @@ history the restore is refused loudly and tried again only rarely: an operator h
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,9 +41,11 @@ REFUSED_RETRY_S = 600.0
 
 
 class Committed(Protocol):
-    """Where the group's offset of a partition stands (the node's group consumer)."""
+    """Where the group's offset and the log's start of a partition stand (the group consumer)."""
 
     async def committed(self, partition: int) -> int | None: ...
+
+    async def start_offsets(self, partitions: Collection[int]) -> dict[int, int]: ...
 
 
 # A restore reads whole partitions: large fetches (a take-over waits for it).
@@ -107,18 +109,12 @@ class IndexRestores:
         self.done = done
         self.tasks: dict[int, asyncio.Task[None]] = {}
 
-    async def plan(self, index: PartitionIndex) -> OpenPlan:
+    async def plan(self, index: PartitionIndex, log_start: int) -> OpenPlan:
         """What an opening partition does with its (open) local index."""
         local = LocalIndex(applied_offset=index.applied_offset(), fold_version=index.fold_version())
-        return await self._plan(index.partition, local)
+        return await self._plan(index.partition, local, log_start)
 
-    async def _plan(self, partition: int, local: LocalIndex) -> OpenPlan:
-        events = self.open_log(partition)
-        await events.start()
-        try:
-            log_start = (await events.start_offsets([partition]))[partition]
-        finally:
-            await events.close()
+    async def _plan(self, partition: int, local: LocalIndex, log_start: int) -> OpenPlan:
         state = self.open_state(partition)
         await state.start()
         try:
@@ -182,13 +178,14 @@ class IndexRestores:
         """Restore as the plan says: ("restored" | "rebuilt" | None, what to log)."""
         started = monotonic_s()
         local = _local(self.data_dir, partition)
-        plan = await self._plan(partition, local)
+        log_start = (await consumer.start_offsets([partition]))[partition]
+        plan = await self._plan(partition, local, log_start)
         if plan.action is Action.REFUSE:
             raise RestoreRefused(partition, plan.reason)
         if plan.action is Action.USE_LOCAL:
             return None, {}
         if plan.action is Action.RESTORE:
-            meta = await self._from_changelog(partition)
+            meta = await self._from_changelog(partition, log_start)
             return "restored", {
                 "applied_offset": meta.applied_offset,
                 "seconds": round(monotonic_s() - started, 3),
@@ -204,13 +201,7 @@ class IndexRestores:
             "seconds": round(rebuilt.seconds, 3),
         }
 
-    async def _from_changelog(self, partition: int) -> Meta:
-        events = self.open_log(partition)
-        await events.start()
-        try:
-            log_start = (await events.start_offsets([partition]))[partition]
-        finally:
-            await events.close()
+    async def _from_changelog(self, partition: int, log_start: int) -> Meta:
         state = self.open_state(partition)
         await state.start()
         try:
