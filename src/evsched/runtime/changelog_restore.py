@@ -51,6 +51,18 @@ class LocalIndex:
     fold_version: int | None = None
 
 
+def local_index(data_dir: Path, partition: int) -> LocalIndex:
+    """What the partition's index under ``data_dir`` says of itself, without creating one."""
+    path = data_dir / f"p{partition:04d}"
+    if not path.is_dir():
+        return LocalIndex()
+    index = PartitionIndex(path, partition)
+    try:
+        return LocalIndex(applied_offset=index.applied_offset(), fold_version=index.fold_version())
+    finally:
+        index.close()
+
+
 def plan_open(local: LocalIndex, *, log_start: int, meta: Meta | None) -> OpenPlan:
     """What to do with a partition's local index, given the log's start and the changelog."""
     other_version = local.fold_version not in (None, FOLD_VERSION)

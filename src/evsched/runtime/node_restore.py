@@ -26,6 +26,7 @@ from evsched.runtime.changelog_restore import (
     Action,
     LocalIndex,
     OpenPlan,
+    local_index,
     plan_open,
     restore_partition,
     seed,
@@ -72,18 +73,6 @@ def kafka_reader(settings: Settings, topic: str, client_id: str) -> OpenLog:
         )
 
     return open_log
-
-
-def _local(data_dir: Path, partition: int) -> LocalIndex:
-    """What the partition's index on disk says of itself, without creating one."""
-    path = index_path(data_dir, partition)
-    if not path.is_dir():
-        return LocalIndex()
-    index = PartitionIndex(path, partition)
-    try:
-        return LocalIndex(applied_offset=index.applied_offset(), fold_version=index.fold_version())
-    finally:
-        index.close()
 
 
 class IndexRestores:
@@ -177,7 +166,7 @@ class IndexRestores:
     async def _restore(self, consumer: Committed, partition: int) -> tuple[str | None, Details]:
         """Restore as the plan says: ("restored" | "rebuilt" | None, what to log)."""
         started = monotonic_s()
-        local = _local(self.data_dir, partition)
+        local = local_index(self.data_dir, partition)
         log_start = (await consumer.start_offsets([partition]))[partition]
         plan = await self._plan(partition, local, log_start)
         if plan.action is Action.REFUSE:
