@@ -27,7 +27,9 @@ from evsched.runtime.changelog_restore import restore_partition
 from evsched.runtime.projector import Projector
 from evsched.runtime.restore import restore
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+# Node and worker processes start slowly on a loaded machine: generous deadlines.
+DEADLINE_S = 240.0
 
 PARTITIONS = 2
 
@@ -89,7 +91,9 @@ async def test_a_restore_from_the_changelog_equals_a_full_fold_at_its_offset(
         node = stack.start_node("node-1")
         stack.start_worker("worker-1")
         ids = await _work(stack, 40)
-        await wait_for(lambda: _all_succeeded(stack, ids), what="the jobs to succeed")
+        await wait_for(
+            lambda: _all_succeeded(stack, ids), what="the jobs to succeed", timeout_s=DEADLINE_S
+        )
         assert node.stop() == 0
         for partition in range(PARTITIONS):
             async with KafkaPartitionLog(
@@ -134,7 +138,11 @@ async def test_a_takeover_after_the_owners_data_dir_was_deleted_and_the_log_trim
         before = await _work(stack, 30)
         async with stack.app() as app:
             later = await app.get_task("s.effect").options(delay=8.0).enqueue("later")
-        await wait_for(lambda: _all_succeeded(stack, before), what="the first jobs to succeed")
+        await wait_for(
+            lambda: _all_succeeded(stack, before),
+            what="the first jobs to succeed",
+            timeout_s=DEADLINE_S,
+        )
         node_a.kill()
         shutil.rmtree(stack.node_data("node-a"))
         # Everything the group committed may go: the changelog holds the state it made.
@@ -143,12 +151,14 @@ async def test_a_takeover_after_the_owners_data_dir_was_deleted_and_the_log_trim
         restored = await wait_for(
             lambda: _seen(node_b, "partition_index_restored"),
             what="node-b to restore from the changelog",
+            timeout_s=DEADLINE_S,
         )
         assert {e["partition"] for e in restored} == set(range(PARTITIONS))
         after = await _work(stack, 20)
         await wait_for(
             lambda: _all_succeeded(stack, [*before, *after, later]),
             what="every job, the delayed one enqueued before the trim too",
+            timeout_s=DEADLINE_S,
         )
         assert not _logged(node_b, "partition_index_rebuild_refused")
     finally:
@@ -169,6 +179,7 @@ async def test_a_trimmed_log_without_a_snapshot_is_refused_loudly(
         refused = await wait_for(
             lambda: _seen(node, "partition_index_rebuild_refused"),
             what="the node to refuse its partitions",
+            timeout_s=DEADLINE_S,
         )
         first = refused[0]
         assert first["level"] == "error"
@@ -187,10 +198,16 @@ async def test_rebuild_verify_on_a_trimmed_log_rebuilds_from_the_changelog_and_s
         node = stack.start_node("node-1")
         stack.start_worker("worker-1")
         ids = await _work(stack, 20)
-        await wait_for(lambda: _all_succeeded(stack, ids), what="the jobs to succeed")
+        await wait_for(
+            lambda: _all_succeeded(stack, ids), what="the jobs to succeed", timeout_s=DEADLINE_S
+        )
         await _trim(stack, await _committed(stack))
         more = await _work(stack, 10)
-        await wait_for(lambda: _all_succeeded(stack, more), what="the later jobs to succeed")
+        await wait_for(
+            lambda: _all_succeeded(stack, more),
+            what="the later jobs to succeed",
+            timeout_s=DEADLINE_S,
+        )
         assert node.stop() == 0
         code, document = await stack.rebuild_verify("node-1", tmp_path / "rebuilt")
         assert code == 0, document
