@@ -49,7 +49,8 @@ def test_specs_carry_what_the_engine_relies_on() -> None:
     assert [s.name for s in (events, default, emails, effects, state)] == [
         "ns.events", "ns.dispatch.default", "ns.dispatch.emails", "ns.effects", "ns.state"
     ]  # fmt: skip
-    assert state.configs == {"cleanup.policy": "compact"} and state.partitions == 6
+    assert state.configs["cleanup.policy"] == "compact" and state.partitions == 6
+    assert int(state.configs["max.message.bytes"]) > 1 << 20  # any event fits in a record
     assert events.configs["message.timestamp.type"] == "LogAppendTime"
     assert events.configs["cleanup.policy"] == effects.configs["cleanup.policy"] == "delete"
     assert events.configs["retention.ms"] == effects.configs["retention.ms"] == "-1"

@@ -21,6 +21,9 @@ INFINITE = "-1"
 # a finite retention.ms is accepted from this floor up (the default retention period of finished
 # jobs in the index, so a job's whole history stays in the log at least as long as its state).
 EVENTS_RETENTION_FLOOR_MS = 7 * DAY_MS
+# A changelog record holds an event's bytes plus its timeline entry: room for any event the
+# events topic takes (1 MB by default), so one large event never stops its partition.
+STATE_MAX_MESSAGE_BYTES = 4 << 20
 
 
 class TopicProvisioningError(EvschedError):
@@ -138,7 +141,7 @@ def topic_specs(
         name=names.state,
         partitions=event_partitions,
         replication_factor=replication_factor,
-        configs={"cleanup.policy": "compact"},
+        configs={"cleanup.policy": "compact", "max.message.bytes": str(STATE_MAX_MESSAGE_BYTES)},
     )
     dispatch = [
         TopicSpec(
