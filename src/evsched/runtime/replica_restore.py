@@ -17,9 +17,15 @@ from pathlib import Path
 import structlog
 
 from evsched.adapters.kafka_events import KafkaPartitionLog
-from evsched.adapters.topics import Topics
+from evsched.adapters.topics import Topics, partition_count
 from evsched.runtime.changelog import latest_meta
-from evsched.runtime.changelog_restore import Action, local_index, plan_open, restore_partition
+from evsched.runtime.changelog_restore import (
+    Action,
+    local_index,
+    plan_open,
+    refusal,
+    restore_partition,
+)
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.replica")
@@ -46,6 +52,14 @@ async def prepare_indexes(
     every = range(partitions)
     async with KafkaPartitionLog(settings, topics.events, every, client_id=client_id) as events:
         starts = await events.start_offsets(every)
+    if not await _has_changelog(settings, topics.state):
+        # A namespace no node of this version provisioned yet: nothing to restore from.
+        for partition in every:
+            if starts[partition] > local_index(data_dir, partition).applied_offset + 1:
+                done.refused[partition] = refusal(
+                    local_index(data_dir, partition), starts[partition], None
+                )
+        return done
     async with KafkaPartitionLog(
         settings, topics.state, every, client_id=f"{client_id}-restore", **FETCH_OPTIONS
     ) as state:
@@ -71,3 +85,12 @@ async def prepare_indexes(
                 done.refused[partition] = plan.reason
                 log.error("replica_partition_refused", partition=partition, reason=plan.reason)
     return done
+
+
+async def _has_changelog(settings: Settings, topic: str) -> bool:
+    try:
+        await partition_count(settings.bootstrap, topic, **dict(settings.kafka_options))
+    except Exception as exc:  # missing, or not allowed: either way there is none to read
+        log.warning("replica_no_changelog", topic=topic, error=repr(exc))
+        return False
+    return True
