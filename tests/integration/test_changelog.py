@@ -27,7 +27,7 @@ from evsched.runtime.changelog_restore import restore_partition
 from evsched.runtime.projector import Projector
 from evsched.runtime.restore import restore
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(900)]
 # Node and worker processes start slowly on a loaded machine: generous deadlines.
 DEADLINE_S = 240.0
 
@@ -50,6 +50,11 @@ def _logged(proc: Proc, event: str) -> list[dict[str, Any]]:
 
 async def _seen(proc: Proc, event: str) -> list[dict[str, Any]]:
     return _logged(proc, event)
+
+
+async def _every_partition(proc: Proc, event: str) -> list[dict[str, Any]] | None:
+    found = _logged(proc, event)
+    return found if {e["partition"] for e in found} == set(range(PARTITIONS)) else None
 
 
 async def _trim(stack: Stack, before: dict[int, int]) -> None:
@@ -149,7 +154,7 @@ async def test_a_takeover_after_the_owners_data_dir_was_deleted_and_the_log_trim
         await _trim(stack, await _committed(stack))
         node_b = stack.start_node("node-b")
         restored = await wait_for(
-            lambda: _seen(node_b, "partition_index_restored"),
+            lambda: _every_partition(node_b, "partition_index_restored"),
             what="node-b to restore from the changelog",
             timeout_s=DEADLINE_S,
         )

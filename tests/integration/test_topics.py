@@ -137,7 +137,8 @@ async def test_ensure_topics_creates_them_as_specified(
     )
 
     assert created == [
-        names.events, names.dispatch("default"), names.dispatch("emails"), names.effects
+        names.events, names.dispatch("default"), names.dispatch("emails"), names.effects,
+        names.state,
     ]  # fmt: skip
     partitions, events = await describe(admin, names.events)
     assert partitions == 3
@@ -148,6 +149,8 @@ async def test_ensure_topics_creates_them_as_specified(
     assert dispatch["message.timestamp.type"] == "CreateTime"
     _, effects = await describe(admin, names.effects)
     assert (effects["cleanup.policy"], effects["retention.ms"]) == ("delete", "-1")
+    state_partitions, state = await describe(admin, names.state)
+    assert (state_partitions, state["cleanup.policy"]) == (3, "compact")
 
 
 @pytest.mark.broker
