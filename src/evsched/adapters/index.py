@@ -236,11 +236,14 @@ class PartitionIndex:
 
     def write(self, batch: IndexBatch, applied_offset: int, fold_version: int) -> None:
         """Apply every change of ``batch`` and the new applied offset atomically."""
-        self.apply(self.prepare(batch, applied_offset, fold_version))
+        self.apply(self.prepare(batch, applied_offset, fold_version, record=False))
 
-    def prepare(self, batch: IndexBatch, applied_offset: int, fold_version: int) -> PreparedWrite:
-        """The writes of ``batch``, listed (``changes``) but not applied: ``apply`` does that."""
-        wb = Recorder(self._mirrored)
+    def prepare(
+        self, batch: IndexBatch, applied_offset: int, fold_version: int, *, record: bool = True
+    ) -> PreparedWrite:
+        """The writes of ``batch``, not applied (``apply`` does that); listed in ``changes``
+        unless ``record`` is False (no changelog to feed)."""
+        wb = Recorder(self._mirrored if record else {})
         for job_id, state in batch.jobs.items():
             self._put_job(wb, batch.before_jobs.get(job_id), state)
         for schedule_id, schedule in batch.schedules.items():

@@ -3,8 +3,9 @@
 Each step folds new records into an index batch, plans leases, expiries and cron fires on top of
 it, then sends effects, decisions and dispatch records in one transaction of its outbox. Effects
 always travel with the consumer offset of the records they came from; other steps commit the
-offset every ``OFFSET_COMMIT_INTERVAL_MS``. Only after the transaction commits is the index
-written, so the index never holds a decision or an effect the log does not.
+offset every ``OFFSET_COMMIT_INTERVAL_MS``. The index changes go to the state changelog in the
+same transaction (``runtime.changelog``). Only after the transaction commits is the index
+written, so the index never holds a decision, an effect or a change the log does not.
 """
 
 from __future__ import annotations

@@ -115,9 +115,10 @@ class Projector:
         ``prepared`` is ``prepare(folded)`` when the caller already made it.
         """
         if folded.last_offset is not None:
-            self.index.apply(
-                prepared or self.index.prepare(folded.batch, folded.last_offset, FOLD_VERSION)
-            )
+            if prepared is None:
+                self.index.write(folded.batch, folded.last_offset, FOLD_VERSION)
+            else:
+                self.index.apply(prepared)
             for state in folded.batch.jobs.values():
                 self._remember(state)
         if self.on_commit is not None and folded.observed:
