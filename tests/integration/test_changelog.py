@@ -22,9 +22,11 @@ from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.topics import ensure_topics
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Status
+from evsched.operator.replica_dir import catch_up
 from evsched.runtime.changelog import latest_meta
 from evsched.runtime.changelog_restore import restore_partition
 from evsched.runtime.projector import Projector
+from evsched.runtime.replica import Replica
 from evsched.runtime.restore import restore
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -50,6 +52,11 @@ def _logged(proc: Proc, event: str) -> list[dict[str, Any]]:
 
 async def _seen(proc: Proc, event: str) -> list[dict[str, Any]]:
     return _logged(proc, event)
+
+
+async def _replica_has(replica: Replica, ids: list[str]) -> bool:
+    states = [await replica.job(j) for j in ids]
+    return all(s is not None and s.status is Status.SUCCEEDED for s in states)
 
 
 async def _every_partition(proc: Proc, event: str) -> list[dict[str, Any]] | None:
@@ -195,7 +202,7 @@ async def test_a_trimmed_log_without_a_snapshot_is_refused_loudly(
         await stack.close()
 
 
-async def test_rebuild_verify_on_a_trimmed_log_rebuilds_from_the_changelog_and_says_so(
+async def test_rebuild_verify_and_new_replicas_on_a_trimmed_log_use_the_changelog(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     stack = await _stack(kafka_bootstrap, tmp_path, "clverify")
@@ -219,5 +226,24 @@ async def test_rebuild_verify_on_a_trimmed_log_rebuilds_from_the_changelog_and_s
         assert document["digest_match"] is True
         sources = {p["partition"]: p["source"] for p in document["partitions"]}
         assert set(sources.values()) == {"changelog+log"}, sources
+        # A new API replica and a new operator's replica restore from the changelog too.
+        replica = Replica(stack.settings, tmp_path / "new-replica")
+        await replica.start()
+        try:
+            await wait_for(
+                lambda: _replica_has(replica, [*ids, *more]),
+                what="the new replica to hold every job",
+                timeout_s=DEADLINE_S,
+            )
+            assert replica.failing == {}
+        finally:
+            await replica.stop()
+        local = await catch_up(stack.settings, tmp_path / "operator")
+        try:
+            for job_id in [*ids, *more]:
+                state = local.index_of(job_id).job(job_id)
+                assert state is not None and state.status is Status.SUCCEEDED
+        finally:
+            local.close()
     finally:
         await stack.close()
