@@ -18,9 +18,12 @@ import structlog
 
 from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.topics import Topics, partition_count
+from evsched.core.fold import FOLD_VERSION
 from evsched.runtime.changelog import latest_meta
 from evsched.runtime.changelog_restore import (
+    RESTORE_AHEAD_RECORDS,
     Action,
+    LocalIndex,
     local_index,
     plan_open,
     refusal,
@@ -52,19 +55,21 @@ async def prepare_indexes(
     every = range(partitions)
     async with KafkaPartitionLog(settings, topics.events, every, client_id=client_id) as events:
         starts = await events.start_offsets(every)
+        ends = await events.end_offsets(every)
+    locals_ = {p: local_index(data_dir, p) for p in every}
+    if not any(_worth_a_look(locals_[p], starts[p], ends[p]) for p in every):
+        return done  # every index reaches the log's start and is close to its end: fold on
     if not await _has_changelog(settings, topics.state):
         # A namespace no node of this version provisioned yet: nothing to restore from.
         for partition in every:
-            if starts[partition] > local_index(data_dir, partition).applied_offset + 1:
-                done.refused[partition] = refusal(
-                    local_index(data_dir, partition), starts[partition], None
-                )
+            if starts[partition] > locals_[partition].applied_offset + 1:
+                done.refused[partition] = refusal(locals_[partition], starts[partition], None)
         return done
     async with KafkaPartitionLog(
         settings, topics.state, every, client_id=f"{client_id}-restore", **FETCH_OPTIONS
     ) as state:
         for partition in every:
-            local = local_index(data_dir, partition)
+            local = locals_[partition]
             meta = await latest_meta(state, partition)
             plan = plan_open(local, log_start=starts[partition], meta=meta)
             if plan.action is Action.RESTORE:
@@ -94,3 +99,10 @@ async def _has_changelog(settings: Settings, topic: str) -> bool:
         log.warning("replica_no_changelog", topic=topic, error=repr(exc))
         return False
     return True
+
+
+def _worth_a_look(local: LocalIndex, log_start: int, log_end: int) -> bool:
+    """Whether the changelog may change what is done with this index (else it is folded on)."""
+    if local.fold_version not in (None, FOLD_VERSION) or local.applied_offset + 1 < log_start:
+        return True
+    return log_end - (local.applied_offset + 1) > RESTORE_AHEAD_RECORDS
