@@ -94,7 +94,7 @@ class Outgoing:
 
     topic: str
     key: bytes
-    value: bytes
+    value: bytes | None  # None: a tombstone (the state changelog's deleted keys)
     partition: int | None = None
     headers: tuple[tuple[str, bytes], ...] = ()
     queue: str | None = None  # set on dispatch records: their topic must exist first

@@ -1,6 +1,6 @@
-"""A fold-version bump on a real node and broker: indexes another fold version wrote are rebuilt
-from the log when their partitions open (logged, counted), jobs keep running, and the rebuilt
-indexes equal what ``evsched rebuild`` makes from the same log."""
+"""A fold-version bump on a real node and broker: indexes (and a changelog) another fold version
+wrote are rebuilt from the log when their partitions open (logged, counted) and written to the
+changelog, jobs keep running, and the rebuilt indexes equal what ``evsched rebuild`` makes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from aiokafka import AIOKafkaProducer
 from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, wait_for
 from tests.prometheus import parse, value
@@ -19,6 +20,7 @@ from evsched.adapters.topics import ensure_topics
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import TERMINAL_STATUSES, Status
 from evsched.devstack.process import free_port
+from evsched.runtime.changelog import ChangelogWriter, Meta
 
 pytestmark = pytest.mark.broker
 
@@ -46,6 +48,20 @@ def all_succeeded(stack: Stack, job_ids: list[str]) -> object:
         return True
 
     return probe
+
+
+async def _foreign_changelog(stack: Stack, applied: dict[int, int]) -> None:
+    """Meta records of another fold version on the partitions' changelog, as it would leave."""
+    producer = AIOKafkaProducer(bootstrap_servers=stack.bootstrap)
+    await producer.start()
+    try:
+        for partition, offset in applied.items():
+            meta = ChangelogWriter(stack.topics.state, partition).meta(
+                Meta(offset, FOLD_VERSION + 1)
+            )
+            await producer.send_and_wait(meta.topic, meta.value, key=meta.key, partition=partition)
+    finally:
+        await producer.stop()
 
 
 def logged(proc: Proc, event: str) -> list[dict[str, object]]:
@@ -78,6 +94,8 @@ async def test_a_node_rebuilds_indexes_of_another_fold_version_and_runs_on(
         assert applied[partition] >= 0 and index.fold_version() == FOLD_VERSION
         index.write(IndexBatch(), applied[partition], FOLD_VERSION + 1)  # the marker alone
         index.close()
+    # ... and its changelog (a snapshot of this fold version would be restored instead).
+    await _foreign_changelog(stack, {p: applied[p] for p in REWRITTEN})
 
     port = free_port()
     restarted = stack.start_node("node-1", "--dispatch-timeout-s", "3", "--metrics-port", str(port))
@@ -94,6 +112,8 @@ async def test_a_node_rebuilds_indexes_of_another_fold_version_and_runs_on(
         # sent nothing): never beyond what the old index held.
         assert int(str(entry["applied_offset"])) <= applied[partition]
     assert await rebuilds_counted(port) == len(REWRITTEN)
+    seeded = {int(str(e["partition"])) for e in logged(restarted, "partition_changelog_seeded")}
+    assert seeded == set(REWRITTEN)  # the rebuilt indexes are written to the changelog
     assert not logged(restarted, "partition_open_failed")
     async with httpx.AsyncClient() as http:
         ready = await http.get(f"http://127.0.0.1:{port}/readyz", timeout=10)

@@ -10,6 +10,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from evsched.adapters.topics import (
     DISPATCH_RETENTION_MS,
+    EVENTS_RETENTION_FLOOR_MS,
     ObservedTopic,
     TopicMisconfigured,
     TopicMissing,
@@ -42,17 +43,38 @@ def test_names_kafka_cannot_hold_are_refused(bad: str) -> None:
 
 
 def test_specs_carry_what_the_engine_relies_on() -> None:
-    events, default, emails, effects = topic_specs(
+    events, default, emails, effects, state = topic_specs(
         "ns", event_partitions=6, queues=["default", "emails", "default"], dispatch_partitions=2
     )
-    assert [s.name for s in (events, default, emails, effects)] == [
-        "ns.events", "ns.dispatch.default", "ns.dispatch.emails", "ns.effects"
+    assert [s.name for s in (events, default, emails, effects, state)] == [
+        "ns.events", "ns.dispatch.default", "ns.dispatch.emails", "ns.effects", "ns.state"
     ]  # fmt: skip
+    assert state.configs["cleanup.policy"] == "compact" and state.partitions == 6
+    assert int(state.configs["max.message.bytes"]) > 1 << 20  # any event fits in a record
     assert events.configs["message.timestamp.type"] == "LogAppendTime"
     assert events.configs["cleanup.policy"] == effects.configs["cleanup.policy"] == "delete"
     assert events.configs["retention.ms"] == effects.configs["retention.ms"] == "-1"
     assert default.configs["retention.ms"] == str(DISPATCH_RETENTION_MS)
     assert (events.partitions, default.partitions, effects.partitions) == (6, 2, 6)
+
+
+def test_the_events_retention_may_be_infinite_or_at_least_the_floor() -> None:
+    [events, *_] = topic_specs("ns", event_partitions=1, queues=[])
+    assert events.retention_floor_ms == EVENTS_RETENTION_FLOOR_MS
+
+    def found(retention: str) -> list[tuple[str, str, str]]:
+        observed = ObservedTopic(
+            partitions=1,
+            replication_factor=1,
+            configs={**events.configs, "retention.ms": retention},
+        )
+        return [(m.setting, m.actual, m.expected) for m in find_mismatches(events, observed)]
+
+    assert found("-1") == found(str(EVENTS_RETENTION_FLOOR_MS)) == found("2592000000") == []
+    [(setting, actual, expected)] = found("3600000")  # an hour: shorter than the floor
+    assert (setting, actual) == ("retention.ms", "3600000")
+    assert "-1 (infinite)" in expected and str(EVENTS_RETENTION_FLOOR_MS) in expected
+    assert "<ns>.state" in expected
 
 
 def test_every_difference_is_reported_and_more_replicas_are_fine() -> None:
@@ -115,7 +137,8 @@ async def test_ensure_topics_creates_them_as_specified(
     )
 
     assert created == [
-        names.events, names.dispatch("default"), names.dispatch("emails"), names.effects
+        names.events, names.dispatch("default"), names.dispatch("emails"), names.effects,
+        names.state,
     ]  # fmt: skip
     partitions, events = await describe(admin, names.events)
     assert partitions == 3
@@ -126,6 +149,8 @@ async def test_ensure_topics_creates_them_as_specified(
     assert dispatch["message.timestamp.type"] == "CreateTime"
     _, effects = await describe(admin, names.effects)
     assert (effects["cleanup.policy"], effects["retention.ms"]) == ("delete", "-1")
+    state_partitions, state = await describe(admin, names.state)
+    assert (state_partitions, state["cleanup.policy"]) == (3, "compact")
 
 
 @pytest.mark.broker

@@ -5,6 +5,7 @@ logged and counted, or refused loudly and not retried soon when the log lost its
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -54,8 +55,9 @@ def test_every_phase_can_end_closed_and_moves_outside_the_table_raise() -> None:
 class GroupConsumer:
     """The node's group consumer as the open path uses it: pauses, seeks, the group's offset."""
 
-    def __init__(self, committed: int | None) -> None:
+    def __init__(self, committed: int | None, log: MemoryPartitionLog) -> None:
         self.committed_offset = committed
+        self.log = log
         self.paused: set[int] = set()
         self.seeks: list[tuple[int, int]] = []
 
@@ -68,6 +70,9 @@ class GroupConsumer:
     async def committed(self, partition: int) -> int | None:
         return self.committed_offset
 
+    async def start_offsets(self, partitions: Collection[int]) -> dict[int, int]:
+        return {p: self.log.first[p] for p in partitions}
+
 
 def node_over(
     tmp_path: Path, log: MemoryPartitionLog, committed: int | None
@@ -76,11 +81,12 @@ def node_over(
     config = NodeConfig(settings=Settings(namespace="ns"), node_id="n", data_dir=tmp_path / "n")
     node = Node(config, NodeMetrics.create())
     node.restores.open_log = lambda partition: log
-    consumer = GroupConsumer(committed)
+    node.restores.open_state = lambda partition: MemoryPartitionLog("ns.state")  # empty
+    consumer = GroupConsumer(committed, log)
     node._consumer = consumer  # type: ignore[assignment]
     opened: list[tuple[int, int | None, int]] = []
 
-    async def fake_open(_: object, index: PartitionIndex) -> None:
+    async def fake_open(_: object, index: PartitionIndex, plan: object = None) -> None:
         opened.append((index.partition, index.fold_version(), index.applied_offset()))
         index.close()
         node.health.move(index.partition, Phase.CATCHING_UP)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch
 
 from evsched.adapters import avro
+from evsched.adapters.index_writes import Change, PreparedWrite, Recorder
 from evsched.core.events import SCHEDULE_EVENT_TYPES
 from evsched.core.limits import id_refusal
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status, TimelineEntry
@@ -32,6 +33,9 @@ COLUMN_FAMILIES = (
 DIGEST_FAMILIES = (JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED)
 # Keyed by an 8-byte big-endian time, then the entity id.
 TIME_FAMILIES = (DUE, LEASES, CRON_DUE)
+# Derived from the job and schedule states alone: a restore rebuilds them instead of reading
+# them from the changelog (they change on most events; every other family is mirrored).
+DERIVED_FAMILIES = frozenset(TIME_FAMILIES) | {META}
 NEVER = (1 << 64) - 1
 # A due scan reads at most this many times its limit in keys while skipping held-back jobs.
 SKIP_READS = 10
@@ -104,6 +108,11 @@ class PartitionIndex:
             raise StoreError(f"cannot open index at {path}: {exc}") from exc
         self._cf = {name: self._db.get_column_family(name) for name in COLUMN_FAMILIES}
         self._handles = {name: self._db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
+        self._mirrored = {
+            id(handle): name
+            for name, handle in self._handles.items()
+            if name not in DERIVED_FAMILIES
+        }
         # Per time-ordered family, a time no live key is below. Due entries, leases and cron slots
         # are deleted as jobs move on, and RocksDB keeps the tombstones until compaction: a scan
         # from the start would step over every one of them, on every step. Scans start here
@@ -232,7 +241,14 @@ class PartitionIndex:
 
     def write(self, batch: IndexBatch, applied_offset: int, fold_version: int) -> None:
         """Apply every change of ``batch`` and the new applied offset atomically."""
-        wb = WriteBatch(raw_mode=True)
+        self.apply(self.prepare(batch, applied_offset, fold_version, record=False))
+
+    def prepare(
+        self, batch: IndexBatch, applied_offset: int, fold_version: int, *, record: bool = True
+    ) -> PreparedWrite:
+        """The writes of ``batch``, not applied (``apply`` does that); listed in ``changes``
+        unless ``record`` is False (no changelog to feed)."""
+        wb = Recorder(self._mirrored if record else {})
         for job_id, state in batch.jobs.items():
             self._put_job(wb, batch.before_jobs.get(job_id), state)
         for schedule_id, schedule in batch.schedules.items():
@@ -247,32 +263,41 @@ class PartitionIndex:
         for entry, raw in batch.undecodable:
             value = _join_entry(avro.encode_timeline(entry), raw)
             wb.put(_U64.pack(entry.offset), value, self._h(UNDECODABLE))
-        wb.put(APPLIED_OFFSET, _I64.pack(applied_offset), self._h(META))
-        wb.put(FOLD_VERSION, _U64.pack(fold_version), self._h(META))
+        return PreparedWrite(wb, applied_offset, fold_version)
+
+    def apply(self, prepared: PreparedWrite) -> None:
+        """Write a prepared batch and its applied offset and fold version in one WriteBatch."""
+        wb = prepared.recorder.batch
+        wb.put(APPLIED_OFFSET, _I64.pack(prepared.applied_offset), self._h(META))
+        wb.put(FOLD_VERSION, _U64.pack(prepared.fold_version), self._h(META))
         try:
             self._db.write(wb)
         except Exception as exc:
             raise StoreError(f"index write failed at {self.path}: {exc}") from exc
 
-    def _put_job(self, wb: WriteBatch, before: JobState | None, state: JobState) -> None:
+    def _put_job(self, wb: Recorder, before: JobState | None, state: JobState) -> None:
         key = state.job_id
         if before is not None and before.status is Status.SCHEDULED:
             wb.delete(time_key(before.run_at, key), self._h(DUE))
         if before is not None and before.lease_until is not None:
             wb.delete(time_key(before.lease_until, key), self._h(LEASES))
-        if state.status is Status.SCHEDULED:
-            wb.put(time_key(state.run_at, key), b"", self._h(DUE))
-            self._lower(DUE, state.run_at)
-        if state.lease_until is not None:
-            wb.put(time_key(state.lease_until, key), _U64.pack(state.token), self._h(LEASES))
-            self._lower(LEASES, state.lease_until)
+        self._put_job_times(wb, state)
         if state.idempotency_key is not None and before is None:
             keys_key = state.queue.encode() + b"\x00" + state.idempotency_key.encode()
             wb.put(keys_key, key.encode(), self._h(KEYS))
         wb.put(key.encode(), avro.encode_state(state), self._h(JOBS))
 
+    def _put_job_times(self, wb: Recorder, state: JobState) -> None:
+        if state.status is Status.SCHEDULED:
+            wb.put(time_key(state.run_at, state.job_id), b"", self._h(DUE))
+            self._lower(DUE, state.run_at)
+        if state.lease_until is not None:
+            key = time_key(state.lease_until, state.job_id)
+            wb.put(key, _U64.pack(state.token), self._h(LEASES))
+            self._lower(LEASES, state.lease_until)
+
     def _put_schedule(
-        self, wb: WriteBatch, before: ScheduleState | None, schedule: ScheduleState
+        self, wb: Recorder, before: ScheduleState | None, schedule: ScheduleState
     ) -> None:
         sid = schedule.schedule_id
         if before is not None and before.next_fire_at is not None:
@@ -281,6 +306,39 @@ class PartitionIndex:
             wb.put(time_key(schedule.next_fire_at, sid), b"", self._h(CRON_DUE))
             self._lower(CRON_DUE, schedule.next_fire_at)
         wb.put(sid.encode(), avro.encode_state(schedule), self._h(SCHEDULES))
+
+    # --- a changelog's side ----------------------------------------------------------------
+
+    def mirrored(self) -> Iterator[Change]:
+        """Every key of the mirrored families: what a changelog holds for this index."""
+        for name in COLUMN_FAMILIES:
+            if name not in DERIVED_FAMILIES:
+                for key, value in self._scan(name):
+                    yield name, key, value
+
+    def load(self, changes: Iterable[Change]) -> None:
+        """Write changes read from a changelog as they are, in one WriteBatch."""
+        wb = WriteBatch(raw_mode=True)
+        for name, key, value in changes:
+            if name not in self._handles or name in DERIVED_FAMILIES:
+                raise StoreError(f"a changelog record names no mirrored column family: {name!r}")
+            if value is None:
+                wb.delete(key, self._h(name))
+            else:
+                wb.put(key, value, self._h(name))
+        self._db.write(wb)
+
+    def finish_load(self, applied_offset: int, fold_version: int) -> None:
+        """Derive the time families from the loaded states, and set the applied offset."""
+        wb = Recorder({})
+        for state in self.jobs():
+            self._put_job_times(wb, state)
+        for schedule in self.schedules():
+            if schedule.next_fire_at is not None:
+                key = time_key(schedule.next_fire_at, schedule.schedule_id)
+                wb.put(key, b"", self._h(CRON_DUE))
+                self._lower(CRON_DUE, schedule.next_fire_at)
+        self.apply(PreparedWrite(wb, applied_offset, fold_version))
 
     def close(self) -> None:
         # Column-family handles keep the DB locked after close(): drop them first.

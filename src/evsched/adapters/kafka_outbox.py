@@ -27,6 +27,7 @@ from aiokafka.errors import (
 from aiokafka.structs import TopicPartition
 
 from evsched.adapters import kafka
+from evsched.adapters.topics import STATE_MAX_MESSAGE_BYTES
 from evsched.errors import BrokerUnavailable, Fenced, RecordRefused
 from evsched.ports import ConsumerOffset, Holdback, Outgoing
 from evsched.settings import Settings
@@ -115,7 +116,12 @@ class KafkaOutbox:
 
     async def _new_producer(self) -> AIOKafkaProducer:
         producer = kafka.producer(
-            self.settings, client_id=self.client_id, transactional_id=self.transactional_id
+            self.settings,
+            client_id=self.client_id,
+            transactional_id=self.transactional_id,
+            # Changelog records may exceed an event's size (topics.STATE_MAX_MESSAGE_BYTES);
+            # each topic's own max.message.bytes still refuses what it does not take.
+            max_request_size=STATE_MAX_MESSAGE_BYTES + (64 << 10),
         )
         try:
             await producer.start()

@@ -18,6 +18,13 @@ from evsched.errors import EvschedError
 DAY_MS = 86_400_000
 DISPATCH_RETENTION_MS = 7 * DAY_MS
 INFINITE = "-1"
+# ``<ns>.events`` may be trimmed once the changelog (``<ns>.state``) holds every partition's index:
+# a finite retention.ms is accepted from this floor up (the default retention period of finished
+# jobs in the index, so a job's whole history stays in the log at least as long as its state).
+EVENTS_RETENTION_FLOOR_MS = 7 * DAY_MS
+# A changelog record holds an event's bytes plus its timeline entry: room for any event the
+# events topic takes (1 MB by default), so one large event never stops its partition.
+STATE_MAX_MESSAGE_BYTES = 4 << 20
 
 
 class TopicProvisioningError(EvschedError):
@@ -73,6 +80,11 @@ class Topics:
     def effects(self) -> str:
         return f"{self.namespace}.effects"
 
+    @property
+    def state(self) -> str:
+        """The compacted changelog of every partition's index (``runtime.changelog``)."""
+        return f"{self.namespace}.state"
+
     def dispatch(self, queue: str) -> str:
         _check_name_part(queue_refusal(queue))
         return f"{self.namespace}.dispatch.{queue}"
@@ -99,6 +111,8 @@ class TopicSpec:
     replication_factor: int | None = None
     min_insync: int | None = None
     configs: Mapping[str, str] = field(default_factory=dict)
+    # Set on the events topic: an existing topic's retention.ms may be infinite or this or more.
+    retention_floor_ms: int | None = None
 
 
 MIN_INSYNC = "min.insync.replicas"
@@ -140,6 +154,7 @@ def topic_specs(
     effects_partitions: int | None = None,
     replication_factor: int | None = None,
     dispatch_retention_ms: int = DISPATCH_RETENTION_MS,
+    events_retention_floor_ms: int = EVENTS_RETENTION_FLOOR_MS,
 ) -> list[TopicSpec]:
     """The namespace's topics; dispatch and effects default to as many partitions as events."""
     names = Topics(namespace)
@@ -151,11 +166,20 @@ def topic_specs(
         replication_factor=replication_factor,
         configs={**forever, "message.timestamp.type": "LogAppendTime"},
     )
+    events = replace(events, retention_floor_ms=events_retention_floor_ms)
     effects = TopicSpec(
         name=names.effects,
         partitions=effects_partitions or event_partitions,
         replication_factor=replication_factor,
         configs=forever,
+    )
+    # Compacted: the newest value of each index key survives, tombstones delete (Kafka Streams'
+    # changelog). Partitioned as the events, partition for partition.
+    state = TopicSpec(
+        name=names.state,
+        partitions=event_partitions,
+        replication_factor=replication_factor,
+        configs={"cleanup.policy": "compact", "max.message.bytes": str(STATE_MAX_MESSAGE_BYTES)},
     )
     dispatch = [
         TopicSpec(
@@ -166,7 +190,7 @@ def topic_specs(
         )
         for queue in dict.fromkeys(queues)
     ]
-    return [events, *dispatch, effects]
+    return [events, *dispatch, effects, state]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,11 +224,25 @@ def find_mismatches(spec: TopicSpec, observed: ObservedTopic) -> list[Mismatch]:
     actual_isr = observed.configs.get(MIN_INSYNC)
     if spec.min_insync is not None and int(actual_isr or 1) < spec.min_insync:
         found.append(Mismatch(spec.name, MIN_INSYNC, str(actual_isr), f">= {spec.min_insync}"))
-    for key, expected in spec.configs.items():
+    for key, wanted in spec.configs.items():
         actual = observed.configs.get(key)
+        expected = wanted
+        if key == "retention.ms" and spec.retention_floor_ms is not None:
+            expected = _retention_refusal(actual, spec.retention_floor_ms) or str(actual)
         if actual != expected:
             found.append(Mismatch(spec.name, key, str(actual), expected))
     return found
+
+
+def _retention_refusal(actual: str | None, floor_ms: int) -> str | None:
+    """What a trimmed events topic needs instead of ``actual`` (None: it is acceptable)."""
+    try:
+        value = int(actual or "")
+    except ValueError:
+        value = 0
+    if value == -1 or value >= floor_ms:
+        return None
+    return f"-1 (infinite) or >= {floor_ms} (the changelog <ns>.state restores what is trimmed)"
 
 
 async def ensure_topics(

@@ -11,6 +11,7 @@ ROLES = ("producer", "api", "node", "worker", "effects-reader", "operator")
 def role_acls(namespace: str) -> list[AclRule]:
     """Every ALLOW rule the roles of ``namespace`` need, and nothing more."""
     events, effects = f"{namespace}.events", f"{namespace}.effects"
+    state = f"{namespace}.state"
     dispatch = f"{namespace}.dispatch."
 
     def topic(user: str, ops: str, name: str, *, prefixed: bool = False) -> AclRule:
@@ -38,15 +39,18 @@ def role_acls(namespace: str) -> list[AclRule]:
         # The API writes like a producer and folds <ns>.events into its read replica.
         topic("api", "Read Write Describe", events),
         topic("api", "Describe", dispatch, prefixed=True),
+        topic("api", "Read Describe", state),  # a new replica restores from the changelog
         # Nodes: the only principal that decides, dispatches and publishes effects.
         topic("node", "Read Write Describe DescribeConfigs", events),
         topic("node", "Write Describe DescribeConfigs", dispatch, prefixed=True),
         topic("node", "Write Describe DescribeConfigs", effects),
+        topic("node", "Read Write Describe DescribeConfigs", state),  # the index's changelog
         other("node", "Read", "Group", f"{namespace}.nodes"),
         other("node", "Write Describe", "TransactionalId", f"{namespace}.node.", prefixed=True),
-        # Workers: read their dispatch topics, write attempt events; they check the base topics.
+        # Workers: read their dispatch topics, write attempt events and read them back (a running
+        # job's cancel reaches its handler); they check the base topics.
         topic("worker", "Read Describe DescribeConfigs", dispatch, prefixed=True),
-        topic("worker", "Write Describe DescribeConfigs", events),
+        topic("worker", "Read Write Describe DescribeConfigs", events),
         topic("worker", "Describe DescribeConfigs", effects),
         other("worker", "Read", "Group", f"{namespace}.workers.", prefixed=True),
         # Downstream services reading accepted effects, in groups of their own.

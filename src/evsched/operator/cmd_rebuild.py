@@ -15,6 +15,7 @@ from rich.table import Table
 
 from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.topics import Topics, partition_count
+from evsched.core.fold import FOLD_VERSION
 from evsched.operator import rebuild_dirs
 from evsched.operator.exits import ExitCode
 from evsched.operator.live_index import live_state
@@ -44,6 +45,7 @@ class Target:
     until: int
     log_end: int
     live: tuple[int, str] | None = None
+    live_version: int | None = None
 
 
 def _check_dirs(data_dir: Path, live_dir: Path | None, verify: bool, replace: bool) -> None:
@@ -83,9 +85,18 @@ def _targets(ends: dict[int, int], live_dir: Path | None) -> list[Target]:
     """Rebuild to the live applied offset where a live index is compared, else to the log end."""
     targets = []
     for partition, end in sorted(ends.items()):
-        live = live_state(live_dir, partition) if live_dir is not None else None
+        found = live_state(live_dir, partition) if live_dir is not None else None
+        live = None if found is None else found[:2]
         until = live[0] if live is not None else end - 1
-        targets.append(Target(partition=partition, until=until, log_end=end, live=live))
+        targets.append(
+            Target(
+                partition=partition,
+                until=until,
+                log_end=end,
+                live=live,
+                live_version=None if found is None else found[2],
+            )
+        )
     return targets
 
 
@@ -203,7 +214,8 @@ def _report(
     problems = {
         r.partition: problem
         for r in results
-        if verify and (problem := _problem(r, by_partition[r.partition], max_behind)) is not None
+        if (verify or r.refused is not None)
+        and (problem := _problem(r, by_partition[r.partition], max_behind)) is not None
     }
     compared = [r for r in results if by_partition[r.partition].live is not None]
     matched = verify and bool(compared) and not problems
@@ -216,15 +228,24 @@ def _report(
             err.print(f"[red]partition {partition}:[/red] {problem}")
         if verify and not compared:
             err.print("[red]no partition compared:[/red] --live-dir holds no partition index")
+        for r in results:
+            if r.source != "log" and r.refused is None:
+                out.print(
+                    f"partition {r.partition}: the log is trimmed; rebuilt from the changelog's "
+                    f"snapshot at offset {r.snapshot_offset} plus the log after it"
+                )
         if verify:
             out.print(f"digest_match={'true' if matched else 'false'} events_per_s={rate}")
         else:
             out.print(f"events={sum(r.events for r in results)} events_per_s={rate}")
-    return ExitCode.FAILED if verify and not matched else ExitCode.OK
+    failed = (verify and not matched) or any(r.refused is not None for r in results)
+    return ExitCode.FAILED if failed else ExitCode.OK
 
 
 def _problem(result: PartitionResult, target: Target, max_behind: int | None) -> str | None:
     """Why this partition's comparison does not hold, or None when it does (or has no live)."""
+    if result.refused is not None:
+        return f"not rebuilt: {result.refused}"
     if target.live is None or max_behind is None:
         return None
     live_offset, live_digest = target.live
@@ -240,9 +261,25 @@ def _problem(result: PartitionResult, target: Target, max_behind: int | None) ->
     if (result.applied_offset, result.digest) != (live_offset, live_digest):
         return (
             f"digests differ at offset {live_offset}: rebuilt {result.digest[:16]} "
-            f"(offset {result.applied_offset}), live {live_digest[:16]}"
+            f"(offset {result.applied_offset}), live {live_digest[:16]}{_cause(result, target)}"
         )
     return None
+
+
+def _cause(result: PartitionResult, target: Target) -> str:
+    """What is known to make the two indexes differ, as a clause ('' when nothing is)."""
+    causes = []
+    if target.live_version not in (None, FOLD_VERSION):
+        causes.append(
+            f"the live index was written by fold version {target.live_version}, this rebuild "
+            f"by {FOLD_VERSION}"
+        )
+    if result.source != "log":
+        causes.append(
+            f"the log is trimmed: this rebuild is the changelog's snapshot at offset "
+            f"{result.snapshot_offset} plus the log after it"
+        )
+    return f" ({'; '.join(causes)})" if causes else ""
 
 
 def _document(
@@ -277,6 +314,8 @@ def _partition_json(result: PartitionResult, target: Target, problem: str | None
         "live_applied_offset": None if live is None else live[0],
         "live_digest": None if live is None else live[1],
         "compared": live is not None,
+        "source": result.source,
+        "snapshot_offset": result.snapshot_offset,
         "problem": problem,
     }
 

@@ -7,13 +7,14 @@ from pathlib import Path
 from evsched.adapters.readonly_index import ReadOnlyIndex
 
 
-def live_state(live_dir: Path, partition: int) -> tuple[int, str] | None:
-    """(applied offset, digest) of the live index of ``partition``, or None when there is none."""
+def live_state(live_dir: Path, partition: int) -> tuple[int, str, int | None] | None:
+    """(applied offset, digest, fold version) of the live index of ``partition``, or None when
+    there is none."""
     path = live_dir / f"p{partition:04d}"
     if not path.is_dir():
         return None
     index = ReadOnlyIndex(path, partition)
     try:
-        return index.applied_offset(), index.digest()
+        return index.applied_offset(), index.digest(), index.fold_version()
     finally:
         index.close()

@@ -23,8 +23,11 @@ from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.topics import Topics
+from evsched.core.fold import FOLD_VERSION
 from evsched.operator.archive_history import ArchiveThenLog
 from evsched.ports import PartitionLog
+from evsched.runtime.changelog import restore_into
+from evsched.runtime.changelog_restore import LocalIndex, refusal
 from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.projector import Projector
 from evsched.runtime.restore import restore
@@ -72,6 +75,11 @@ class PartitionResult:
     # CPU seconds the process spent folding (fetch, decode, fold, write; RocksDB's threads too).
     fold_cpu_s: float
     digest_s: float
+    # "log": folded from offset 0; "changelog+log": the log is trimmed, so the changelog's
+    # snapshot was loaded and the log's tail folded on top.
+    source: str = "log"
+    snapshot_offset: int | None = None
+    refused: str | None = None  # why nothing could be rebuilt (a trimmed log, no snapshot)
 
     @property
     def fold_s(self) -> float:
@@ -93,32 +101,45 @@ def rebuild_one(
     index = PartitionIndex(plan.directory, plan.partition)
     try:
         started, cpu_started = monotonic_s(), time.process_time()
-        events = asyncio.run(_fold_partition(plan, index, report)) if plan.until >= 0 else 0
+        folded = asyncio.run(_fold_partition(plan, index, report)) if plan.until >= 0 else None
         folded_at, cpu_s = monotonic_s(), time.process_time() - cpu_started
         digest = index.digest()
         return PartitionResult(
             partition=plan.partition,
-            events=events,
+            events=0 if folded is None else folded.events,
             applied_offset=index.applied_offset(),
             digest=digest,
             fold_started_at=started,
             fold_ended_at=folded_at,
             fold_cpu_s=cpu_s,
             digest_s=monotonic_s() - folded_at,
+            source="log" if folded is None else folded.source,
+            snapshot_offset=None if folded is None else folded.snapshot_offset,
+            refused=None if folded is None else folded.refused,
         )
     finally:
         index.close()
 
 
+@dataclass(frozen=True, slots=True)
+class _Folded:
+    events: int
+    source: str = "log"
+    snapshot_offset: int | None = None
+    refused: str | None = None
+
+
 async def _fold_partition(
     plan: PartitionPlan, index: PartitionIndex, report: Callable[[int], None] | None
-) -> int:
+) -> _Folded:
+    """Fold the log into ``index``: after an archive, or a trimmed log on the changelog's state."""
+    settings, partition = plan_settings(plan), plan.partition
     topic = Topics(plan.namespace).events
     kafka_log = KafkaPartitionLog(
-        plan_settings(plan),
+        settings,
         topic,
-        [plan.partition],
-        client_id=f"evsched-rebuild-p{plan.partition}",
+        [partition],
+        client_id=f"evsched-rebuild-p{partition}",
         check_crcs=plan.check_crcs,
         **FETCH_OPTIONS,
     )
@@ -127,16 +148,48 @@ async def _fold_partition(
         log = ArchiveThenLog(ArchivePartitionLog(plan.archive, topic), kafka_log)
     await log.start()
     try:
-        return await restore(
+        snapshot = None
+        start = (await kafka_log.start_offsets([partition]))[partition]
+        if start > 0 and plan.archive is None:
+            snapshot, refused = await _from_changelog(settings, plan, index, start)
+            if refused is not None:
+                return _Folded(0, "changelog+log", snapshot, refused)
+        events = await restore(
             log,
-            {plan.partition: Projector(index)},
-            {plan.partition: plan.until + 1},
+            {partition: Projector(index)},
+            {partition: plan.until + 1},
             batch_records=plan.batch_records,
             fetch_records=FETCH_RECORDS,
             progress=report,
         )
     finally:
         await log.close()
+    return _Folded(events, "log" if snapshot is None else "changelog+log", snapshot)
+
+
+async def _from_changelog(
+    settings: Settings, plan: PartitionPlan, index: PartitionIndex, log_start: int
+) -> tuple[int | None, str | None]:
+    """Load the changelog's snapshot into ``index``: (its offset, or why it cannot be used)."""
+    partition = plan.partition
+    state = KafkaPartitionLog(
+        settings,
+        Topics(plan.namespace).state,
+        [partition],
+        client_id=f"evsched-rebuild-state-p{partition}",
+        **FETCH_OPTIONS,
+    )
+    async with state:
+        meta = await restore_into(state, partition, index)
+    if meta is None or not meta.covers(FOLD_VERSION, log_start):
+        return None, refusal(LocalIndex(), log_start, meta)
+    if meta.applied_offset > plan.until:
+        return meta.applied_offset, (
+            f"the changelog's snapshot (offset {meta.applied_offset}) is past the offset to "
+            f"rebuild to ({plan.until}) and the log before it is trimmed: compare again once "
+            "the node has caught up (or is stopped)"
+        )
+    return meta.applied_offset, None
 
 
 def _init_worker(counts: Any) -> None:

@@ -21,6 +21,7 @@ from evsched.adapters.topics import Topics, partition_count
 from evsched.errors import IndexVersionMismatch
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.runtime.projector import Projector
+from evsched.runtime.replica_restore import prepare_indexes
 from evsched.runtime.restore import open_index, restore
 from evsched.settings import Settings
 
@@ -94,6 +95,10 @@ async def catch_up(
     """The replica in ``data_dir`` with every partition folded up to the log end seen at start."""
     topic = Topics(settings.namespace).events
     count = await partition_count(settings.bootstrap, topic, **dict(settings.kafka_options))
+    prepared = await prepare_indexes(settings, data_dir, count, client_id="evsched-operator")
+    if prepared.refused:
+        details = "; ".join(f"partition {p}: {why}" for p, why in sorted(prepared.refused.items()))
+        raise OperatorError(ExitCode.UNAVAILABLE, details)
     local = LocalIndex({p: _open(data_dir, p) for p in range(count)})
     try:
         await refresh(settings, local, at_least=at_least, timeout_s=timeout_s, progress=progress)

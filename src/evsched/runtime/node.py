@@ -28,6 +28,8 @@ from evsched.core.planner import PlannerLimits
 from evsched.errors import BrokerUnavailable, Fenced, IndexVersionMismatch, PartitionRevoked
 from evsched.metrics import Metrics, NodeInstruments
 from evsched.runtime.budget import QueueBudget
+from evsched.runtime.changelog import ChangelogWriter
+from evsched.runtime.changelog_restore import Action, OpenPlan
 from evsched.runtime.dispatch_topics import QueueTopics
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.lifecycle import Phase
@@ -82,8 +84,10 @@ class Node:
         self.budget = QueueBudget()  # --max-in-flight and --max-unstarted hold per node
         self.log = log.bind(node_id=config.node_id)
         self.health = NodeHealth(None if metrics is None else metrics.node.failing, logger=self.log)
+        client_id = f"evsched-node-{config.node_id}"
         self.restores = IndexRestores(
-            kafka_reader(config.settings, self.topics.events, f"evsched-node-{config.node_id}"),
+            kafka_reader(config.settings, self.topics.events, client_id),
+            open_state=kafka_reader(config.settings, self.topics.state, client_id),
             data_dir=config.data_dir,
             health=self.health,
             counter=None if metrics is None else metrics.node.index_rebuilds,
@@ -168,13 +172,17 @@ class Node:
         try:
             index = self._seek_to_index(consumer, partition)
         except IndexVersionMismatch as exc:
-            self.restores.start(consumer, exc)
+            self.restores.start(consumer, partition, _rebuilding(exc))
             return
         except Exception as exc:
             self._open_failed(partition, exc)
             return
         try:
-            await self._open(consumer, index)
+            [plan] = await self._plans(consumer, [index])
+            if isinstance(plan, BaseException):
+                index.close()
+                raise plan
+            await self._open(consumer, index, plan)
         except Exception as exc:
             self._open_failed(partition, exc)
 
@@ -269,14 +277,32 @@ class Node:
             try:
                 indexes.append(self._seek_to_index(consumer, partition))
             except IndexVersionMismatch as exc:
-                self.restores.start(consumer, exc)
+                self.restores.start(consumer, exc.partition, _rebuilding(exc))
             except Exception as exc:
                 self._open_failed(partition, exc)
-        for index in indexes:
+        plans = await self._plans(consumer, indexes)
+        for index, plan in zip(indexes, plans, strict=True):
             try:
-                await self._open(consumer, index)
+                if isinstance(plan, BaseException):
+                    index.close()
+                    raise plan
+                await self._open(consumer, index, plan)
             except Exception as exc:
                 self._open_failed(index.partition, exc)
+
+    async def _plans(
+        self, consumer: KafkaGroupConsumer, indexes: list[PartitionIndex]
+    ) -> list[OpenPlan | BaseException]:
+        """Each index's plan against the log's start and the changelog, asked all at once."""
+        if not indexes:
+            return []
+        try:
+            starts = await consumer.start_offsets([i.partition for i in indexes])
+        except Exception as exc:
+            return [exc for _ in indexes]  # each index is closed by its caller
+        return await asyncio.gather(
+            *(self.restores.plan(i, starts[i.partition]) for i in indexes), return_exceptions=True
+        )
 
     def _seek_to_index(self, consumer: KafkaGroupConsumer, partition: int) -> PartitionIndex:
         """Pause the partition's fetches, open its index and seek past it (no await)."""
@@ -313,15 +339,24 @@ class Node:
         for partition in partitions:
             self.health.closed(partition)
 
-    async def _open(self, consumer: KafkaGroupConsumer, index: PartitionIndex) -> None:
+    async def _open(
+        self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan
+    ) -> None:
         partition = index.partition
         outbox: KafkaOutbox | None = None
         owner: OwnedPartition | None = None
         try:
+            # Of another fold version, behind the log's start, or far behind the changelog.
+            if plan.action is not Action.USE_LOCAL:
+                index.close()
+                self.restores.start(consumer, partition, f"index: {plan.action.value}")
+                return
             outbox = await self._start_outbox(partition)
             committed = await consumer.committed(partition)
             end = (await consumer.end_offsets([partition]))[partition]
             owner = self._owner(index, outbox, committed, end)
+            if plan.seed:
+                await self.restores.seed(owner)
             runner = PartitionRunner(owner, consumer)
             owner.on_wake = runner.kick
             consumer.seek(partition, runner.fetched_to)
@@ -375,6 +410,7 @@ class Node:
             instruments=None if metrics is None else metrics.node.partition(index.partition),
             budget=self.budget,
             dispatch_key=self.config.dispatch_key,
+            changelog=ChangelogWriter(self.topics.state, index.partition),
         )
 
     async def _drop(self, runner: PartitionRunner) -> None:
@@ -390,6 +426,12 @@ class Node:
 
     async def _close_all(self) -> None:
         await self.revoke(sorted(set(self.owned) | set(self.health.phases())))
+
+
+def _rebuilding(mismatch: IndexVersionMismatch) -> str:
+    return (
+        f"rebuilding its index from the log (fold version {mismatch.found} -> {mismatch.expected})"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,9 @@
 Each step folds new records into an index batch, plans leases, expiries and cron fires on top of
 it, then sends effects, decisions and dispatch records in one transaction of its outbox. Effects
 always travel with the consumer offset of the records they came from; other steps commit the
-offset every ``OFFSET_COMMIT_INTERVAL_MS``. Only after the transaction commits is the index
-written, so the index never holds a decision or an effect the log does not.
+offset every ``OFFSET_COMMIT_INTERVAL_MS``. The index changes go to the state changelog in the
+same transaction (``runtime.changelog``). Only after the transaction commits is the index
+written, so the index never holds a decision, an effect or a change the log does not.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from evsched.core.events import Event, JobEnqueued, entity_id
 from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.budget import QueueBudget, QueueLoad
+from evsched.runtime.changelog import ChangelogWriter
 from evsched.runtime.pending import Pending
 from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
 from evsched.runtime.quarantine import EnsureQueues, Quarantine, hold_unusable
@@ -64,8 +66,10 @@ class OwnedPartition:
         instruments: PartitionInstruments | None = None,
         dispatch_key: DispatchKey | None = None,
         budget: QueueBudget | None = None,
+        changelog: ChangelogWriter | None = None,
     ) -> None:
         partition = index.partition
+        self.changelog = changelog  # None: this partition's index changes go to no changelog
         self.dispatch_key = dispatch_key
         self.partition = partition
         self.topics = topics
@@ -163,6 +167,12 @@ class OwnedPartition:
         self.caught_up = self.caught_up or position >= self.end_offset
         decisions = self._plan(folded, now) if self.caught_up else []
         outgoing = [_effect_record(self.topics, e) for e in folded.effects] + decisions
+        # The index changes go to the changelog in the step's own transaction (one is made for
+        # them if nothing else goes): the index is never written ahead of its changelog.
+        prepared = self.projector.prepare(folded)
+        changelog = (
+            [] if prepared is None or self.changelog is None else (self.changelog.records(prepared))
+        )
         offset = self.projector.next_offset
         if offset > self.committed_to and self.uncommitted_since is None:
             self.uncommitted_since = now
@@ -172,9 +182,9 @@ class OwnedPartition:
         # so their transactions need no offset; offsets alone go out every so often.
         with_offset = bool(folded.effects) or self._offset_due(now)
         self._count(steps=1, records=len(records))
-        if outgoing or with_offset:
+        if outgoing or with_offset or changelog:
             ours = ConsumerOffset(self.topics.events, self.partition, offset, self.group_id)
-            sent = await self._send(outgoing, ours if with_offset else None)
+            sent = await self._send(outgoing, ours if with_offset else None, changelog)
             self._count(transactions=1, effects=len(folded.effects))
             decisions = [o for o in sent if o.decision is not None]
         for entity in self.quarantine.take_fresh():
@@ -184,7 +194,7 @@ class OwnedPartition:
             self.uncommitted_since = None
         # Written after the transaction only: the index may run ahead of the group's offset by
         # records that sent nothing (refolding them sends nothing either), never by an effect.
-        self.projector.commit(folded)
+        self.projector.commit(folded, prepared)
         self._count(decisions=len(decisions))
         if self.budget is not None and freed:
             self.budget.freed(self.partition)
@@ -192,11 +202,11 @@ class OwnedPartition:
         return len(decisions)
 
     async def _send(
-        self, outgoing: list[Outgoing], offset: ConsumerOffset | None
+        self, outgoing: list[Outgoing], offset: ConsumerOffset | None, changelog: list[Outgoing]
     ) -> list[Outgoing]:
         """One transaction, without the decisions held back (on an unusable queue, or refused)."""
         records = await hold_unusable(outgoing, self.quarantine, self.ensure_queues)
-        return await self.outbox.send(records, offset=offset, holdback=self.quarantine)
+        return await self.outbox.send(records + changelog, offset=offset, holdback=self.quarantine)
 
     def _count(self, **counts: int) -> None:
         self.stats.update(counts)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from evsched.adapters import avro
 from evsched.adapters.index import IndexBatch, PartitionIndex
+from evsched.adapters.index_writes import PreparedWrite
 from evsched.core.events import (
     AttemptSucceeded,
     Effect,
@@ -102,10 +103,22 @@ class Projector:
             self.next_offset = record.offset + 1
         return out
 
-    def commit(self, folded: Folded) -> None:
-        """Write the batch and its last offset in one WriteBatch (after outputs are durable)."""
+    def prepare(self, folded: Folded) -> PreparedWrite | None:
+        """The index writes of ``folded`` (None when it folded nothing), for a changelog."""
+        if folded.last_offset is None:
+            return None
+        return self.index.prepare(folded.batch, folded.last_offset, FOLD_VERSION)
+
+    def commit(self, folded: Folded, prepared: PreparedWrite | None = None) -> None:
+        """Write the batch and its last offset in one WriteBatch (after outputs are durable).
+
+        ``prepared`` is ``prepare(folded)`` when the caller already made it.
+        """
         if folded.last_offset is not None:
-            self.index.write(folded.batch, folded.last_offset, FOLD_VERSION)
+            if prepared is None:
+                self.index.write(folded.batch, folded.last_offset, FOLD_VERSION)
+            else:
+                self.index.apply(prepared)
             for state in folded.batch.jobs.values():
                 self._remember(state)
         if self.on_commit is not None and folded.observed:

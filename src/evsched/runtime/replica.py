@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from pathlib import Path
 
 import structlog
@@ -21,6 +22,7 @@ from evsched.core.state import JobState, TimelineEntry
 from evsched.errors import BrokerUnavailable, EvschedError
 from evsched.ports import PartitionLog
 from evsched.runtime.projector import CommitHook, Projector
+from evsched.runtime.replica_restore import prepare_indexes
 from evsched.runtime.restore import Restorer
 from evsched.settings import Settings
 
@@ -66,12 +68,20 @@ class Replica:
         count = await partition_count(
             self.settings.bootstrap, self.topic, **dict(self.settings.kafka_options)
         )
+        # Missing, behind a trimmed log or of another fold: restored from the changelog first.
+        prepared = await prepare_indexes(
+            self.settings, self.data_dir, count, client_id=self.client_id
+        )
         log = KafkaPartitionLog(self.settings, self.topic, range(count), client_id=self.client_id)
         await log.start()
         for partition in range(count):
             index = PartitionIndex(self.data_dir / f"p{partition:04d}", partition)
             self.projectors[partition] = Projector(index, on_commit=self.on_commit)
         self._task = self.follow(log)
+        for partition, reason in prepared.refused.items():
+            # Never folded from the log's start: it stays out, failing, until an operator acts.
+            self.failing[partition] = f"refused: {reason}"
+            self._retry_at[partition] = math.inf
 
     def follow(self, log: PartitionLog) -> asyncio.Task[None]:
         """Fold what ``log`` (started, reading every partition) holds past the indexes, forever."""

@@ -23,6 +23,7 @@ from evsched.core.planner import PlannerLimits
 from evsched.core.state import JobState, ScheduleState, TimelineEntry
 from evsched.ports import Record
 from evsched.runtime.budget import QueueBudget
+from evsched.runtime.changelog import ChangelogWriter
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.quarantine import EnsureQueues, Unusable
 from evsched.testing.memory import FrozenClock
@@ -121,6 +122,7 @@ class NodeDriver:
             scan_limit=self.scan_limit,
             budget=self.budget,
             dispatch_key=self.dispatch_key,
+            changelog=ChangelogWriter(self.topics.state, self.partition),
         )
         self._fetched_to = self._owner.resume_offset
         return self._owner
@@ -212,6 +214,10 @@ class NodeDriver:
 
     def effects(self) -> list[Record]:
         return self.sent(self.topics.effects)
+
+    def changelog(self) -> list[Record]:
+        """What the partition's transactions wrote to the state changelog, in order."""
+        return self.sent(self.topics.state)
 
     def job(self, job_id: str) -> JobState | None:
         """The job's state as the index holds it (what was committed, nothing in flight)."""

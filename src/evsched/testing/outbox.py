@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.errors import BrokerUnavailable, Fenced, RecordRefused
 from evsched.ports import Clock, ConsumerOffset, Holdback, Outgoing, Record
+from evsched.testing.partition_log import MemoryPartitionLog
 
 
 class SimulatedCrash(Exception):
@@ -58,6 +59,16 @@ class MemoryBroker:
         """What a read_committed consumer reads from ``start`` on."""
         return [r for r in self._logs.get((topic, partition), []) if r.offset >= start]
 
+    def reader(self, topic: str, partitions: int = 1) -> MemoryPartitionLog:
+        """A read_committed reader of ``topic`` as it stands now (markers take their offsets)."""
+        log = MemoryPartitionLog(topic, partitions)
+        for partition in range(partitions):
+            entries: list[Record | None] = [None] * self.end_offset(topic, partition)
+            for record in self.records(topic, partition):
+                entries[record.offset] = record
+            log.entries[partition] = entries
+        return log
+
     def end_offset(self, topic: str, partition: int = 0) -> int:
         """The next offset to be written (past transaction markers)."""
         return self._ends.get((topic, partition), 0)
@@ -77,7 +88,7 @@ class MemoryBroker:
 
     def refusal(self, o: Outgoing) -> str | None:
         limit = self.max_message_bytes.get(o.topic)
-        if limit is not None and len(o.value) > limit:
+        if limit is not None and o.value is not None and len(o.value) > limit:
             return f"MessageSizeTooLargeError({len(o.value)} bytes > {limit})"
         return None
 

@@ -1,0 +1,185 @@
+"""Take-over by restore from the changelog against a full refold of one partition, on a broker.
+
+One partition of ``<ns>.events`` gets a generated log (``bench/histories.py``, as
+``bench/rebuild.py`` makes it; ``--events`` about 2M by default, over 450k jobs). Its index as
+of ``--tail`` records before the end is written to the compacted ``<ns>.state`` in the
+changelog's wire format (what a node's transactions leave there), with its meta record. Then,
+interleaved ``--rounds`` times:
+
+- **refold**: a fresh index folded from offset 0 to the end (what a take-over did before the
+  changelog, and still does on a short log);
+- **restore**: the changelog partition loaded into a fresh index (``restore_partition``), then
+  the log's last ``--tail`` records folded on top: a take-over's time to a caught-up index.
+
+Both must give the same digest. Reported: records/s of the restore, take-over seconds both ways
+and their ratio. Until finished jobs are purged (issue 11, item 1) the index keeps every job and
+every timeline entry, so the changelog holds about as many keys as the log has records: the
+restore wins by skipping decode and fold, not yet by reading less. The last line is
+``key=value`` pairs.
+
+Run: ``EVSCHED_KAFKA_BOOTSTRAP=host:port .venv/bin/python bench/restore.py [--events 2000000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from evsched.adapters.index import PartitionIndex
+from evsched.adapters.kafka_events import KafkaPartitionLog
+from evsched.core.fold import FOLD_VERSION
+from evsched.operator.rebuild import PartitionPlan, rebuild_one
+from evsched.runtime.changelog import ChangelogWriter, Meta
+from evsched.runtime.changelog_restore import restore_partition
+from evsched.runtime.projector import Projector
+from evsched.runtime.restore import restore
+from evsched.settings import Settings
+from rebuild import log_ends, produce
+
+EVENTS_PER_JOB = 4.4  # what the generated histories average
+
+
+async def write_changelog(bootstrap: str, topic: str, index: PartitionIndex) -> int:
+    """The index's keys and its meta record on a compacted ``topic``; records written."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        if topic not in await admin.list_topics():
+            configs = {"cleanup.policy": "compact"}
+            await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=configs)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks=1, linger_ms=50, max_batch_size=1 << 20
+    )
+    await producer.start()
+    writer = ChangelogWriter(topic, 0)
+    records = [*writer.snapshot(index.mirrored())]
+    records.append(writer.meta(Meta(index.applied_offset(), FOLD_VERSION)))
+    try:
+        pending = []
+        for o in records:
+            pending.append(await producer.send(topic, o.value, key=o.key, partition=0))
+            if len(pending) >= 20_000:
+                await asyncio.gather(*pending)
+                pending.clear()
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return len(records)
+
+
+def refold(bootstrap: str, namespace: str, until: int, directory: Path) -> tuple[float, str]:
+    plan = PartitionPlan(
+        bootstrap=bootstrap, namespace=namespace, partition=0, until=until, directory=directory
+    )
+    started = time.perf_counter()
+    result = rebuild_one(plan)
+    return time.perf_counter() - started - result.digest_s, result.digest
+
+
+async def take_over(settings: Settings, end: int, data_dir: Path) -> dict[str, Any]:
+    """Restore the changelog into ``data_dir``, then fold the log's tail: a take-over."""
+    started = time.perf_counter()
+    async with KafkaPartitionLog(
+        settings,
+        f"{settings.namespace}.state",
+        [0],
+        client_id="bench-restore",
+        max_partition_fetch_bytes=16 << 20,
+        fetch_max_bytes=64 << 20,
+    ) as state:
+        meta = await restore_partition(state, data_dir, 0, log_start=0)
+    restored = time.perf_counter()
+    index = PartitionIndex(data_dir / "p0000", 0)
+    try:
+        async with KafkaPartitionLog(
+            settings, f"{settings.namespace}.events", [0], client_id="bench-tail"
+        ) as events:
+            tail = await restore(events, {0: Projector(index)}, {0: end})
+        digest = index.digest()
+    finally:
+        index.close()
+    return {
+        "restore_s": restored - started,
+        "takeover_s": time.perf_counter() - started,
+        "snapshot_offset": meta.applied_offset,
+        "tail": tail,
+        "digest": digest,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--tail", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    bootstrap = os.environ.get("EVSCHED_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
+    jobs = max(1, round(args.events / EVENTS_PER_JOB))
+    namespace = f"benchrestore-{jobs}-{args.tail}-{args.seed}"
+    settings = Settings(bootstrap=bootstrap, namespace=namespace, event_partitions=1)
+    events_topic = f"{namespace}.events"
+    ends = asyncio.run(log_ends(bootstrap, events_topic, 1))
+    if ends is None:
+        asyncio.run(produce(bootstrap, events_topic, jobs, 1, args.seed))
+        ends = asyncio.run(log_ends(bootstrap, events_topic, 1))
+    assert ends is not None
+    end = ends[0]
+    work = Path(tempfile.mkdtemp(prefix="evsched-restore-"))
+    try:
+        snapshot_at = max(0, end - args.tail) - 1
+        refold(bootstrap, namespace, snapshot_at, work / "snapshot")
+        index = PartitionIndex(work / "snapshot", 0)
+        try:
+            live_jobs = sum(1 for _ in index.jobs())
+            written = asyncio.run(write_changelog(bootstrap, f"{namespace}.state", index))
+        finally:
+            index.close()
+        print(f"log: {end} offsets, {live_jobs} jobs; changelog: {written} records")
+        pairs = measure(args.rounds, settings, end, work)
+        pairs.update(events=end, live_jobs=live_jobs, changelog_records=written)
+        pairs["restore_records_per_s"] = round(written / pairs["restore_s"])
+        pairs["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        print(" ".join(f"{k}={v}" for k, v in pairs.items()))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(rounds: int, settings: Settings, end: int, work: Path) -> dict[str, Any]:
+    """Refold and take-over, interleaved; the best of each (other load only slows them)."""
+    refolds, takeovers, restores, same = [], [], [], True
+    for round_ in range(rounds):
+        refold_s, full = refold(
+            settings.bootstrap, settings.namespace, end - 1, work / f"refold-{round_}"
+        )
+        taken = asyncio.run(take_over(settings, end, work / f"takeover-{round_}"))
+        same = same and taken["digest"] == full
+        refolds.append(refold_s)
+        takeovers.append(taken["takeover_s"])
+        restores.append(taken["restore_s"])
+        print(
+            f"round {round_ + 1}: refold {refold_s:.1f} s, take-over {taken['takeover_s']:.1f} s "
+            f"(restore {taken['restore_s']:.1f} s, then {taken['tail']} records of tail)"
+        )
+    return {
+        "refold_s": round(min(refolds), 2),
+        "takeover_s": round(min(takeovers), 2),
+        "restore_s": round(min(restores), 2),
+        "speedup": round(min(refolds) / min(takeovers), 2),
+        "digest_match": str(same).lower(),
+    }
+
+
+if __name__ == "__main__":
+    main()

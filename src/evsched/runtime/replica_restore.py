@@ -1,0 +1,108 @@
+"""Read replicas' indexes made usable before they follow the log: restored from the changelog.
+
+The API's replica and the operator's local replica hold every partition. Before folding, each
+partition's local index is checked against the events log's start and the changelog
+(``runtime.changelog_restore.plan_open``): restored from the changelog when it is missing and far
+behind, of another fold version, or behind a trimmed log; deleted (and so refolded from offset
+0) when another fold version built it over a whole log; refused, with the reason, when no source
+holds its history. Replicas never write the changelog.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from evsched.adapters.kafka_events import KafkaPartitionLog
+from evsched.adapters.topics import Topics, partition_count
+from evsched.core.fold import FOLD_VERSION
+from evsched.runtime.changelog import latest_meta
+from evsched.runtime.changelog_restore import (
+    RESTORE_AHEAD_RECORDS,
+    Action,
+    LocalIndex,
+    local_index,
+    plan_open,
+    refusal,
+    restore_partition,
+)
+from evsched.settings import Settings
+
+log = structlog.get_logger("evsched.replica")
+
+# A restore reads whole changelog partitions: large fetches.
+FETCH_OPTIONS = {"max_partition_fetch_bytes": 16 << 20, "fetch_max_bytes": 64 << 20}
+
+
+@dataclass(slots=True)
+class Prepared:
+    """What preparing a replica's indexes did: partitions restored, reset, and refused (why)."""
+
+    restored: dict[int, int] = field(default_factory=dict)  # partition -> applied offset
+    reset: list[int] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+
+
+async def prepare_indexes(
+    settings: Settings, data_dir: Path, partitions: int, *, client_id: str
+) -> Prepared:
+    """Make every partition's index under ``data_dir`` usable, or say why it cannot be."""
+    topics = Topics(settings.namespace)
+    done = Prepared()
+    every = range(partitions)
+    async with KafkaPartitionLog(settings, topics.events, every, client_id=client_id) as events:
+        starts = await events.start_offsets(every)
+        ends = await events.end_offsets(every)
+    locals_ = {p: local_index(data_dir, p) for p in every}
+    if not any(_worth_a_look(locals_[p], starts[p], ends[p]) for p in every):
+        return done  # every index reaches the log's start and is close to its end: fold on
+    if not await _has_changelog(settings, topics.state):
+        # A namespace no node of this version provisioned yet: nothing to restore from.
+        for partition in every:
+            if starts[partition] > locals_[partition].applied_offset + 1:
+                done.refused[partition] = refusal(locals_[partition], starts[partition], None)
+        return done
+    async with KafkaPartitionLog(
+        settings, topics.state, every, client_id=f"{client_id}-restore", **FETCH_OPTIONS
+    ) as state:
+        for partition in every:
+            local = locals_[partition]
+            meta = await latest_meta(state, partition)
+            plan = plan_open(local, log_start=starts[partition], meta=meta)
+            if plan.action is Action.RESTORE:
+                restored = await restore_partition(
+                    state, data_dir, partition, log_start=starts[partition]
+                )
+                done.restored[partition] = restored.applied_offset
+                log.info(
+                    "replica_partition_restored",
+                    partition=partition,
+                    applied_offset=restored.applied_offset,
+                )
+            elif plan.action is Action.REBUILD:
+                shutil.rmtree(data_dir / f"p{partition:04d}")
+                done.reset.append(partition)
+                log.info("replica_partition_reset", partition=partition, reason="fold_version")
+            elif plan.action is Action.REFUSE:
+                done.refused[partition] = plan.reason
+                log.error("replica_partition_refused", partition=partition, reason=plan.reason)
+    return done
+
+
+async def _has_changelog(settings: Settings, topic: str) -> bool:
+    try:
+        await partition_count(settings.bootstrap, topic, **dict(settings.kafka_options))
+    except Exception as exc:  # missing, or not allowed: either way there is none to read
+        log.warning("replica_no_changelog", topic=topic, error=repr(exc))
+        return False
+    return True
+
+
+def _worth_a_look(local: LocalIndex, log_start: int, log_end: int) -> bool:
+    """Whether the changelog may change what is done with this index (else it is folded on)."""
+    if local.fold_version not in (None, FOLD_VERSION) or local.applied_offset + 1 < log_start:
+        return True
+    return log_end - (local.applied_offset + 1) > RESTORE_AHEAD_RECORDS
