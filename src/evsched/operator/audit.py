@@ -10,11 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from evsched.adapters.index import PartitionIndex
-from evsched.core.events import ScheduleDeleted, ScheduleFired, ScheduleUpserted
+from evsched.core.events import (
+    QueuePaused,
+    QueueResumed,
+    ScheduleDeleted,
+    ScheduleFired,
+    SchedulePaused,
+    ScheduleResumed,
+    ScheduleUpserted,
+)
 from evsched.core.state import JobState, ScheduleState, TimelineEntry, Verdict
 from evsched.errors import DecodeError
-from evsched.operator.readings import job_reading, schedule_reading
-from evsched.runtime.refold import State, refold
+from evsched.operator.readings import control_reading, job_reading, schedule_reading
+from evsched.runtime.refold import PausedAt, State, paused_in, refold
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,8 +62,9 @@ def audit(index: PartitionIndex, entity_id: str, *, as_of: int | None = None) ->
         stored = [(entry, raw) for entry, raw in stored if entry.offset <= as_of]
     state: State | None = None
     rows: list[AuditRow] = []
+    paused = paused_in(index)
     for entry, raw in stored:
-        state, row = _refold(state, entry, raw)
+        state, row = _refold(state, entry, raw, paused)
         rows.append(row)
     return Audit(
         entity_id=entity_id,
@@ -67,14 +76,18 @@ def audit(index: PartitionIndex, entity_id: str, *, as_of: int | None = None) ->
     )
 
 
-def _refold(state: State | None, entry: TimelineEntry, raw: bytes) -> tuple[State | None, AuditRow]:
+def _refold(
+    state: State | None, entry: TimelineEntry, raw: bytes, paused: PausedAt
+) -> tuple[State | None, AuditRow]:
     """Fold one stored event on ``state``; the new state and the event's audit row."""
     try:
-        done = refold(state, entry, raw)
+        done = refold(state, entry, raw, paused)
     except DecodeError as exc:  # not expected: the index stores only events that decoded
         return state, AuditRow(entry=entry, reading=exc.reason, refolded=Verdict.UNDECODABLE)
     event, before, after = done.event, done.before, done.after
-    if isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
+    if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
+        text = control_reading(entry, event)
+    elif isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
         assert not isinstance(before, JobState) and not isinstance(after, JobState)
         text = schedule_reading(entry, event, before, after)
     else:
