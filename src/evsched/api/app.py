@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from evsched import __version__
 from evsched.adapters.queues import KafkaQueues, QueueCatalog
-from evsched.api import dashboard, jobs, reader, schedules, status, undecodable
+from evsched.api import batch, controls, dashboard, jobs, reader, schedules, status, undecodable
 from evsched.api.auth import Tokens
 from evsched.api.context import ApiContext, Reads
 from evsched.api.errors import BodyLimit, install_error_handlers
@@ -99,7 +99,8 @@ def create_app(
     api.add_exception_handler(NotYetApplied, _accepted)
     # Read routes declare (in OpenAPI too) the token they need only when reads are guarded.
     guard = [Reads] if tokens.guard_reads else []
-    for router in (jobs.router, schedules.router, status.reads, undecodable.router):
+    routers = (jobs.router, schedules.router, status.reads, undecodable.router)
+    for router in (*routers, controls.router, batch.router):
         api.include_router(router, dependencies=guard)
     api.include_router(status.router)
     metrics.followers.append(dashboard.install(api, ctx).live.observe_commit)

@@ -315,7 +315,11 @@ class App:
         self, kind: type[ControlEvent], queue: str, reason: str
     ) -> list[Appended]:
         event = control_event(kind, queue, reason=reason, now_ms=self.clock.now_ms())
-        return await publish_everywhere(await self._loop_log().get(), self.topics.events, event)
+        return await publish_everywhere(await self.event_log(), self.topics.events, event)
+
+    async def event_log(self) -> EventLog:
+        """The calling loop's EventLog (started on first use)."""
+        return await self._loop_log().get()
 
     async def publish(self, event: Event) -> Appended:
         """Write one event to ``<ns>.events`` keyed by its job or schedule id, after checks.

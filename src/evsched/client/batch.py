@@ -54,6 +54,32 @@ class _Prepared:
     data: bytes
 
 
+async def write_batch(
+    log: EventLog,
+    topic: str,
+    items: Sequence[JobEnqueued | InvalidEnqueue],
+    *,
+    atomic: bool,
+) -> list[BatchResult]:
+    """Write already built enqueues (an InvalidEnqueue for a refused one), as ``enqueue_batch``."""
+    results: list[BatchResult | None] = [None] * len(items)
+    ready: list[_Prepared] = []
+    seen: dict[str, bytes | None] = {}
+    for index, item in enumerate(items):
+        try:
+            if isinstance(item, InvalidEnqueue):
+                raise item
+            data = encode_checked(item)
+        except InvalidEnqueue as exc:
+            results[index] = _invalid(index, exc)
+            continue
+        results[index] = _repeat(index, item, seen)
+        if results[index] is None:
+            seen[item.job_id] = item.body_digest
+            ready.append(_Prepared(index, item, data))
+    return await _write(log, topic, results, ready, atomic=atomic)
+
+
 async def enqueue_batch(
     log: EventLog,
     topic: str,
@@ -65,6 +91,17 @@ async def enqueue_batch(
 ) -> list[BatchResult]:
     """Enqueue every call in one round trip; a result per call, in the calls' order."""
     results, ready = await _prepare(calls, now_ms, queues)
+    return await _write(log, topic, results, ready, atomic=atomic)
+
+
+async def _write(
+    log: EventLog,
+    topic: str,
+    results: list[BatchResult | None],
+    ready: list[_Prepared],
+    *,
+    atomic: bool,
+) -> list[BatchResult]:
     refused = [i for i, r in enumerate(results) if r is not None and r.outcome in _REFUSED]
     if atomic and refused:
         return _abort(results, ready, f"call {refused[0]} is refused: nothing was written")
@@ -96,9 +133,7 @@ async def _prepare(
             data = encode_checked(event)
             await _check_queue(queues, event.queue)
         except InvalidEnqueue as exc:
-            results[index] = BatchResult(
-                index=index, outcome=Outcome.INVALID, field=exc.field, message=exc.reason
-            )
+            results[index] = _invalid(index, exc)
             continue
         repeat = _repeat(index, event, seen)
         if repeat is not None:
@@ -131,6 +166,10 @@ def _event(call: EnqueueCall, now_ms: int) -> JobEnqueued:
         now_ms=now_ms,
         new_id=new_id,
     )
+
+
+def _invalid(index: int, exc: InvalidEnqueue) -> BatchResult:
+    return BatchResult(index=index, outcome=Outcome.INVALID, field=exc.field, message=exc.reason)
 
 
 def _repeat(index: int, event: JobEnqueued, seen: dict[str, bytes | None]) -> BatchResult | None:
