@@ -315,6 +315,10 @@ class App:
         self, kind: type[ControlEvent], queue: str, reason: str
     ) -> list[Appended]:
         event = control_event(kind, queue, reason=reason, now_ms=self.clock.now_ms())
+        return await self.publish_control_everywhere(event)
+
+    async def publish_control_everywhere(self, event: ControlEvent) -> list[Appended]:
+        """``event`` to every events partition, with explicit partitions (a queue's control)."""
         return await publish_everywhere(await self.event_log(), self.topics.events, event)
 
     async def event_log(self) -> EventLog:
