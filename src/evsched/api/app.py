@@ -22,6 +22,7 @@ from evsched.client.app import App
 from evsched.core.state import FoldedEvent
 from evsched.metrics import Metrics
 from evsched.runtime.projector import CommitHook
+from evsched.runtime.waiting import WaitingForWorker
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.api")
@@ -69,6 +70,7 @@ def create_app(
     elif token is not None:
         raise ValueError("pass token or tokens, not both")
     metrics = metrics if metrics is not None else Metrics()
+    metrics.followers.append(WaitingForWorker(metrics.registry).observe)
     _hook(replica, metrics.observe_commit)
     queues = queues if queues is not None else KafkaQueues(settings)
     # The API checks queues itself (a 422): its client asks the same catalog, answered from cache.

@@ -7,7 +7,7 @@ after every event (for the human readings), and the state as of any offset (time
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from evsched.adapters.index import PartitionIndex
 from evsched.core.events import (
@@ -19,7 +19,7 @@ from evsched.core.events import (
     ScheduleResumed,
     ScheduleUpserted,
 )
-from evsched.core.state import JobState, ScheduleState, TimelineEntry, Verdict
+from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 from evsched.errors import DecodeError
 from evsched.operator.readings import control_reading, job_reading, schedule_reading
 from evsched.runtime.refold import PausedAt, State, paused_in, refold
@@ -63,8 +63,13 @@ def audit(index: PartitionIndex, entity_id: str, *, as_of: int | None = None) ->
     state: State | None = None
     rows: list[AuditRow] = []
     paused = paused_in(index)
+    unstarted = 0  # leases expired unstarted since the job's last start
     for entry, raw in stored:
+        before = state
         state, row = _refold(state, entry, raw, paused)
+        unstarted = _unstarted(unstarted, entry, before)
+        if unstarted and entry.kind == "LeaseExpired" and entry.verdict is Verdict.APPLIED:
+            row = replace(row, reading=f"{row.reading}; {waiting_reading(unstarted)}")
         rows.append(row)
     return Audit(
         entity_id=entity_id,
@@ -74,6 +79,20 @@ def audit(index: PartitionIndex, entity_id: str, *, as_of: int | None = None) ->
         rows=tuple(rows),
         state=state,
     )
+
+
+def waiting_reading(unstarted: int) -> str:
+    """What an audit says of a job whose leases keep expiring before any worker starts it."""
+    leases = "lease" if unstarted == 1 else "leases"
+    return f"waiting for a worker: {unstarted} {leases} expired unstarted (no attempt spent)"
+
+
+def _unstarted(count: int, entry: TimelineEntry, before: State | None) -> int:
+    if entry.verdict is not Verdict.APPLIED:
+        return count
+    if entry.kind == "LeaseExpired" and isinstance(before, JobState):
+        return count + 1 if before.status is Status.LEASED else 0
+    return 0 if entry.kind in ("AttemptStarted", "JobRequeued") else count
 
 
 def _refold(
