@@ -9,9 +9,9 @@ and the paused schedule's missed slots collapsed into one fire on resume.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from replay.scenario_controls import controls
 from tests.integration.engine import Stack
 
@@ -28,15 +28,18 @@ from evsched.core.events import (
 from evsched.core.invariants import Replay, replay
 from evsched.core.state import TimelineEntry, Verdict
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 History = list[tuple[Event, Position]]
 
 
-@pytest.fixture
-async def judged(kafka_bootstrap: str, tmp_path: Path) -> tuple[History, Replay]:
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def judged(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[History, Replay]:
+    """One run of the scenario for the module's tests."""
     namespace = f"ctl{os.urandom(4).hex()}"
     await ensure_topics(kafka_bootstrap, namespace, event_partitions=3, queues=["default"])
-    stack = Stack(kafka_bootstrap, namespace, tmp_path)
+    stack = Stack(kafka_bootstrap, namespace, tmp_path_factory.mktemp("controls"))
     try:
         await controls(stack)
         done = await stack.check(all_terminal=True)
