@@ -32,7 +32,7 @@ _VERDICTS = {
 
 @router.post("/v1/jobs:batch", response_model=BatchResponse, dependencies=[Writes], responses=WRITE)
 async def enqueue_batch(ctx: Ctx, body: BatchRequest) -> BatchResponse:
-    """Enqueue up to 10,000 jobs at once; a verdict per job, in the request's order."""
+    """Enqueue up to 1,000 jobs at once; a verdict per job, in the request's order."""
     now = ctx.writer.now_ms()
     items = [await _event(ctx, job, now) for job in body.jobs]
     log = await ctx.client.event_log()

@@ -5,10 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 from evsched.api.models import EnqueueRequest, Name, Reason, _Request, at
-from evsched.client.batch import MAX_BATCH
 from evsched.core.controls import ControlState
 
 
@@ -56,9 +55,13 @@ class BatchJob(EnqueueRequest):
     idempotency_key: Name | None = None
 
 
+# Per request: a thousand jobs stay well inside the API's default 1 MiB body limit.
+MAX_BATCH_JOBS = 1_000
+
+
 class BatchRequest(_Request):
-    jobs: Annotated[list[BatchJob], Field(min_length=1, max_length=MAX_BATCH)]
-    atomic: bool = Field(
+    jobs: Annotated[list[BatchJob], Field(min_length=1, max_length=MAX_BATCH_JOBS)]
+    atomic: StrictBool = Field(
         False, description="All jobs in one Kafka transaction, or none (any refusal: none)."
     )
 

@@ -91,8 +91,8 @@ class RetryRequest(_Request):
 
     initial_backoff_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DURATION_MS)] = 1_000
     max_backoff_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DURATION_MS)] = 300_000
-    multiplier: Annotated[float, Field(ge=1.0, le=1000.0)] = 2.0
-    jitter: Annotated[float, Field(ge=0.0, le=1.0)] = 0.1
+    multiplier: Annotated[StrictFloat, Field(ge=1.0, le=1000.0)] = 2.0
+    jitter: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = 0.1
 
     def policy(self) -> RetryPolicy:
         return RetryPolicy(
