@@ -32,12 +32,12 @@ from evsched.adapters import avro  # noqa: E402
 from evsched.adapters.history_file import HistoryWriter, read_history  # noqa: E402
 from evsched.adapters.index import PartitionIndex, keyable  # noqa: E402
 from evsched.adapters.topics import ensure_topics  # noqa: E402
-from evsched.core.events import entity_id  # noqa: E402
+from evsched.core.events import CONTROL_EVENT_TYPES, entity_id  # noqa: E402
 from evsched.operator.export import LogRange, export_range  # noqa: E402
 from evsched.operator.live_index import ReadOnlyIndex  # noqa: E402
 from evsched.operator.replay import dump_expected, expected_document, fold_history  # noqa: E402
 from evsched.operator.replica_dir import LocalIndex, catch_up  # noqa: E402
-from replay import scenarios, scenarios_failures  # noqa: E402
+from replay import scenario_controls, scenarios, scenarios_failures  # noqa: E402
 
 CORPUS = REPO / "replay"
 
@@ -87,6 +87,15 @@ SCENARIOS = {
             "(rejected) and with it (applied; it runs again), and a hostile producer's failure "
             "reports beyond the limits (an oversized traceback, a bad category).",
             scenarios_failures.failures,
+        ),
+        Scenario(
+            "controls",
+            "Pause and resume (fold version 3): a paused queue leases nothing while its running "
+            "job finishes, a zombie's lease of a paused queue's job is rejected, a second pause "
+            "and a resume of a running queue are rejected (on each of the 3 partitions); a "
+            "paused schedule fires nothing, a zombie's fire is rejected, and on resume only the "
+            "latest missed slot fires; a pause of an unknown schedule is rejected.",
+            scenario_controls.controls,
         ),
         Scenario(
             "cron",
@@ -153,6 +162,11 @@ def verified_outcome(history: Path, local: LocalIndex, scenario: Scenario) -> di
             got = recorded(local.index_of(key), key, schedule=schedule)
             want = [(row[1], row[3]) for row in rows]
             assert got == want, f"{key}: the replica recorded {got}, the fold gives {want}"
+    for key, rows in outcome.controls.items():
+        target, name, partition = key.rsplit(" ", 2)
+        got = recorded_control(local.indexes[int(partition[1:])], target, name)
+        want = [(row[1], row[3]) for row in rows]
+        assert got == want, f"{key}: the replica recorded {got}, the fold gives {want}"
     for key, job in outcome.job_states.items():
         stored_job = local.index_of(key).job(key)
         assert stored_job is not None and avro.encode_state(stored_job) == avro.encode_state(job)
@@ -166,11 +180,27 @@ def verified_outcome(history: Path, local: LocalIndex, scenario: Scenario) -> di
     return expected_document(outcome, history=history.name, description=scenario.description)
 
 
+CONTROL_KINDS = frozenset(cls.__name__ for cls in CONTROL_EVENT_TYPES)
+
+
+def recorded_control(index: PartitionIndex, target: str, name: str) -> list[tuple[int, str]]:
+    """(offset, verdict) of the pauses and resumes of a queue or schedule in ``index``."""
+    if target == "queue":
+        stored = [e for e, _ in index.queue_timeline_events(name)]
+    else:
+        stored = [e for e in index.timeline(name, schedule=True) if e.kind in CONTROL_KINDS]
+    return [(e.offset, e.verdict.value) for e in stored]
+
+
 def recorded(index: PartitionIndex, key: str, *, schedule: bool) -> list[tuple[int, str]]:
     """(offset, verdict) of ``key``'s events in ``index``: its timeline, or the refused family
-    when the id cannot key one."""
+    when the id cannot key one (pauses and resumes are compared on their own)."""
     if keyable(key):
-        return [(e.offset, e.verdict.value) for e in index.timeline(key, schedule=schedule)]
+        return [
+            (e.offset, e.verdict.value)
+            for e in index.timeline(key, schedule=schedule)
+            if e.kind not in CONTROL_KINDS
+        ]
     return [
         (e.offset, e.verdict.value)
         for e, raw in index.refused()

@@ -19,9 +19,12 @@ from evsched.adapters.topics import Topics
 from evsched.adapters.tracing import InvalidTrace, check_trace
 from evsched.core import cron, ids, limits
 from evsched.core.events import (
+    ControlEvent,
     Event,
     JobEnqueued,
     JobTemplate,
+    QueuePaused,
+    QueueResumed,
     RetryPolicy,
     ScheduleUpserted,
     TraceContext,
@@ -33,6 +36,7 @@ MAX_EVENT_BYTES = 900 * 1024
 MAX_AHEAD = timedelta(days=3653)
 MAX_BEHIND = timedelta(days=366)
 MAX_KEY_CHARS = 512
+MAX_REASON_CHARS = 1_000
 SOURCE = "client"
 
 Delay = timedelta | float | int
@@ -309,6 +313,23 @@ def build_schedule(
             template=template,
         )
     )
+
+
+def build_control(
+    kind: type[ControlEvent], name: str, *, reason: str, now_ms: int, event_id: str
+) -> ControlEvent:
+    """A pause or resume of a queue (``Queue*`` kinds) or a schedule, checked."""
+    if kind in (QueuePaused, QueueResumed):
+        refusal = limits.queue_refusal(name) if isinstance(name, str) else "queue must be a string"
+        if refusal is not None:
+            raise InvalidEnqueue("queue", refusal)
+    else:
+        check_id("schedule_id", name)
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
+        raise InvalidEnqueue("reason", f"must be a string of at most {MAX_REASON_CHARS} chars")
+    key = "queue" if kind in (QueuePaused, QueueResumed) else "schedule_id"
+    fields: dict[str, Any] = {key: name}
+    return kind(event_id=event_id, emitted_at=now_ms, source=SOURCE, reason=reason, **fields)
 
 
 def encode_checked(event: Event) -> bytes:

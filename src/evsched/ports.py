@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from evsched.core.state import JobState
+from evsched.errors import PublishError
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,16 @@ class Appended:
     log_at: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """A record for ``EventLog.append_many``/``append_atomic``; ``partition`` pins it (else the
+    key's murmur2 partition)."""
+
+    key: str
+    value: bytes
+    partition: int | None = None
+
+
 class Clock(Protocol):
     """Wall time and a monotonic clock: ``adapters.clock.SYSTEM_CLOCK``, ``testing.FrozenClock``."""
 
@@ -62,6 +73,18 @@ class EventLog(Protocol):
     async def close(self) -> None: ...
 
     async def append(self, topic: str, key: str, value: bytes) -> Appended: ...
+
+    async def append_many(
+        self, topic: str, records: Sequence[Outbound]
+    ) -> list[Appended | PublishError]:
+        """Send every record at once (one round trip); each one's ack, or why it failed."""
+        ...
+
+    async def append_atomic(self, topic: str, records: Sequence[Outbound]) -> list[Appended]:
+        """All records in one Kafka transaction, or none of them: PublishError then."""
+        ...
+
+    async def partition_count(self, topic: str) -> int: ...
 
 
 class DispatchFeed(Protocol):

@@ -20,7 +20,7 @@ from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.topics import Topics
 from evsched.errors import PublishError
-from evsched.ports import EventLog
+from evsched.ports import Appended, EventLog, Outbound
 from evsched.settings import Settings
 from evsched.testing import MemoryLog
 
@@ -78,6 +78,30 @@ class EventLogContract:
         assert [ack.offset for ack in acks] == sorted(ack.offset for ack in acks)
         read = [s.value for s in await harness.stored() if s.key == "job-ordered"]
         assert read == values
+
+    async def test_many_appends_ack_each_record_and_pin_explicit_partitions(
+        self, harness: LogHarness
+    ) -> None:
+        count = await harness.log.partition_count(harness.topic)
+        assert count >= 1
+        pinned = [Outbound("queue-q", f"p{p}".encode(), partition=p) for p in range(count)]
+        keyed = [Outbound(f"job-{i}", b"many") for i in range(5)]
+        acks = await harness.log.append_many(harness.topic, [*pinned, *keyed])
+        assert not [a for a in acks if isinstance(a, PublishError)]
+        assert [a.partition for a in acks[:count] if isinstance(a, Appended)] == list(range(count))
+        stored = await harness.stored()
+        for ack in acks:
+            assert isinstance(ack, Appended)
+            assert any((s.partition, s.offset) == (ack.partition, ack.offset) for s in stored)
+
+    async def test_an_atomic_batch_is_in_the_log_once_acknowledged(
+        self, harness: LogHarness
+    ) -> None:
+        records = [Outbound(f"job-a{i}", f"atomic-{i}".encode()) for i in range(4)]
+        acks = await harness.log.append_atomic(harness.topic, records)
+        assert len(acks) == 4
+        values = {s.value for s in await harness.stored()}
+        assert {r.value for r in records} <= values
 
     async def test_an_ack_carries_the_append_time_of_the_events_topic(
         self, harness: LogHarness

@@ -53,8 +53,8 @@ def test_the_corpus_covers_every_verdict_and_event_kind() -> None:
     kinds: set[str] = set()
     for history in HISTORIES:
         expected = load_expected(expected_path(history))
-        for section in ("jobs", "schedules"):
-            for entity in expected[section].values():
+        for section in ("jobs", "schedules", "controls"):
+            for entity in expected.get(section, {}).values():
                 verdicts.update(row[3] for row in entity["events"])
                 kinds.update(row[2] for row in entity["events"])
         if expected["undecodable"]:
@@ -97,3 +97,15 @@ def test_a_fold_that_lets_a_zombie_commit_is_caught() -> None:
         "stale",
         "applied",
     )
+
+
+def test_a_fold_that_ignores_a_paused_queue_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    from evsched.core import controls, invariants
+
+    def unguarded(state, event, position, paused, base=fold):  # type: ignore[no-untyped-def]
+        return controls.fold_job(state, event, position, frozenset(), base)
+
+    expected = load_expected(CORPUS / "controls.expected.json")
+    monkeypatch.setattr(invariants, "fold_job", unguarded)
+    first = compare(expected, refold("controls")).first
+    assert first is not None and first.kind == "JobLeased" and first.field == "verdict"

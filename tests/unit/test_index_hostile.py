@@ -103,8 +103,18 @@ _hostile = {
 _schedule = {"schedule_id": _ids, "event_id": st.sampled_from(["e", "", "e" * 1025])}
 
 
+_queue = {
+    "queue": st.sampled_from(["q", "", "bad queue!", "q" * 201, "x" * 70_000]),
+    "event_id": st.sampled_from(["e", "", "e" * 1025]),
+}
+
+
 def _strategy(cls: type[ev.Event]) -> st.SearchStrategy[ev.Event]:
-    hostile = _schedule if cls in ev.SCHEDULE_EVENT_TYPES else _hostile
+    hostile = _hostile
+    if cls in (*ev.SCHEDULE_EVENT_TYPES, ev.SchedulePaused, ev.ScheduleResumed):
+        hostile = _schedule
+    elif cls in (ev.QueuePaused, ev.QueueResumed):
+        hostile = _queue
     return records(cls, **hostile) | EVENT_STRATEGIES[cls]
 
 

@@ -18,19 +18,28 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, Wri
 
 from evsched.adapters import avro
 from evsched.adapters.index_writes import Change, PreparedWrite, Recorder
-from evsched.core.events import SCHEDULE_EVENT_TYPES
+from evsched.core.controls import ControlState
+from evsched.core.events import (
+    SCHEDULE_EVENT_TYPES,
+    QueuePaused,
+    QueueResumed,
+    SchedulePaused,
+    ScheduleResumed,
+)
 from evsched.core.limits import id_refusal
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status, TimelineEntry
 from evsched.errors import StoreError
 
 JOBS, DUE, LEASES, TIMELINE, KEYS = "jobs", "due", "leases", "timeline", "keys"
 SCHEDULES, CRON_DUE, UNDECODABLE, META = "schedules", "cron_due", "undecodable", "meta"
-REFUSED = "refused"
+REFUSED, CONTROLS = "refused", "controls"
 COLUMN_FAMILIES = (
-    JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, META
+    JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS, META
 )  # fmt: skip
 # What the digest covers: everything the fold derives, in a fixed order.
-DIGEST_FAMILIES = (JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED)
+DIGEST_FAMILIES = (
+    JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS
+)  # fmt: skip
 # Keyed by an 8-byte big-endian time, then the entity id.
 TIME_FAMILIES = (DUE, LEASES, CRON_DUE)
 # Derived from the job and schedule states alone: a restore rebuilds them instead of reading
@@ -46,9 +55,23 @@ _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 
 
-# A job and a schedule may share an id: their timelines live under different first bytes.
-JOB_TIMELINE, SCHEDULE_TIMELINE = b"j", b"s"
-_SCHEDULE_KINDS = frozenset(cls.__name__ for cls in SCHEDULE_EVENT_TYPES)
+# A job, a schedule and a queue may share an id: their timelines live under different first bytes.
+JOB_TIMELINE, SCHEDULE_TIMELINE, QUEUE_TIMELINE = b"j", b"s", b"q"
+_SCHEDULE_KINDS = frozenset(
+    cls.__name__ for cls in (*SCHEDULE_EVENT_TYPES, SchedulePaused, ScheduleResumed)
+)
+_QUEUE_KINDS = frozenset(cls.__name__ for cls in (QueuePaused, QueueResumed))
+
+
+def control_key(target: str, name: str) -> bytes:
+    """The ``controls`` key of a queue's or a schedule's pause switch: ``q`` or ``s``, the name."""
+    return (QUEUE_TIMELINE if target == "queue" else SCHEDULE_TIMELINE) + name.encode()
+
+
+def _timeline_family(kind: str) -> bytes:
+    if kind in _SCHEDULE_KINDS:
+        return SCHEDULE_TIMELINE
+    return QUEUE_TIMELINE if kind in _QUEUE_KINDS else JOB_TIMELINE
 
 
 def _id(value: str) -> bytes:
@@ -64,8 +87,11 @@ def time_key(at: int, entity: str) -> bytes:
     return _U64.pack(max(0, at)) + entity.encode()
 
 
-def timeline_key(entity_id: str, offset: int, *, schedule: bool = False) -> bytes:
-    family = SCHEDULE_TIMELINE if schedule else JOB_TIMELINE
+def timeline_key(
+    entity_id: str, offset: int, *, schedule: bool = False, family: bytes | None = None
+) -> bytes:
+    if family is None:
+        family = SCHEDULE_TIMELINE if schedule else JOB_TIMELINE
     return family + _id(entity_id) + _U64.pack(offset)
 
 
@@ -88,9 +114,12 @@ class IndexBatch:
     before_schedules: dict[str, ScheduleState | None] = field(default_factory=dict)
     timeline: list[tuple[str, TimelineEntry, bytes]] = field(default_factory=list)
     undecodable: list[tuple[TimelineEntry, bytes]] = field(default_factory=list)
+    controls: dict[bytes, ControlState] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.jobs or self.schedules or self.timeline or self.undecodable)
+        return bool(
+            self.jobs or self.schedules or self.timeline or self.undecodable or self.controls
+        )
 
 
 class PartitionIndex:
@@ -138,6 +167,22 @@ class PartitionIndex:
         raw = self._cf[SCHEDULES].get(schedule_id.encode())
         return None if raw is None else avro.decode_state(raw, ScheduleState)
 
+    def control(self, target: str, name: str) -> ControlState | None:
+        """A queue's (target "queue") or a schedule's pause switch, None if never paused."""
+        raw = self._cf[CONTROLS].get(control_key(target, name))
+        return None if raw is None else avro.decode_state(raw, ControlState)
+
+    def controls(self) -> Iterator[ControlState]:
+        """Every pause switch this partition folded (paused or resumed), queues first."""
+        for _, value in self._scan(CONTROLS):
+            yield avro.decode_state(value, ControlState)
+
+    def queue_timeline_events(self, queue: str) -> list[tuple[TimelineEntry, bytes]]:
+        """The pauses and resumes of ``queue`` folded on this partition, in log order."""
+        if not keyable(queue):
+            return []
+        return self._timeline_under(timeline_key(queue, 0, family=QUEUE_TIMELINE)[:-8])
+
     def due_job_ids(
         self, now: int, limit: int, *, skip: Callable[[str], bool] | None = None
     ) -> list[str]:
@@ -151,8 +196,10 @@ class PartitionIndex:
     def expired_lease_ids(self, now: int, limit: int) -> list[str]:
         return self._ids_until(LEASES, now, limit)
 
-    def due_schedule_ids(self, now: int, limit: int) -> list[str]:
-        return self._ids_until(CRON_DUE, now, limit)
+    def due_schedule_ids(
+        self, now: int, limit: int, *, skip: Callable[[str], bool] | None = None
+    ) -> list[str]:
+        return self._ids_until(CRON_DUE, now, limit, skip)
 
     def next_due_at(self, after: int = -1, *, due_lead_ms: int = 0) -> int | None:
         """The earliest time after ``after`` that anything here becomes due (run_at, lease end,
@@ -183,7 +230,9 @@ class PartitionIndex:
         if schedule is None:
             found = self.timeline_events(entity_id, schedule=False)
             return found or self.timeline_events(entity_id, schedule=True)
-        prefix = timeline_key(entity_id, 0, schedule=schedule)[:-8]
+        return self._timeline_under(timeline_key(entity_id, 0, schedule=schedule)[:-8])
+
+    def _timeline_under(self, prefix: bytes) -> list[tuple[TimelineEntry, bytes]]:
         return [
             (avro.decode_timeline(entry), raw)
             for entry, raw in (
@@ -256,10 +305,12 @@ class PartitionIndex:
         for entity_id, entry, raw in batch.timeline:
             value = _join_entry(avro.encode_timeline(entry), raw)
             if keyable(entity_id):
-                key = timeline_key(entity_id, entry.offset, schedule=entry.kind in _SCHEDULE_KINDS)
+                key = timeline_key(entity_id, entry.offset, family=_timeline_family(entry.kind))
                 wb.put(key, value, self._h(TIMELINE))
             else:
                 wb.put(_U64.pack(entry.offset), value, self._h(REFUSED))
+        for key, control in batch.controls.items():
+            wb.put(key, avro.encode_state(control), self._h(CONTROLS))
         for entry, raw in batch.undecodable:
             value = _join_entry(avro.encode_timeline(entry), raw)
             wb.put(_U64.pack(entry.offset), value, self._h(UNDECODABLE))

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
 
 from evsched.adapters.kafka import KafkaError, is_fatal_producer_error, producer
+from evsched.adapters.kafka_txn import AtomicWriter, appended
 from evsched.errors import PublishError
-from evsched.ports import Appended
+from evsched.ports import Appended, Outbound
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.transport")
-
-LOG_APPEND_TIME = 1  # a record's timestamp type when the broker stamped it
 
 
 class KafkaEventLog:
@@ -28,11 +28,13 @@ class KafkaEventLog:
         self._client_id = client_id
         self._producer: Any = None
         self._lock = asyncio.Lock()
+        self._atomic = AtomicWriter(settings, client_id=client_id)
 
     async def start(self) -> None:
         await self._current()
 
     async def close(self) -> None:
+        await self._atomic.close()
         async with self._lock:
             old, self._producer = self._producer, None
         if old is not None:
@@ -53,9 +55,45 @@ class KafkaEventLog:
                     await self._discard(current)
                     continue
                 raise PublishError(f"writing to {topic!r} failed: {exc!r}") from exc
-            log_at = metadata.timestamp if metadata.timestamp_type == LOG_APPEND_TIME else None
-            return Appended(topic, metadata.partition, metadata.offset, log_at)
+            return appended(topic, metadata)
         raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def append_many(
+        self, topic: str, records: Sequence[Outbound]
+    ) -> list[Appended | PublishError]:
+        """Hands every record to the producer before waiting for any ack: batched on the wire."""
+        current = await self._current()
+        futures: list[Any] = []
+        for r in records:
+            try:
+                sent = await current.send(topic, r.value, key=r.key.encode(), partition=r.partition)
+            except KafkaError as exc:
+                sent = exc
+            futures.append(sent)
+        results: list[Appended | PublishError] = []
+        fatal = False
+        for future in futures:
+            try:
+                if isinstance(future, KafkaError):
+                    raise future
+                results.append(appended(topic, await future))
+            except KafkaError as exc:
+                fatal = fatal or is_fatal_producer_error(exc)
+                results.append(PublishError(f"writing to {topic!r} failed: {exc!r}"))
+        if fatal:  # the next call gets a fresh producer; these records are reported as failed
+            await self._discard(current)
+        return results
+
+    async def append_atomic(self, topic: str, records: Sequence[Outbound]) -> list[Appended]:
+        return await self._atomic.write(topic, records)
+
+    async def partition_count(self, topic: str) -> int:
+        current = await self._current()
+        try:
+            found = await current.partitions_for(topic)
+        except KafkaError as exc:
+            raise PublishError(f"cannot read the partitions of {topic!r}: {exc!r}") from exc
+        return len(found)
 
     async def _current(self) -> Any:
         async with self._lock:

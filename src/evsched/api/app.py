@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from evsched import __version__
 from evsched.adapters.queues import KafkaQueues, QueueCatalog
-from evsched.api import dashboard, jobs, reader, schedules, status, undecodable
+from evsched.api import batch, controls, dashboard, jobs, reader, schedules, status, undecodable
 from evsched.api.auth import Tokens
 from evsched.api.context import ApiContext, Reads
 from evsched.api.errors import BodyLimit, install_error_handlers
@@ -22,6 +22,7 @@ from evsched.client.app import App
 from evsched.core.state import FoldedEvent
 from evsched.metrics import Metrics
 from evsched.runtime.projector import CommitHook
+from evsched.runtime.waiting import WaitingForWorker
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.api")
@@ -69,6 +70,7 @@ def create_app(
     elif token is not None:
         raise ValueError("pass token or tokens, not both")
     metrics = metrics if metrics is not None else Metrics()
+    metrics.followers.append(WaitingForWorker(metrics.registry).observe)
     _hook(replica, metrics.observe_commit)
     queues = queues if queues is not None else KafkaQueues(settings)
     # The API checks queues itself (a 422): its client asks the same catalog, answered from cache.
@@ -99,7 +101,8 @@ def create_app(
     api.add_exception_handler(NotYetApplied, _accepted)
     # Read routes declare (in OpenAPI too) the token they need only when reads are guarded.
     guard = [Reads] if tokens.guard_reads else []
-    for router in (jobs.router, schedules.router, status.reads, undecodable.router):
+    routers = (jobs.router, schedules.router, status.reads, undecodable.router)
+    for router in (*routers, controls.router, batch.router):
         api.include_router(router, dependencies=guard)
     api.include_router(status.router)
     metrics.followers.append(dashboard.install(api, ctx).live.observe_commit)

@@ -22,7 +22,9 @@ from pydantic import (
 
 from evsched.adapters.payload import MAX_JSON_DEPTH, NotJson, decode_args, decode_json, deeper_than
 from evsched.commands import MAX_AHEAD, MAX_KEY_CHARS
+from evsched.core.events import RetryPolicy
 from evsched.core.failures import category_of
+from evsched.core.limits import MAX_DURATION_MS
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
 INT64_MAX = 2**63 - 1
@@ -85,6 +87,23 @@ _ONE_START = ConfigDict(
 )
 
 
+class RetryRequest(_Request):
+    """Exponential backoff between attempts; a field left out keeps evsched's default."""
+
+    initial_backoff_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DURATION_MS)] = 1_000
+    max_backoff_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DURATION_MS)] = 300_000
+    multiplier: Annotated[StrictFloat, Field(ge=1.0, le=1000.0)] = 2.0
+    jitter: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = 0.1
+
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            initial_backoff_ms=self.initial_backoff_ms,
+            max_backoff_ms=self.max_backoff_ms,
+            multiplier=self.multiplier,
+            jitter=self.jitter,
+        )
+
+
 class EnqueueRequest(_Request):
     """A job of the task named ``task``; options left out take the task's or evsched's defaults."""
 
@@ -100,6 +119,7 @@ class EnqueueRequest(_Request):
     max_attempts: Attempts | None = None
     timeout_s: Seconds | None = Field(None, description="Run-time limit of one attempt.")
     labels: Labels = Field(default_factory=dict)
+    retry: RetryRequest | None = Field(None, description="Default: the task's retry policy.")
 
 
 class CancelRequest(_Request):

@@ -36,7 +36,10 @@ from evsched.core.events import (
     JobCancelled,
     JobEnqueued,
     JobRequeued,
+    RetryPolicy,
     ScheduleDeleted,
+    SchedulePaused,
+    ScheduleResumed,
     ScheduleUpserted,
     entity_id,
 )
@@ -91,7 +94,9 @@ class Writer:
             await self.replica.wait_for(appended.partition, appended.offset, left)
         except TimeoutError:
             raise NotYetApplied(entity, appended, location) from None
-        schedule = isinstance(event, ScheduleUpserted | ScheduleDeleted)
+        schedule = isinstance(
+            event, ScheduleUpserted | ScheduleDeleted | SchedulePaused | ScheduleResumed
+        )
         for entry in reversed(timeline(self.replica, entity, schedule=schedule)):
             if entry.offset == appended.offset and entry.partition == appended.partition:
                 return entry
@@ -142,6 +147,7 @@ def _spec(
     queue: str | None,
     max_attempts: int | None,
     timeout_s: float | None,
+    retry: RetryPolicy | None = None,
 ) -> TaskSpec:
     """The task's options: the app's definition if any, the body's overrides, checked."""
     defined = client.tasks.get(task)
@@ -152,7 +158,7 @@ def _spec(
         task,
         queue=base.queue if queue is None else queue,
         max_attempts=base.max_attempts if max_attempts is None else max_attempts,
-        retry=base.retry,
+        retry=base.retry if retry is None else retry,
         timeout_s=base.timeout_ms / 1000 if timeout_s is None else timeout_s,
         priority=base.priority,
         retry_on=base.retry_on,
@@ -175,6 +181,7 @@ def enqueue_event(
         queue=body.queue,
         max_attempts=body.max_attempts,
         timeout_s=body.timeout_s,
+        retry=None if body.retry is None else body.retry.policy(),
     )
     _check_call(client, body)
     options = EnqueueOptions(

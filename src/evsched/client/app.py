@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, overload
@@ -14,9 +14,11 @@ from evsched.adapters.kafka_follow import KafkaJobFeed
 from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.queues import KafkaQueues, QueueCatalog, QueueLookupError, undeclared
 from evsched.adapters.topics import Topics
+from evsched.client.batch import BatchResult, enqueue_batch
+from evsched.client.controls import control_event, publish_everywhere
 from evsched.client.results import JobHandle, LoopFeed, terminal_state
 from evsched.client.sync import LoopThread
-from evsched.client.task import Categories, Handler, Task, checked_categories
+from evsched.client.task import Categories, EnqueueCall, Handler, Task, checked_categories
 from evsched.commands import (
     SOURCE,
     Delay,
@@ -27,12 +29,17 @@ from evsched.commands import (
     task_spec,
 )
 from evsched.core.events import (
+    ControlEvent,
     Event,
     JobCancelled,
     JobEnqueued,
     JobRequeued,
+    QueuePaused,
+    QueueResumed,
     RetryPolicy,
     ScheduleDeleted,
+    SchedulePaused,
+    ScheduleResumed,
     ScheduleUpserted,
     entity_id,
 )
@@ -293,6 +300,55 @@ class App:
             )
         )
 
+    async def enqueue_many(
+        self, calls: Iterable[EnqueueCall], *, atomic: bool = False
+    ) -> list[BatchResult]:
+        """Enqueue ``task.call(...)``s in one round trip, with a verdict per call (in order).
+
+        ``atomic=True`` writes all of them in one Kafka transaction, or none.
+        """
+        holder = self._loop_log()
+        log = await holder.get()
+        now = self.clock.now_ms()
+        return await enqueue_batch(
+            log, self.topics.events, list(calls), atomic=atomic, now_ms=now, queues=holder.queues
+        )
+
+    async def pause_queue(self, queue: str, *, reason: str = "") -> list[Appended]:
+        """No new leases on ``queue``; running jobs finish. One event per events partition."""
+        return await self._everywhere(QueuePaused, queue, reason)
+
+    async def resume_queue(self, queue: str, *, reason: str = "") -> list[Appended]:
+        return await self._everywhere(QueueResumed, queue, reason)
+
+    async def pause_schedule(self, schedule_id: str, *, reason: str = "") -> Appended:
+        """No slot of the schedule fires until it is resumed."""
+        now = self.clock.now_ms()
+        return await self.publish(
+            control_event(SchedulePaused, schedule_id, reason=reason, now_ms=now)
+        )
+
+    async def resume_schedule(self, schedule_id: str, *, reason: str = "") -> Appended:
+        """Slots fire again; of the slots missed while paused, at most the latest fires."""
+        now = self.clock.now_ms()
+        return await self.publish(
+            control_event(ScheduleResumed, schedule_id, reason=reason, now_ms=now)
+        )
+
+    async def _everywhere(
+        self, kind: type[ControlEvent], queue: str, reason: str
+    ) -> list[Appended]:
+        event = control_event(kind, queue, reason=reason, now_ms=self.clock.now_ms())
+        return await self.publish_control_everywhere(event)
+
+    async def publish_control_everywhere(self, event: ControlEvent) -> list[Appended]:
+        """``event`` to every events partition, with explicit partitions (a queue's control)."""
+        return await publish_everywhere(await self.event_log(), self.topics.events, event)
+
+    async def event_log(self) -> EventLog:
+        """The calling loop's EventLog (started on first use)."""
+        return await self._loop_log().get()
+
     async def publish(self, event: Event) -> Appended:
         """Write one event to ``<ns>.events`` keyed by its job or schedule id, after checks.
 
@@ -338,6 +394,25 @@ class App:
 
     def delete_schedule_sync(self, schedule_id: str) -> None:
         self._sync.run(lambda: self.delete_schedule(schedule_id))
+
+    def enqueue_many_sync(
+        self, calls: Iterable[EnqueueCall], *, atomic: bool = False
+    ) -> list[BatchResult]:
+        listed = list(calls)
+        found: list[BatchResult] = self._sync.run(lambda: self.enqueue_many(listed, atomic=atomic))
+        return found
+
+    def pause_queue_sync(self, queue: str, *, reason: str = "") -> None:
+        self._sync.run(lambda: self.pause_queue(queue, reason=reason))
+
+    def resume_queue_sync(self, queue: str, *, reason: str = "") -> None:
+        self._sync.run(lambda: self.resume_queue(queue, reason=reason))
+
+    def pause_schedule_sync(self, schedule_id: str, *, reason: str = "") -> None:
+        self._sync.run(lambda: self.pause_schedule(schedule_id, reason=reason))
+
+    def resume_schedule_sync(self, schedule_id: str, *, reason: str = "") -> None:
+        self._sync.run(lambda: self.resume_schedule(schedule_id, reason=reason))
 
     # --- reads ----------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +120,10 @@ class Task:
         """``enqueue`` for sync code (any thread), on the app's private event loop."""
         return TaskOptions(self, EnqueueOptions()).enqueue_sync(*args, **kwargs)
 
+    def call(self, *args: Any, **kwargs: Any) -> EnqueueCall:
+        """One call for ``app.enqueue_many``, with the task's defaults."""
+        return TaskOptions(self, EnqueueOptions()).call(*args, **kwargs)
+
     def is_retryable(self, exc: BaseException) -> bool:
         if isinstance(exc, self.spec.permanent_on):
             return False
@@ -164,6 +168,15 @@ def _trace_option(
         raise InvalidEnqueue("trace", str(exc)) from exc
 
 
+@dataclass(frozen=True, slots=True)
+class EnqueueCall:
+    """One call of a task with its options, for ``app.enqueue_many``: ``task.call(...)``."""
+
+    options: TaskOptions
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
 class TaskOptions:
     """A task with per-call options set; ``options()`` again to change some of them."""
 
@@ -185,7 +198,7 @@ class TaskOptions:
         event = build_enqueue(
             self.task.spec,
             args_bytes(args, kwargs),
-            self._traced().values,
+            self.traced().values,
             now_ms=app.clock.now_ms(),
             new_id=new_id,
         )
@@ -200,13 +213,17 @@ class TaskOptions:
             offset=None if keyed else appended.offset,
         )
 
+    def call(self, *args: Any, **kwargs: Any) -> EnqueueCall:
+        """One call for ``app.enqueue_many``, with these options."""
+        return EnqueueCall(self, args, kwargs)
+
     def enqueue_sync(self, *args: Any, **kwargs: Any) -> JobHandle:
         # The app's loop thread does not see this thread's OpenTelemetry context: take it here.
-        traced = self._traced()
+        traced = self.traced()
         result: JobHandle = self.task.app.run_sync(lambda: traced.enqueue(*args, **kwargs))
         return result
 
-    def _traced(self) -> TaskOptions:
+    def traced(self) -> TaskOptions:
         """These options, with the active OpenTelemetry span's context when no trace was given."""
         if self.values.trace is not None:
             return self

@@ -245,6 +245,55 @@ class ScheduleFired:
     trace: TraceContext | None = None
 
 
+# --- controls: pause and resume (key = queue name, or schedule id) ----------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuePaused:
+    """No new leases on ``queue``; written to every events partition, each owner keeps it."""
+
+    event_id: str
+    queue: str
+    emitted_at: int
+    source: str
+    reason: str = ""
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueResumed:
+    event_id: str
+    queue: str
+    emitted_at: int
+    source: str
+    reason: str = ""
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulePaused:
+    """No slot of the schedule fires while it is paused."""
+
+    event_id: str
+    schedule_id: str
+    emitted_at: int
+    source: str
+    reason: str = ""
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleResumed:
+    """Slots fire again; of those missed while paused, at most the latest fires."""
+
+    event_id: str
+    schedule_id: str
+    emitted_at: int
+    source: str
+    reason: str = ""
+    trace: TraceContext | None = None
+
+
 JobEvent: TypeAlias = (
     JobEnqueued
     | JobCancelled
@@ -258,7 +307,8 @@ JobEvent: TypeAlias = (
     | JobRequeued
 )
 ScheduleEvent: TypeAlias = ScheduleUpserted | ScheduleDeleted | ScheduleFired
-Event: TypeAlias = JobEvent | ScheduleEvent
+ControlEvent: TypeAlias = QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed
+Event: TypeAlias = JobEvent | ScheduleEvent | ControlEvent
 
 JOB_EVENT_TYPES: tuple[type[JobEvent], ...] = (
     JobEnqueued,
@@ -277,13 +327,27 @@ SCHEDULE_EVENT_TYPES: tuple[type[ScheduleEvent], ...] = (
     ScheduleDeleted,
     ScheduleFired,
 )
-EVENT_TYPES: tuple[type[Event], ...] = JOB_EVENT_TYPES + SCHEDULE_EVENT_TYPES
+CONTROL_EVENT_TYPES: tuple[type[ControlEvent], ...] = (
+    QueuePaused,
+    QueueResumed,
+    SchedulePaused,
+    ScheduleResumed,
+)
+EVENT_TYPES: tuple[type[Event], ...] = JOB_EVENT_TYPES + SCHEDULE_EVENT_TYPES + CONTROL_EVENT_TYPES
 
 
 def entity_id(event: Event) -> str:
-    """The key an event is partitioned and indexed by: the job id, or the schedule id."""
+    """The key an event is partitioned and indexed by: the job id, schedule id or queue name."""
     match event:
-        case ScheduleUpserted() | ScheduleDeleted() | ScheduleFired():
+        case (
+            ScheduleUpserted()
+            | ScheduleDeleted()
+            | ScheduleFired()
+            | SchedulePaused()
+            | ScheduleResumed()
+        ):
             return event.schedule_id
+        case QueuePaused() | QueueResumed():
+            return event.queue
         case _:
             return event.job_id

@@ -14,6 +14,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from evsched.core import retry
+from evsched.core.controls import (
+    QUEUE,
+    SCHEDULE,
+    ControlState,
+    fold_control,
+    fold_job,
+    fold_schedule_guarded,
+    target_of,
+)
 from evsched.core.events import (
     AttemptFailed,
     AttemptStarted,
@@ -25,14 +34,17 @@ from evsched.core.events import (
     JobRequeued,
     LeaseExpired,
     Position,
+    QueuePaused,
+    QueueResumed,
     RetryPolicy,
     ScheduleDeleted,
     ScheduleFired,
+    SchedulePaused,
+    ScheduleResumed,
     ScheduleUpserted,
     entity_id,
 )
 from evsched.core.fold import fold
-from evsched.core.schedules import fold_schedule
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
 History = Iterable[tuple[Event, Position]]
@@ -75,6 +87,8 @@ class Replay:
     schedules: dict[str, ScheduleState] = field(default_factory=dict)
     job_timelines: dict[str, list[TimelineEntry]] = field(default_factory=dict)
     schedule_timelines: dict[str, list[TimelineEntry]] = field(default_factory=dict)
+    # Pause switches by (partition, target, name): a queue's are folded on every partition.
+    controls: dict[tuple[int, str, str], ControlState] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
     _accounts: dict[str, _Account] = field(default_factory=dict)
 
@@ -88,8 +102,12 @@ class Replay:
         key = entity_id(event)
         if isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
             return self._feed_schedule(key, event, position)
+        if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
+            return self._feed_control(event, position)
         before = self.jobs.get(key)
-        after, entry = self.fold_job(before, event, position)
+        after, entry = fold_job(
+            before, event, position, self.paused(position.partition, QUEUE), self.fold_job
+        )
         if after is not None:
             self.jobs[key] = after
         self.job_timelines.setdefault(key, []).append(entry)
@@ -104,10 +122,35 @@ class Replay:
         event: ScheduleUpserted | ScheduleDeleted | ScheduleFired,
         position: Position,
     ) -> TimelineEntry:
-        after, entry = fold_schedule(self.schedules.get(key), event, position)
+        paused = key in self.paused(position.partition, SCHEDULE)
+        after, entry = fold_schedule_guarded(
+            self.schedules.get(key), event, position, paused=paused
+        )
         if after is not None:
             self.schedules[key] = after
         self.schedule_timelines.setdefault(key, []).append(entry)
+        return entry
+
+    def paused(self, partition: int, target: str) -> set[str]:
+        """The queues (or schedules) paused on ``partition`` as the history stands."""
+        return {
+            name
+            for (p, t, name), state in self.controls.items()
+            if p == partition and t == target and state.paused
+        }
+
+    def _feed_control(
+        self,
+        event: QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed,
+        position: Position,
+    ) -> TimelineEntry:
+        target, name = target_of(event)
+        key = (position.partition, target, name)
+        schedule = self.schedules.get(name)
+        exists = target == QUEUE or (schedule is not None and not schedule.deleted)
+        after, entry = fold_control(self.controls.get(key), event, position, exists=exists)
+        if after is not None:
+            self.controls[key] = after
         return entry
 
 

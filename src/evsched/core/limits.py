@@ -24,9 +24,13 @@ from evsched.core.events import (
     JobTemplate,
     LeaseExpired,
     LeaseRenewed,
+    QueuePaused,
+    QueueResumed,
     RetryPolicy,
     ScheduleDeleted,
     ScheduleFired,
+    SchedulePaused,
+    ScheduleResumed,
     ScheduleUpserted,
 )
 from evsched.core.failures import MAX_TRACEBACK_CHARS, category_refusal
@@ -73,6 +77,12 @@ def refusal(event: Event) -> str | None:
     match event:
         case ScheduleUpserted() | ScheduleDeleted() | ScheduleFired():
             return _first(id_refusal("event_id", event.event_id), _schedule_refusal(event))
+        case QueuePaused() | QueueResumed():
+            return _first(id_refusal("event_id", event.event_id), queue_refusal(event.queue))
+        case SchedulePaused() | ScheduleResumed():
+            return _first(
+                id_refusal("event_id", event.event_id), id_refusal("schedule_id", event.schedule_id)
+            )
         case _:
             return _first(
                 id_refusal("event_id", event.event_id),

@@ -8,6 +8,7 @@ import typer
 # Modules only: the commands' names (export, rebuild, replay) are also names of submodules.
 from evsched.operator import (
     cmd_archive,
+    cmd_controls,
     cmd_export,
     cmd_read,
     cmd_rebuild,
@@ -35,7 +36,17 @@ def schedules_app() -> typer.Typer:
     schedules.command("list")(cmd_read.schedules_list)
     schedules.command("upsert")(cmd_write.schedules_upsert)
     schedules.command("delete")(cmd_write.schedules_delete)
+    schedules.command("pause")(cmd_controls.schedules_pause)
+    schedules.command("resume")(cmd_controls.schedules_resume)
     return schedules
+
+
+def queues_app() -> typer.Typer:
+    queues = typer.Typer(no_args_is_help=True, help="Queues: pause and resume.")
+    queues.command("pause")(cmd_controls.queues_pause)
+    queues.command("resume")(cmd_controls.queues_resume)
+    queues.command("show")(cmd_controls.queues_show)
+    return queues
 
 
 def register(app: typer.Typer) -> None:
@@ -56,6 +67,7 @@ def register(app: typer.Typer) -> None:
         app.command(name, epilog=EXIT_CODES_HELP)(command)
     app.add_typer(dlq_app(), name="dlq", epilog=EXIT_CODES_HELP)
     app.add_typer(schedules_app(), name="schedules", epilog=EXIT_CODES_HELP)
+    app.add_typer(queues_app(), name="queues", epilog=EXIT_CODES_HELP)
 
 
 __all__ = ["EXIT_CODES_HELP", "register"]

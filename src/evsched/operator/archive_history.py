@@ -21,8 +21,12 @@ from evsched.adapters.kafka_events import KafkaPartitionLog, partition_for
 from evsched.adapters.topics import Topics, partition_count
 from evsched.core.events import (
     Position,
+    QueuePaused,
+    QueueResumed,
     ScheduleDeleted,
     ScheduleFired,
+    SchedulePaused,
+    ScheduleResumed,
     ScheduleUpserted,
     entity_id,
 )
@@ -249,6 +253,8 @@ def _fold_into(
         event = avro.decode_event(logged.value)
     except DecodeError:
         return state
+    if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
+        return state  # a pause is a queue's or a schedule's, never a job's own event
     if entity_id(event) != entity:
         return state
     position = Position(partition=logged.partition, offset=logged.offset, log_at=logged.log_at)

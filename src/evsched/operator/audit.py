@@ -7,14 +7,23 @@ after every event (for the human readings), and the state as of any offset (time
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from evsched.adapters.index import PartitionIndex
-from evsched.core.events import AttemptFailed, ScheduleDeleted, ScheduleFired, ScheduleUpserted
-from evsched.core.state import JobState, ScheduleState, TimelineEntry, Verdict
+from evsched.core.events import (
+    AttemptFailed,
+    QueuePaused,
+    QueueResumed,
+    ScheduleDeleted,
+    ScheduleFired,
+    SchedulePaused,
+    ScheduleResumed,
+    ScheduleUpserted,
+)
+from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 from evsched.errors import DecodeError
-from evsched.operator.readings import job_reading, schedule_reading
-from evsched.runtime.refold import State, refold
+from evsched.operator.readings import control_reading, job_reading, schedule_reading
+from evsched.runtime.refold import PausedAt, State, never_paused, paused_in, refold
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,7 +59,14 @@ class Audit:
 def audit(index: PartitionIndex, entity_id: str, *, as_of: int | None = None) -> Audit | None:
     """The audit of ``entity_id`` in ``index``, or None when it has no event there."""
     stored = index.timeline_events(entity_id)
-    return audit_of(entity_id, index.partition, index.applied_offset(), stored, as_of=as_of)
+    return audit_of(
+        entity_id,
+        index.partition,
+        index.applied_offset(),
+        stored,
+        as_of=as_of,
+        paused=paused_in(index),
+    )
 
 
 def audit_of(
@@ -60,16 +76,26 @@ def audit_of(
     stored: list[tuple[TimelineEntry, bytes]],
     *,
     as_of: int | None = None,
+    paused: PausedAt = never_paused,
 ) -> Audit | None:
-    """The audit of a timeline read from anywhere (an index, an archive); None when empty."""
+    """The audit of a timeline read from anywhere (an index, an archive); None when empty.
+
+    ``paused`` tells when the job's queue was paused (a lease then is refused); an archive's
+    audit has no index to ask and takes the stored verdicts of such leases as they are.
+    """
     if not stored:
         return None
     if as_of is not None:
         stored = [(entry, raw) for entry, raw in stored if entry.offset <= as_of]
     state: State | None = None
     rows: list[AuditRow] = []
+    unstarted = 0  # leases expired unstarted since the job's last start
     for entry, raw in stored:
-        state, row = _refold(state, entry, raw)
+        before = state
+        state, row = _refold(state, entry, raw, paused)
+        unstarted = _unstarted(unstarted, entry, before)
+        if unstarted and entry.kind == "LeaseExpired" and entry.verdict is Verdict.APPLIED:
+            row = replace(row, reading=f"{row.reading}; {waiting_reading(unstarted)}")
         rows.append(row)
     return Audit(
         entity_id=entity_id,
@@ -81,14 +107,32 @@ def audit_of(
     )
 
 
-def _refold(state: State | None, entry: TimelineEntry, raw: bytes) -> tuple[State | None, AuditRow]:
+def waiting_reading(unstarted: int) -> str:
+    """What an audit says of a job whose leases keep expiring before any worker starts it."""
+    leases = "lease" if unstarted == 1 else "leases"
+    return f"waiting for a worker: {unstarted} {leases} expired unstarted (no attempt spent)"
+
+
+def _unstarted(count: int, entry: TimelineEntry, before: State | None) -> int:
+    if entry.verdict is not Verdict.APPLIED:
+        return count
+    if entry.kind == "LeaseExpired" and isinstance(before, JobState):
+        return count + 1 if before.status is Status.LEASED else 0
+    return 0 if entry.kind in ("AttemptStarted", "JobRequeued") else count
+
+
+def _refold(
+    state: State | None, entry: TimelineEntry, raw: bytes, paused: PausedAt
+) -> tuple[State | None, AuditRow]:
     """Fold one stored event on ``state``; the new state and the event's audit row."""
     try:
-        done = refold(state, entry, raw)
+        done = refold(state, entry, raw, paused)
     except DecodeError as exc:  # not expected: the index stores only events that decoded
         return state, AuditRow(entry=entry, reading=exc.reason, refolded=Verdict.UNDECODABLE)
     event, before, after = done.event, done.before, done.after
-    if isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
+    if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
+        text = control_reading(entry, event)
+    elif isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
         assert not isinstance(before, JobState) and not isinstance(after, JobState)
         text = schedule_reading(entry, event, before, after)
     else:

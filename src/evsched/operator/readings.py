@@ -17,6 +17,7 @@ from evsched.core.events import (
     AttemptFailed,
     AttemptStarted,
     AttemptSucceeded,
+    ControlEvent,
     JobCancelled,
     JobEnqueued,
     JobEvent,
@@ -24,9 +25,12 @@ from evsched.core.events import (
     JobRequeued,
     LeaseExpired,
     LeaseRenewed,
+    QueuePaused,
     ScheduleDeleted,
     ScheduleEvent,
     ScheduleFired,
+    SchedulePaused,
+    ScheduleResumed,
     ScheduleUpserted,
 )
 from evsched.core.state import (
@@ -54,6 +58,10 @@ NOUNS = {
     "ScheduleUpserted": "schedule update",
     "ScheduleDeleted": "schedule deletion",
     "ScheduleFired": "fire",
+    "QueuePaused": "queue pause",
+    "QueueResumed": "queue resume",
+    "SchedulePaused": "schedule pause",
+    "ScheduleResumed": "schedule resume",
 }
 
 
@@ -309,3 +317,23 @@ def schedule_reading(
             return f"{event.source} fired slot {iso(event.fire_at)} again: already fired, ignored"
         case _:
             return f"{_who(entry)} {entry.verdict}: {entry.reason}"
+
+
+# --- controls ---------------------------------------------------------------------------------
+
+
+def control_reading(entry: TimelineEntry, event: ControlEvent) -> str:
+    """What a pause or resume did, as the audit of a queue or schedule shows it."""
+    if entry.verdict is not Verdict.APPLIED:
+        return f"{_who(entry)} {entry.verdict}: {entry.reason}"
+    why = f": {_short(event.reason)}" if event.reason else ""
+    if isinstance(event, QueuePaused):
+        return f"queue paused by {event.source}: no new leases, running jobs finish{why}"
+    if isinstance(event, SchedulePaused):
+        return f"schedule paused by {event.source}: no slot fires until it is resumed{why}"
+    if isinstance(event, ScheduleResumed):
+        return (
+            f"schedule resumed by {event.source}: of the slots missed while paused, at most "
+            f"the latest fires{why}"
+        )
+    return f"queue resumed by {event.source}: its due jobs are leased again{why}"

@@ -18,7 +18,8 @@ from typing import Any
 
 from evsched.adapters import avro
 from evsched.adapters.history_file import LoggedEvent
-from evsched.core.events import SCHEDULE_EVENT_TYPES, Position, entity_id
+from evsched.core.controls import ControlState, target_of
+from evsched.core.events import CONTROL_EVENT_TYPES, SCHEDULE_EVENT_TYPES, Position, entity_id
 from evsched.core.fold import FOLD_VERSION, fold
 from evsched.core.invariants import JobFold, Replay, Violation
 from evsched.core.state import JobState, ScheduleState
@@ -46,8 +47,10 @@ SCHEDULE_COLUMNS = (
     "last_job_id",
     "deleted",
 )
+CONTROL_COLUMNS = ("partition", "offset", "kind", "verdict", "paused")
 JOB_FINAL = ("status", "attempt", "token", "run_at", "sha256")
 SCHEDULE_FINAL = ("next_fire_at", "last_fire_at", "deleted", "sha256")
+CONTROL_FINAL = ("paused", "sha256")
 
 
 @dataclass(slots=True)
@@ -58,6 +61,9 @@ class Outcome:
     schedules: dict[str, list[list[Any]]] = field(default_factory=dict)
     job_states: dict[str, JobState] = field(default_factory=dict)
     schedule_states: dict[str, ScheduleState] = field(default_factory=dict)
+    # Pause switches, keyed "<target> <name> p<partition>": a queue's live on every partition.
+    controls: dict[str, list[list[Any]]] = field(default_factory=dict)
+    control_states: dict[str, ControlState] = field(default_factory=dict)
     undecodable: list[list[int]] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     events: int = 0
@@ -66,6 +72,9 @@ class Outcome:
         """Final fields of every job and schedule, keyed by id."""
         found = {k: _job_final(s) for k, s in self.job_states.items()}
         found.update({k: _schedule_final(s) for k, s in self.schedule_states.items()})
+        found.update(
+            {k: {"paused": s.paused, "sha256": _sha(s)} for k, s in self.control_states.items()}
+        )
         return found
 
     def states_digest(self) -> str:
@@ -77,7 +86,7 @@ class Outcome:
         return digest.hexdigest()
 
 
-def _sha(state: JobState | ScheduleState) -> str:
+def _sha(state: JobState | ScheduleState | ControlState) -> str:
     return hashlib.sha256(avro.encode_state(state)).hexdigest()
 
 
@@ -115,7 +124,16 @@ def fold_history(events: Iterable[LoggedEvent], *, fold_job: JobFold = fold) -> 
         entry = replay.feed(event, position)
         key = entity_id(event)
         head = [logged.partition, logged.offset, entry.kind, entry.verdict.value]
-        if isinstance(event, SCHEDULE_EVENT_TYPES):
+        if isinstance(event, CONTROL_EVENT_TYPES):
+            target, name = target_of(event)
+            control_key = control_name(target, name, logged.partition)
+            state = replay.controls.get((logged.partition, target, name))
+            outcome.controls.setdefault(control_key, []).append(
+                [*head, None if state is None else state.paused]
+            )
+            if state is not None:
+                outcome.control_states[control_key] = state
+        elif isinstance(event, SCHEDULE_EVENT_TYPES):
             outcome.schedules.setdefault(key, []).append(
                 head + _schedule_row(replay.schedules.get(key))
             )
@@ -125,6 +143,11 @@ def fold_history(events: Iterable[LoggedEvent], *, fold_job: JobFold = fold) -> 
     outcome.schedule_states = replay.schedules
     outcome.violations = replay.violations
     return outcome
+
+
+def control_name(target: str, name: str, partition: int) -> str:
+    """A pause switch's key in an outcome: a queue has one per partition."""
+    return f"{target} {name} p{partition}"
 
 
 def _job_row(state: JobState | None) -> list[Any]:
@@ -161,8 +184,22 @@ def expected_document(outcome: Outcome, *, history: str, description: str) -> di
             k: {"final": finals.get(k), "events": rows}
             for k, rows in sorted(outcome.schedules.items())
         },
+        **_controls_section(outcome, finals),
         "undecodable": outcome.undecodable,
         "violations": [violation_row(v) for v in outcome.violations],
+    }
+
+
+def _controls_section(outcome: Outcome, finals: dict[str, Any]) -> dict[str, Any]:
+    """Only histories with pauses or resumes have the section: older outcomes stay as recorded."""
+    if not outcome.controls:
+        return {}
+    return {
+        "control_columns": list(CONTROL_COLUMNS),
+        "controls": {
+            k: {"final": finals.get(k), "events": rows}
+            for k, rows in sorted(outcome.controls.items())
+        },
     }
 
 
@@ -177,7 +214,7 @@ def dump_expected(document: dict[str, Any]) -> str:
     for i, key in enumerate(keys):
         comma = "," if i < len(keys) - 1 else ""
         value = document[key]
-        if key in ("jobs", "schedules") and value:
+        if key in ("jobs", "schedules", "controls") and value:
             inner = [f"  {json.dumps(k)}: {_compact(v)}" for k, v in value.items()]
             body = "{\n" + ",\n".join(f"  {line}" for line in inner) + "\n  }"
             lines.append(f"  {json.dumps(key)}: {body}{comma}")

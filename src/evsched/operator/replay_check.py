@@ -8,6 +8,8 @@ from typing import Any
 
 from evsched.operator.readings import iso
 from evsched.operator.replay import (
+    CONTROL_COLUMNS,
+    CONTROL_FINAL,
     JOB_COLUMNS,
     JOB_FINAL,
     SCHEDULE_COLUMNS,
@@ -77,6 +79,7 @@ def compare(expected: dict[str, Any], actual: Outcome) -> Comparison:
     for section, rows, columns, final_fields in (
         ("jobs", actual.jobs, JOB_COLUMNS, JOB_FINAL),
         ("schedules", actual.schedules, SCHEDULE_COLUMNS, SCHEDULE_FINAL),
+        ("controls", actual.controls, CONTROL_COLUMNS, CONTROL_FINAL),
     ):
         recorded: dict[str, Any] = expected.get(section, {})
         for key in sorted(set(recorded) | set(rows)):

@@ -38,6 +38,7 @@ from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.restore import open_index
 from evsched.runtime.runner import PartitionRunner
 from evsched.runtime.startup import until_broker
+from evsched.runtime.waiting import WaitingForWorker
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.node")
@@ -445,6 +446,7 @@ class NodeMetrics:
     def create(cls) -> NodeMetrics:
         # A node folds only the partitions it owns: no jobs-by-status gauge (the API has it).
         folded = Metrics(job_counts=False)
+        folded.followers.append(WaitingForWorker(folded.registry).observe)
         return cls(folded=folded, node=NodeInstruments(folded.registry))
 
 

@@ -22,6 +22,7 @@ from evsched.adapters.index import PartitionIndex
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
 from evsched.core import planner
+from evsched.core.controls import QUEUE, SCHEDULE
 from evsched.core.events import Event, JobEnqueued, entity_id
 from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
@@ -282,9 +283,12 @@ class OwnedPartition:
     def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
         # Held-back jobs (pending, or on an undeclared queue) must not fill the scan's window.
         horizon = now + self.limits.prelease_ms
-        ids = self.index.due_job_ids(horizon, self.scan_limit, skip=self._held_back)
+        ids = self.index.due_job_ids(horizon, self.scan_limit, skip=self._lease_skip)
         ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
-        candidates = [s for s in self._jobs(ids, folded) if s.run_at <= horizon]
+        paused = self.projector.paused[QUEUE]
+        candidates = [
+            s for s in self._jobs(ids, folded) if s.run_at <= horizon and s.queue not in paused
+        ]
         if self.budget is None:
             return self._lease(candidates, self.load(), now)
         load = self.budget.total()
@@ -315,6 +319,19 @@ class OwnedPartition:
     def _held_back(self, entity: str) -> bool:
         return entity in self.pending.entities or self.quarantine.holds(entity)
 
+    def _lease_skip(self, job_id: str) -> bool:
+        """Held back, or on a paused queue: such due jobs must not fill the scan's window."""
+        if self._held_back(job_id):
+            return True
+        paused = self.projector.paused[QUEUE]
+        if not paused:
+            return False
+        state = self.projector.job(job_id)
+        return state is not None and state.queue in paused
+
+    def _schedule_skip(self, schedule_id: str) -> bool:
+        return self._held_back(schedule_id) or schedule_id in self.projector.paused[SCHEDULE]
+
     def _jobs(self, ids: Sequence[str], folded: Folded) -> list[JobState]:
         found: dict[str, JobState] = {}
         for job_id in ids:
@@ -326,12 +343,13 @@ class OwnedPartition:
         return list(found.values())
 
     def _due_schedules(self, folded: Folded, now: int) -> list[ScheduleState]:
-        ids = self.index.due_schedule_ids(now, self.scan_limit) + list(folded.batch.schedules)
+        skip = self._schedule_skip
+        ids = self.index.due_schedule_ids(now, self.scan_limit, skip=skip)
+        ids += list(folded.batch.schedules)
         found: dict[str, ScheduleState] = {}
         for sid in ids:
             state = self.projector.schedule(sid, folded)
-            held = sid in self.pending.entities or self.quarantine.holds(sid)
-            if not held and state is not None:
+            if not skip(sid) and state is not None:
                 found[sid] = state
         return list(found.values())
 

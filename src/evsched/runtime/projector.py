@@ -10,19 +10,32 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from evsched.adapters import avro
-from evsched.adapters.index import IndexBatch, PartitionIndex
+from evsched.adapters.index import IndexBatch, PartitionIndex, control_key
 from evsched.adapters.index_writes import PreparedWrite
+from evsched.core.controls import (
+    QUEUE,
+    SCHEDULE,
+    ControlState,
+    fold_control,
+    fold_job,
+    fold_schedule_guarded,
+    target_of,
+)
 from evsched.core.events import (
     AttemptSucceeded,
+    ControlEvent,
     Effect,
     Event,
     Position,
+    QueuePaused,
+    QueueResumed,
     ScheduleDeleted,
     ScheduleFired,
+    SchedulePaused,
+    ScheduleResumed,
     ScheduleUpserted,
 )
-from evsched.core.fold import FOLD_VERSION, fold
-from evsched.core.schedules import fold_schedule
+from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import (
     ACTIVE_STATUSES,
     FoldedEvent,
@@ -86,6 +99,11 @@ class Projector:
         self.in_flight: dict[str, int] = {}
         self.unstarted: dict[str, int] = {}
         self._seed_counts()
+        # Paused queues and schedules of this partition (a handful): leases and fires skip them.
+        self.paused: dict[str, set[str]] = {QUEUE: set(), SCHEDULE: set()}
+        for control in index.controls():
+            if control.paused:
+                self.paused[control.target].add(control.name)
         # Only ever what the index holds (filled on read and on commit), so reads stay exact.
         self._cache: dict[str, JobState] = {}
         self._cache_size = cache_size
@@ -164,13 +182,24 @@ class Projector:
         match event:
             case ScheduleUpserted() | ScheduleDeleted() | ScheduleFired():
                 self._fold_schedule(event, position, out, raw)
+            case QueuePaused() | QueueResumed() | SchedulePaused() | ScheduleResumed():
+                self._fold_control(event, position, out, raw)
             case _:
                 self._fold_job(event, position, out, raw)
 
     def _fold_job(self, event: Event, position: Position, out: Folded, raw: bytes) -> None:
-        assert not isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired)
+        assert not isinstance(
+            event,
+            ScheduleUpserted
+            | ScheduleDeleted
+            | ScheduleFired
+            | QueuePaused
+            | QueueResumed
+            | SchedulePaused
+            | ScheduleResumed,
+        )
         before = self.job(event.job_id, out)
-        after, entry = fold(before, event, position)
+        after, entry = fold_job(before, event, position, self.paused[QUEUE])
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.job_id, entry, raw))
         if self.on_commit is not None:
@@ -195,7 +224,8 @@ class Projector:
         raw: bytes,
     ) -> None:
         before = self.schedule(event.schedule_id, out)
-        after, entry = fold_schedule(before, event, position)
+        paused = event.schedule_id in self.paused[SCHEDULE]
+        after, entry = fold_schedule_guarded(before, event, position, paused=paused)
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.schedule_id, entry, raw))
         if self.on_commit is not None:
@@ -203,6 +233,34 @@ class Projector:
         if entry.verdict is Verdict.APPLIED and after is not None:
             out.batch.before_schedules.setdefault(event.schedule_id, before)
             out.batch.schedules[event.schedule_id] = after
+
+    def control(self, target: str, name: str, folded: Folded | None = None) -> ControlState | None:
+        key = control_key(target, name)
+        if folded is not None and key in folded.batch.controls:
+            return folded.batch.controls[key]
+        return self.index.control(target, name)
+
+    def _fold_control(
+        self, event: ControlEvent, position: Position, out: Folded, raw: bytes
+    ) -> None:
+        target, name = target_of(event)
+        before = self.control(target, name, out)
+        exists = True
+        if target == SCHEDULE:
+            schedule = self.schedule(name, out)
+            exists = schedule is not None and not schedule.deleted
+        after, entry = fold_control(before, event, position, exists=exists)
+        out.verdicts.append((entry.kind, entry.verdict))
+        out.batch.timeline.append((name, entry, raw))
+        if self.on_commit is not None:
+            out.observed.append(FoldedEvent(entry))
+        if entry.verdict is Verdict.APPLIED and after is not None:
+            out.batch.controls[control_key(target, name)] = after
+            paused = self.paused[target]
+            if after.paused:
+                paused.add(name)
+            else:
+                paused.discard(name)
 
     def _seed_counts(self) -> None:
         """Count live leases once, from the lease index (every active job has an entry there)."""

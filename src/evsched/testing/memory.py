@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from evsched.adapters.avro import decode_event, encode_dispatch
@@ -15,7 +15,7 @@ from evsched.core.dispatch import Dispatch
 from evsched.core.events import Event
 from evsched.core.state import JobState
 from evsched.errors import PublishError
-from evsched.ports import Appended, Clock, Record
+from evsched.ports import Appended, Clock, Outbound, Record
 
 
 class FrozenClock:
@@ -114,6 +114,28 @@ class MemoryLog:
             self._records.append(Written(topic, key, value, offset, log_at))
         self._waiters.notify()
         return Appended(topic, 0, offset, log_at)
+
+    async def append_many(
+        self, topic: str, records: Sequence[Outbound]
+    ) -> list[Appended | PublishError]:
+        results: list[Appended | PublishError] = []
+        for record in records:
+            try:
+                results.append(await self.append(topic, record.key, record.value))
+            except PublishError as exc:
+                results.append(exc)
+        return results
+
+    async def append_atomic(self, topic: str, records: Sequence[Outbound]) -> list[Appended]:
+        """All or none: a failure injected with ``fail_next`` fails the whole batch."""
+        await asyncio.sleep(0)
+        with self._lock:
+            if self._failures:
+                raise self._failures.popleft()
+        return [await self.append(topic, r.key, r.value) for r in records]
+
+    async def partition_count(self, topic: str) -> int:
+        return 1  # every record lands on partition 0
 
     def fail_next(self, error: BaseException | None = None, times: int = 1) -> None:
         """The next ``times`` appends raise ``error`` (a PublishError by default)."""

@@ -32,13 +32,14 @@ from evsched.adapters.avro.registry import (
 )
 from evsched.adapters.avro.writer import compile_writer
 from evsched.adapters.contract import load_schema_files
+from evsched.core.controls import ControlState
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import EVENT_TYPES, Event
 from evsched.core.state import JobState, ScheduleState, TimelineEntry
 from evsched.errors import ContractError, DecodeError, EncodeError
 
 T = TypeVar("T")
-StateT = TypeVar("StateT", JobState, ScheduleState)
+StateT = TypeVar("StateT", JobState, ScheduleState, ControlState)
 
 PROJECTION_NAMESPACE = "evsched.projections"
 DISPATCH_NAMESPACE = "evsched.dispatch"
@@ -243,6 +244,7 @@ _TIMELINE = _projection_codec(TimelineEntry, _PROJECTIONS)
 _STATES: dict[type[Any], RecordCodec[Any]] = {
     JobState: _JOB_STATE,
     ScheduleState: _SCHEDULE_STATE,
+    ControlState: _projection_codec(ControlState, _PROJECTIONS),
 }
 # encode_state runs once per folded event: one lookup straight to the write plan.
 _STATE_PLANS = {cls: codec.write_plan for cls, codec in _STATES.items()}
@@ -278,8 +280,8 @@ def decode_schedule_state(data: bytes) -> ScheduleState:
     return _SCHEDULE_STATE.decode(data)
 
 
-def encode_state(state: JobState | ScheduleState) -> bytes:
-    """``encode_job_state`` or ``encode_schedule_state``, by the type of ``state``."""
+def encode_state(state: JobState | ScheduleState | ControlState) -> bytes:
+    """``encode_job_state``, ``encode_schedule_state`` or a control's, by the type of ``state``."""
     plan = _STATE_PLANS.get(type(state))
     if plan is None:
         raise EncodeError(f"not a state type: {type(state).__name__}")
@@ -291,7 +293,8 @@ def encode_state(state: JobState | ScheduleState) -> bytes:
 
 
 def decode_state(data: bytes, kind: type[StateT]) -> StateT:
-    """``decode_job_state`` (kind=JobState) or ``decode_schedule_state`` (kind=ScheduleState)."""
+    """``decode_job_state`` (kind=JobState), ``decode_schedule_state`` (ScheduleState), or a
+    ControlState."""
     return cast(StateT, _STATES[kind].decode(data))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from evsched.adapters.index import PartitionIndex
 from evsched.core.state import JobState, TimelineEntry, Verdict
 from evsched.errors import DecodeError
-from evsched.runtime.refold import refold
+from evsched.runtime.refold import paused_in, refold
 
 ENDS = frozenset({"AttemptSucceeded", "AttemptFailed", "LeaseExpired"})
 JOB_ROW = "job"
@@ -102,11 +102,12 @@ def _advance(bar: Bar, entry: TimelineEntry) -> None:
 def state_as_of(index: PartitionIndex, job_id: str, as_of: int) -> JobState | None:
     """The job's state after its events up to offset ``as_of`` (None before its first)."""
     state: JobState | None = None
+    paused = paused_in(index)
     for entry, raw in index.timeline_events(job_id, schedule=False):
         if entry.offset > as_of:
             break
         try:
-            after = refold(state, entry, raw).after
+            after = refold(state, entry, raw, paused).after
         except DecodeError:  # the index keeps only events that decoded; nothing to fold
             continue
         state = after if isinstance(after, JobState) else None
