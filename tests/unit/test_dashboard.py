@@ -72,6 +72,7 @@ async def kill(h: Harness, job_id: str) -> None:
             error_type="ValueError",
             message="bad input",
             retryable=False,
+            traceback='Traceback (most recent call last):\n  File "app.py", line 3\nValueError',
             **common,
         )
     )
@@ -178,8 +179,13 @@ async def test_dead_letters_grouped_requeued_after_a_dry_run(board: Harness) -> 
         await kill(board, job_id)
     await login(board)
     page = await board.http.get("/dead-letters")
-    assert re.search(r"<td>t</td><td>ValueError</td><td><a [^>]*>3</a>", page.text)
-    data = {"csrf": csrf_of(page.text), "scope": "matching", "task": "t", "category": "ValueError"}
+    # Grouped by the failure's category and its type (an uncategorised permanent error).
+    assert re.search(r"<td>t</td><td>permanent / ValueError</td><td><a [^>]*>3</a>", page.text)
+    job_page = await board.http.get(f"/jobs/{ids[0]}")
+    assert 'id="error-category">permanent<' in job_page.text
+    assert 'id="traceback"' in job_page.text and "File &#34;app.py&#34;, line 3" in job_page.text
+    category = "permanent / ValueError"
+    data = {"csrf": csrf_of(page.text), "scope": "matching", "task": "t", "category": category}
     dry = await board.http.post("/dead-letters/requeue", data=data)
     assert dry.status_code == 200 and "3 dead jobs match" in dry.text
     assert all(board.replica.index(0).job(i).status.value == "dead" for i in ids)  # type: ignore[union-attr]
@@ -208,7 +214,7 @@ async def test_jobs_filter_and_find_by_idempotency_key(board: Harness) -> None:
     assert 'id="next-page"' in paged.text
 
 
-async def test_schedules_listed_and_deleted(board: Harness) -> None:
+async def test_schedules_listed_paused_resumed_and_deleted(board: Harness) -> None:
     body = {"cron": "0 3 * * *", "task": "t"}
     assert (
         await board.http.put("/v1/schedules/nightly", json=body, headers=board.auth())
@@ -216,6 +222,22 @@ async def test_schedules_listed_and_deleted(board: Harness) -> None:
     await login(board)
     page = await board.http.get("/schedules")
     assert "<td>nightly</td>" in page.text and "0 3 * * *" in page.text
+    assert '<td class="schedule-state">active</td>' in page.text
+    paused = await board.http.post("/schedules/nightly/pause", data={"csrf": csrf_of(page.text)})
+    assert paused.status_code == 303 and "pause%20nightly%3A%20done" in paused.headers["location"]
+    page = await board.http.get("/schedules")
+    assert '<td class="schedule-state">paused</td>' in page.text
+    kinds = [
+        e.kind
+        for e in board.replica.index(board.replica.partition_of("nightly")).timeline(
+            "nightly", schedule=True
+        )
+    ]
+    assert kinds[-1] == "SchedulePaused"  # through the API's own write path, on the log
+    resumed = await board.http.post("/schedules/nightly/resume", data={"csrf": csrf_of(page.text)})
+    assert resumed.status_code == 303
+    page = await board.http.get("/schedules")
+    assert '<td class="schedule-state">active</td>' in page.text
     gone = await board.http.post("/schedules/nightly/delete", data={"csrf": csrf_of(page.text)})
     assert gone.status_code == 303
     assert "no schedule" in (await board.http.get("/schedules")).text

@@ -99,7 +99,7 @@ def test_dead_letters_are_kept_once_seeded() -> None:
         Status.DEAD, last_error=JobError(error_type="KeyError", message="m", retryable=False)
     )
     live.dead.seed(lambda: [dead])
-    assert live.dead.groups() == [("t", "KeyError", 1)]
+    assert live.dead.groups() == [("t", "permanent / KeyError", 1)]
     live.observe_commit(
         [
             FoldedEvent(

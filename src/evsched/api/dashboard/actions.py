@@ -14,14 +14,17 @@ from urllib.parse import quote
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from evsched.api import controls as control_routes
 from evsched.api import jobs as job_routes
 from evsched.api import schedules as schedule_routes
+from evsched.api.control_models import ControlRequest
 from evsched.api.dashboard.board import View, Viewer, board_of
 from evsched.api.dashboard.live import DeadLetters
 from evsched.api.dashboard.session import COOKIE, LOGIN_COOKIE, LOGIN_FORM_S, SESSION_S, Role
 from evsched.api.errors import ApiError
 from evsched.api.models import CancelRequest, RequeueRequest
 from evsched.api.writes import NotYetApplied
+from evsched.core.controls import SCHEDULE
 from evsched.core.ids import job_id_for_fire
 
 router = APIRouter(include_in_schema=False)
@@ -210,8 +213,16 @@ async def _bulk(view: Viewer, ids: list[str]) -> list[str]:
 @router.get("/schedules", response_class=HTMLResponse)
 async def schedules(view: View, cursor: str | None = None) -> HTMLResponse:
     listed = await schedule_routes.list_schedules(view.ctx, limit=100, cursor=cursor or None)
-    rows = [(s, _next_job(s.id, s.next_fire_at)) for s in listed.schedules]
+    rows = [
+        (s, _next_job(s.id, s.next_fire_at), _paused(view, s.id)) for s in listed.schedules
+    ]
     return view.page("schedules.html", schedules=rows, next_cursor=listed.next_cursor)
+
+
+def _paused(view: Viewer, schedule_id: str) -> bool:
+    replica = view.ctx.replica
+    state = replica.index(replica.partition_of(schedule_id)).control(SCHEDULE, schedule_id)
+    return state is not None and state.paused
 
 
 def _next_job(schedule_id: str, next_fire_at: datetime | None) -> str | None:
@@ -219,6 +230,24 @@ def _next_job(schedule_id: str, next_fire_at: datetime | None) -> str | None:
     if next_fire_at is None:
         return None
     return job_id_for_fire(schedule_id, int(next_fire_at.timestamp() * 1000))
+
+
+@router.post("/schedules/{schedule_id}/pause", response_model=None)
+async def pause_schedule(view: View, schedule_id: str, csrf: Csrf = None) -> Response:
+    if (refused := _allowed(view, csrf)) is not None:
+        return refused
+    request = ControlRequest(reason="paused from the dashboard")
+    outcome = await _one(control_routes.pause_schedule(view.ctx, schedule_id, request))
+    return _back("/schedules", f"pause {schedule_id}: {outcome}")
+
+
+@router.post("/schedules/{schedule_id}/resume", response_model=None)
+async def resume_schedule(view: View, schedule_id: str, csrf: Csrf = None) -> Response:
+    if (refused := _allowed(view, csrf)) is not None:
+        return refused
+    request = ControlRequest(reason="resumed from the dashboard")
+    outcome = await _one(control_routes.resume_schedule(view.ctx, schedule_id, request))
+    return _back("/schedules", f"resume {schedule_id}: {outcome}")
 
 
 @router.post("/schedules/{schedule_id}/delete", response_model=None)

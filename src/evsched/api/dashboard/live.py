@@ -16,6 +16,7 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
+from evsched.core.failures import category_of
 from evsched.core.state import FoldedEvent, JobState, Status, Verdict
 
 SERIES_S = 300  # seconds of per-second history the charts show
@@ -73,8 +74,9 @@ class DeadLetters:
 def _dead_key(state: JobState) -> tuple[str, str, str]:
     # A job that ran out of attempts by lease expiries has no error of its own.
     error = state.last_error
-    category = error.error_type if error is not None else "(no error: expired)"
-    return state.task, category, state.queue
+    if error is None:
+        return state.task, "(no error: expired)", state.queue
+    return state.task, f"{category_of(error)} / {error.error_type}", state.queue
 
 
 class Live:
