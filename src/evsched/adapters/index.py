@@ -17,21 +17,38 @@ from typing import Any
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch
 
 from evsched.adapters import avro
+from evsched.adapters.index_keys import (
+    DUE,
+    JOBS,
+    KEYS,
+    LEASES,
+    MARKS,
+    PURGES,
+    TIMELINE,
+    keys_key,
+    prefix_end,
+    time_key,
+    timeline_key,
+)
+from evsched.adapters.index_purge import Purge, PurgeWriter
+from evsched.core import retention
 from evsched.core.events import SCHEDULE_EVENT_TYPES
 from evsched.core.limits import id_refusal
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status, TimelineEntry
 from evsched.errors import StoreError
 
-JOBS, DUE, LEASES, TIMELINE, KEYS = "jobs", "due", "leases", "timeline", "keys"
 SCHEDULES, CRON_DUE, UNDECODABLE, META = "schedules", "cron_due", "undecodable", "meta"
 REFUSED = "refused"
 COLUMN_FAMILIES = (
-    JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, META
+    JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, PURGES, MARKS,
+    META,
 )  # fmt: skip
 # What the digest covers: everything the fold derives, in a fixed order.
-DIGEST_FAMILIES = (JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED)
+DIGEST_FAMILIES = (
+    JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, PURGES, MARKS
+)  # fmt: skip
 # Keyed by an 8-byte big-endian time, then the entity id.
-TIME_FAMILIES = (DUE, LEASES, CRON_DUE)
+TIME_FAMILIES = (DUE, LEASES, CRON_DUE, PURGES, MARKS)
 NEVER = (1 << 64) - 1
 # A due scan reads at most this many times its limit in keys while skipping held-back jobs.
 SKIP_READS = 10
@@ -43,26 +60,7 @@ _I64 = struct.Struct(">q")
 
 
 # A job and a schedule may share an id: their timelines live under different first bytes.
-JOB_TIMELINE, SCHEDULE_TIMELINE = b"j", b"s"
 _SCHEDULE_KINDS = frozenset(cls.__name__ for cls in SCHEDULE_EVENT_TYPES)
-
-
-def _id(value: str) -> bytes:
-    """A length-prefixed id, so ids of any content sort and prefix-scan unambiguously.
-
-    Only ids within the fold's limit (``limits.MAX_ID_BYTES``) are keyed: the 2 bytes hold them.
-    """
-    raw = value.encode()
-    return struct.pack(">H", len(raw)) + raw
-
-
-def time_key(at: int, entity: str) -> bytes:
-    return _U64.pack(max(0, at)) + entity.encode()
-
-
-def timeline_key(entity_id: str, offset: int, *, schedule: bool = False) -> bytes:
-    family = SCHEDULE_TIMELINE if schedule else JOB_TIMELINE
-    return family + _id(entity_id) + _U64.pack(offset)
 
 
 def keyable(entity_id: str) -> bool:
@@ -84,9 +82,14 @@ class IndexBatch:
     before_schedules: dict[str, ScheduleState | None] = field(default_factory=dict)
     timeline: list[tuple[str, TimelineEntry, bytes]] = field(default_factory=list)
     undecodable: list[tuple[TimelineEntry, bytes]] = field(default_factory=list)
+    # Applied purges in log order, and the ids they left without a state in this batch.
+    purges: list[Purge] = field(default_factory=list)
+    gone: set[str] = field(default_factory=set)
 
     def __bool__(self) -> bool:
-        return bool(self.jobs or self.schedules or self.timeline or self.undecodable)
+        return bool(
+            self.jobs or self.schedules or self.timeline or self.undecodable or self.purges
+        )
 
 
 class PartitionIndex:
@@ -145,10 +148,15 @@ class PartitionIndex:
     def due_schedule_ids(self, now: int, limit: int) -> list[str]:
         return self._ids_until(CRON_DUE, now, limit)
 
+    def due_purge_ids(self, now: int, limit: int) -> list[str]:
+        """Finished jobs whose retention ran out by ``now``, earliest first."""
+        return self._ids_until(PURGES, now, limit)
+
     def next_due_at(self, after: int = -1) -> int | None:
         """The earliest time after ``after`` that anything here becomes due (run_at, lease end,
-        cron slot); what is due by ``after`` already is the caller's to act on."""
-        firsts = [self._first_time(name, after + 1) for name in (DUE, LEASES, CRON_DUE)]
+        cron slot, purge); what is due by ``after`` already is the caller's to act on."""
+        planned = (DUE, LEASES, CRON_DUE, PURGES)
+        firsts = [self._first_time(name, after + 1) for name in planned]
         times = [t for t in firsts if t is not None]
         return min(times) if times else None
 
@@ -174,7 +182,7 @@ class PartitionIndex:
             (avro.decode_timeline(entry), raw)
             for entry, raw in (
                 _split_entry(value)
-                for _, value in self._scan(TIMELINE, prefix, _prefix_end(prefix))
+                for _, value in self._scan(TIMELINE, prefix, prefix_end(prefix))
             )
         ]
 
@@ -226,12 +234,27 @@ class PartitionIndex:
     # --- writes ----------------------------------------------------------------------------
 
     def write(self, batch: IndexBatch, applied_offset: int, fold_version: int) -> None:
-        """Apply every change of ``batch`` and the new applied offset atomically."""
+        """Apply every change of ``batch`` and the new applied offset atomically.
+
+        Timeline entries go first, so a purge later in the batch deletes those of its job; then
+        the purges, in log order; then the states (a job enqueued again after its purge is new).
+        """
         wb = WriteBatch(raw_mode=True)
+        self._put_timeline(wb, batch)
+        if batch.purges:
+            PurgeWriter(self, wb, batch.purges, batch.timeline).write()
         for job_id, state in batch.jobs.items():
             self._put_job(wb, batch.before_jobs.get(job_id), state)
         for schedule_id, schedule in batch.schedules.items():
             self._put_schedule(wb, batch.before_schedules.get(schedule_id), schedule)
+        wb.put(APPLIED_OFFSET, _I64.pack(applied_offset), self._h(META))
+        wb.put(FOLD_VERSION, _U64.pack(fold_version), self._h(META))
+        try:
+            self._db.write(wb)
+        except Exception as exc:
+            raise StoreError(f"index write failed at {self.path}: {exc}") from exc
+
+    def _put_timeline(self, wb: WriteBatch, batch: IndexBatch) -> None:
         for entity_id, entry, raw in batch.timeline:
             value = _join_entry(avro.encode_timeline(entry), raw)
             if keyable(entity_id):
@@ -242,28 +265,35 @@ class PartitionIndex:
         for entry, raw in batch.undecodable:
             value = _join_entry(avro.encode_timeline(entry), raw)
             wb.put(_U64.pack(entry.offset), value, self._h(UNDECODABLE))
-        wb.put(APPLIED_OFFSET, _I64.pack(applied_offset), self._h(META))
-        wb.put(FOLD_VERSION, _U64.pack(fold_version), self._h(META))
-        try:
-            self._db.write(wb)
-        except Exception as exc:
-            raise StoreError(f"index write failed at {self.path}: {exc}") from exc
+
+    def delete_secondary(self, wb: WriteBatch, state: JobState) -> None:
+        """Delete the due, lease and purge entries that ``state`` has in the index."""
+        key = state.job_id
+        if state.status is Status.SCHEDULED:
+            wb.delete(time_key(state.run_at, key), self._h(DUE))
+        if state.lease_until is not None:
+            wb.delete(time_key(state.lease_until, key), self._h(LEASES))
+        purge_at = retention.purge_at(state)
+        if purge_at is not None:
+            wb.delete(time_key(purge_at, key), self._h(PURGES))
 
     def _put_job(self, wb: WriteBatch, before: JobState | None, state: JobState) -> None:
         key = state.job_id
-        if before is not None and before.status is Status.SCHEDULED:
-            wb.delete(time_key(before.run_at, key), self._h(DUE))
-        if before is not None and before.lease_until is not None:
-            wb.delete(time_key(before.lease_until, key), self._h(LEASES))
+        if before is not None:
+            self.delete_secondary(wb, before)
+        if (purge_at := retention.purge_at(state)) is not None:
+            wb.put(time_key(purge_at, key), b"", self._h(PURGES))
+            self._lower(PURGES, purge_at)
         if state.status is Status.SCHEDULED:
             wb.put(time_key(state.run_at, key), b"", self._h(DUE))
             self._lower(DUE, state.run_at)
         if state.lease_until is not None:
             wb.put(time_key(state.lease_until, key), _U64.pack(state.token), self._h(LEASES))
             self._lower(LEASES, state.lease_until)
-        if state.idempotency_key is not None and before is None:
-            keys_key = state.queue.encode() + b"\x00" + state.idempotency_key.encode()
-            wb.put(keys_key, key.encode(), self._h(KEYS))
+        if state.idempotency_key is not None and (before is None or keys_key(before) != keys_key(state)):
+            if before is not None and before.idempotency_key is not None:
+                wb.delete(keys_key(before), self._h(KEYS))
+            wb.put(keys_key(state), key.encode(), self._h(KEYS))
         wb.put(key.encode(), avro.encode_state(state), self._h(JOBS))
 
     def _put_schedule(
@@ -285,8 +315,17 @@ class PartitionIndex:
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _h(self, name: str) -> Any:
+    def h(self, name: str) -> Any:
+        """The handle of column family ``name``, for a WriteBatch."""
         return self._handles[name]
+
+    _h = h
+
+    def scan(
+        self, name: str, start: bytes = b"", end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Keys and values of ``name`` from ``start`` up to ``end`` (excluded), in key order."""
+        return self._scan(name, start, end)
 
     def _scan(
         self, name: str, start: bytes = b"", end: bytes | None = None
@@ -329,6 +368,18 @@ class PartitionIndex:
             self._low[name] = NEVER
         return None
 
+    def low(self, name: str) -> int:
+        """A time no live key of the time-ordered family ``name`` is below."""
+        return self._low[name]
+
+    def lower(self, name: str, at: int) -> None:
+        """A key of ``name`` at ``at`` is being written."""
+        self._lower(name, at)
+
+    def raise_low(self, name: str, at: int) -> None:
+        """Every key of ``name`` below ``at`` is deleted (by the batch being written)."""
+        self._low[name] = max(self._low[name], at)
+
     def _lower(self, name: str, at: int) -> None:
         if at < self._low[name]:
             self._low[name] = max(0, at)
@@ -360,12 +411,6 @@ def _options() -> Options:
 def _start_after(entity: str | None) -> bytes:
     """The smallest key above ``entity`` in an id-keyed column family (all keys when None)."""
     return b"" if entity is None else entity.encode() + b"\x00"
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    """The smallest key greater than every key starting with ``prefix``."""
-    trimmed = prefix.rstrip(b"\xff")
-    return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else b"\xff" * (len(prefix) + 1)
 
 
 def _join_entry(entry: bytes, raw: bytes) -> bytes:

@@ -93,7 +93,11 @@ class Replay:
         if after is not None:
             self.jobs[key] = after
         self.job_timelines.setdefault(key, []).append(entry)
-        if entry.verdict is Verdict.APPLIED:
+        if entry.verdict is Verdict.APPLIED and after is None:
+            # A purge: the id is forgotten, so a later enqueue of it is a new job.
+            self.jobs.pop(key, None)
+            self._accounts.pop(key, None)
+        elif entry.verdict is Verdict.APPLIED:
             account = self._accounts.setdefault(key, _Account())
             self.violations.extend(_audit(account, event, position, after))
         return entry
@@ -130,7 +134,8 @@ def _audit(
         case JobEnqueued() | JobRequeued():
             account.run_at = position.log_at if event.run_at is None else event.run_at
             if isinstance(event, JobEnqueued):
-                account.policy = event.retry
+                # A new run of a keyed id (after its key window) may succeed once more.
+                account.policy, account.successes = event.retry, 0
         case JobLeased():
             found += _early(account, event, position)
             found += _token_reused(account, event, position)

@@ -20,6 +20,7 @@ from evsched.core.events import (
     Event,
     JobEnqueued,
     JobLeased,
+    JobPurged,
     JobRequeued,
     JobTemplate,
     LeaseExpired,
@@ -100,6 +101,8 @@ def _job_refusal(event: Event) -> str | None:
             return _bounded("token", event.token, 0, MAX_TOKEN)
         case JobRequeued():
             return _optional_time("run_at", event.run_at)
+        case JobPurged():
+            return _bounded("generation", event.generation, 0, MAX_TOKEN)
         case _:
             return None  # a cancel carries nothing to bound
 
@@ -112,6 +115,8 @@ def _enqueued_refusal(event: JobEnqueued) -> str | None:
         None if key is None else _text("idempotency_key", key, MAX_IDEMPOTENCY_KEY_BYTES),
         None if event.schedule_id is None else id_refusal("schedule_id", event.schedule_id),
         _optional_time("fire_at", event.fire_at),
+        _optional_duration("retention_ms", event.retention_ms),
+        _optional_duration("key_window_ms", event.key_window_ms),
     )
 
 
@@ -226,6 +231,10 @@ def _bounded(field: str, value: int, low: int, high: int) -> str | None:
 
 def _optional_time(field: str, value: int | None) -> str | None:
     return None if value is None else _bounded(field, value, 0, MAX_TIME_MS)
+
+
+def _optional_duration(field: str, value: int | None) -> str | None:
+    return None if value is None else _bounded(field, value, 0, MAX_DURATION_MS)
 
 
 def _fraction(field: str, value: float, low: float, high: float) -> str | None:
