@@ -59,7 +59,7 @@ async def run_to_success(driver: NodeDriver, job_id: str) -> None:
 
 
 def rebuilt_digest(driver: NodeDriver, path: Path, *, batch: int) -> str:
-    """The digest of a fresh index that folds the driver's whole log, ``batch`` records at a time."""
+    """The digest of a fresh index folding the driver's whole log, ``batch`` records at a time."""
     index = PartitionIndex(path, driver.partition)
     projector = Projector(index)
     log = driver.log()
@@ -117,7 +117,7 @@ async def test_purge_marks_expire_at_a_later_purge_so_the_index_stays_flat(
 async def test_forged_purges_are_rejected_with_a_reason(driver: NodeDriver) -> None:
     driver.append(enqueue("busy"), enqueue("done"))
     await driver.settle()
-    done = [d for d in driver.dispatched() if d.job_id == "done"][0]
+    done = next(d for d in driver.dispatched() if d.job_id == "done")
     driver.append(started(done), succeeded(done))
     await driver.settle()
     driver.append(purge("busy"), purge("nobody"), purge("done"), purge("done", generation=1))

@@ -87,9 +87,7 @@ class IndexBatch:
     gone: set[str] = field(default_factory=set)
 
     def __bool__(self) -> bool:
-        return bool(
-            self.jobs or self.schedules or self.timeline or self.undecodable or self.purges
-        )
+        return bool(self.jobs or self.schedules or self.timeline or self.undecodable or self.purges)
 
 
 class PartitionIndex:
@@ -181,8 +179,7 @@ class PartitionIndex:
         return [
             (avro.decode_timeline(entry), raw)
             for entry, raw in (
-                _split_entry(value)
-                for _, value in self._scan(TIMELINE, prefix, prefix_end(prefix))
+                _split_entry(value) for _, value in self._scan(TIMELINE, prefix, prefix_end(prefix))
             )
         ]
 
@@ -290,7 +287,9 @@ class PartitionIndex:
         if state.lease_until is not None:
             wb.put(time_key(state.lease_until, key), _U64.pack(state.token), self._h(LEASES))
             self._lower(LEASES, state.lease_until)
-        if state.idempotency_key is not None and (before is None or keys_key(before) != keys_key(state)):
+        if state.idempotency_key is not None and (
+            before is None or keys_key(before) != keys_key(state)
+        ):
             if before is not None and before.idempotency_key is not None:
                 wb.delete(keys_key(before), self._h(KEYS))
             wb.put(keys_key(state), key.encode(), self._h(KEYS))

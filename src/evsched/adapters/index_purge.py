@@ -32,7 +32,7 @@ _SCHEDULE_KINDS = frozenset(cls.__name__ for cls in SCHEDULE_EVENT_TYPES)
 
 @dataclass(frozen=True, slots=True)
 class Purge:
-    """An applied JobPurged: the job goes, the purge's own timeline entry stays until ``mark_until``.
+    """An applied JobPurged: the job goes; the purge's timeline entry stays until ``mark_until``.
 
     ``stored`` is what the index held for the job when the batch began (None: nothing).
     """

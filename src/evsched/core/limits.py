@@ -99,12 +99,17 @@ def _job_refusal(event: Event) -> str | None:
             )
         case AttemptCheckpointed() | AttemptSucceeded() | AttemptFailed() | LeaseExpired():
             return _bounded("token", event.token, 0, MAX_TOKEN)
-        case JobRequeued():
-            return _optional_time("run_at", event.run_at)
-        case JobPurged():
-            return _bounded("generation", event.generation, 0, MAX_TOKEN)
+        case JobRequeued() | JobPurged():
+            return _after_end_refusal(event)
         case _:
             return None  # a cancel carries nothing to bound
+
+
+def _after_end_refusal(event: JobRequeued | JobPurged) -> str | None:
+    """The limits of what may happen to a finished job: a requeue or a purge."""
+    if isinstance(event, JobPurged):
+        return _bounded("generation", event.generation, 0, MAX_TOKEN)
+    return _optional_time("run_at", event.run_at)
 
 
 def _enqueued_refusal(event: JobEnqueued) -> str | None:
