@@ -14,6 +14,8 @@ from evsched.core.events import JobCancelled, JobEnqueued, JobLeased, JobPurged
 from evsched.core.ids import job_id_for_key
 from evsched.core.planner import PlannerLimits
 from evsched.core.state import Status, Verdict
+from evsched.operator.audit import audit
+from evsched.operator.render import audit_json
 from evsched.runtime.projector import Projector
 from evsched.testing import NodeDriver
 from tests.unit.node_driver_events import started, succeeded
@@ -190,3 +192,20 @@ async def test_an_id_enqueued_again_after_its_purge_is_a_new_job(
     index = driver.owner.index
     for batch in (1, 1000):
         assert rebuilt_digest(driver, tmp_path / f"rebuilt-{batch}", batch=batch) == index.digest()
+
+
+async def test_the_audit_of_a_purged_job_says_when_where_and_where_its_history_is(
+    driver: NodeDriver,
+) -> None:
+    driver.append(enqueue("before"), enqueue("gone"))
+    await run_to_success(driver, "gone")
+    driver.advance(61)
+    await driver.settle()
+
+    found = audit(driver.owner.index, "gone")
+    assert found is not None and found.purged is not None and not found.drifted
+    assert found.state is None
+    reading = found.rows[-1].reading
+    assert f"at p0@{found.purged.offset} by node-driver" in reading
+    assert "history is on the events log from partition 0 offset 1" in reading
+    assert audit_json(found)["purged"]["offset"] == found.purged.offset

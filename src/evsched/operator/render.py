@@ -95,6 +95,7 @@ def audit_json(found: Audit) -> dict[str, Any]:
         "state": None if found.state is None else plain(found.state),
         "events": [entry_json(row.entry, row.reading) for row in found.rows],
         "drifted_offsets": [row.entry.offset for row in found.drifted],
+        "purged": None if found.purged is None else entry_json(found.purged, found.purged.reason),
     }
 
 

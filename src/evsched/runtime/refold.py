@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from evsched.adapters import avro
-from evsched.core.events import Event, Position, ScheduleDeleted, ScheduleFired, ScheduleUpserted
+from evsched.core.events import (
+    Event,
+    JobPurged,
+    Position,
+    ScheduleDeleted,
+    ScheduleFired,
+    ScheduleUpserted,
+)
 from evsched.core.fold import fold
 from evsched.core.schedules import fold_schedule
 from evsched.core.state import JobState, ScheduleState, TimelineEntry, Verdict
@@ -36,5 +43,8 @@ def refold(state: State | None, entry: TimelineEntry, raw: bytes) -> Refolded:
         after_s, judged = fold_schedule(before_s, event, position)
         return Refolded(event, before_s, after_s, judged.verdict)
     before_j = state if isinstance(state, JobState) else None
+    if isinstance(event, JobPurged) and before_j is None and entry.verdict is Verdict.APPLIED:
+        # A purge's own entry outlives the history it ended: there is nothing to fold it on.
+        return Refolded(event, None, None, Verdict.APPLIED)
     after_j, judged = fold(before_j, event, position)
     return Refolded(event, before_j, after_j, judged.verdict)
