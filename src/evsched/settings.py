@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from evsched.core.limits import namespace_refusal
+from evsched.core.limits import MAX_DURATION_MS, namespace_refusal
 from evsched.errors import EvschedError
 
 DEFAULT_BROKER_PORT = 19092
@@ -37,6 +37,9 @@ class Settings:
     bootstrap: str = DEFAULT_BOOTSTRAP
     namespace: str = DEFAULT_NAMESPACE
     event_partitions: int = DEFAULT_EVENT_PARTITIONS
+    # Stamped on jobs enqueued without their own (None: the fold's defaults, 7 days and 24 h).
+    retention_ms: int | None = None
+    key_window_ms: int | None = None
     # Shown redacted by __repr__: it may hold the SASL password.
     kafka_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -63,6 +66,8 @@ class Settings:
             bootstrap=env.get("EVSCHED_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP),
             namespace=env.get("EVSCHED_NAMESPACE", DEFAULT_NAMESPACE),
             event_partitions=_partitions(env.get("EVSCHED_EVENT_PARTITIONS")),
+            retention_ms=_window("EVSCHED_RETENTION_MS", env),
+            key_window_ms=_window("EVSCHED_KEY_WINDOW_MS", env),
             kafka_options=kafka_options(env),
         )
 
@@ -84,6 +89,22 @@ def kafka_options(env: Mapping[str, str]) -> dict[str, Any]:
         except (OSError, ssl.SSLError) as exc:
             raise SettingsError(f"EVSCHED_KAFKA_SSL_CAFILE={cafile!r}: {exc}") from None
     return options
+
+
+def _window(name: str, env: Mapping[str, str]) -> int | None:
+    """A retention or key window in milliseconds, or None (unset or empty) for the default."""
+    text = env.get(name) or None
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_DURATION_MS:
+        raise SettingsError(
+            f"{name}={text[:40]!r}: expected milliseconds, an integer in [0, {MAX_DURATION_MS}]"
+        )
+    return value
 
 
 def _partitions(text: str | None) -> int:

@@ -158,6 +158,7 @@ class TaskOptions:
             self._traced().values,
             now_ms=app.clock.now_ms(),
             new_id=new_id,
+            defaults=app.settings,
         )
         await app.publish(event)
         return event.job_id
