@@ -22,6 +22,7 @@ from evsched.core.events import (
     Event,
     JobEnqueued,
     JobLeased,
+    JobPurged,
     JobTemplate,
     ScheduleDeleted,
     ScheduleFired,
@@ -411,9 +412,48 @@ def _forged_preleases(job_id: str, run_at: int) -> list[tuple[bytes, bytes]]:
     return [(e.job_id.encode(), avro.encode_event(e)) for e in events]
 
 
+async def retention(stack: Stack) -> None:
+    """Issue 11's purges on a real run: short retentions, key windows, forged purges."""
+    stack.start_node("node-1", "--dispatch-timeout-s", "10")
+    stack.start_worker("worker-1", "--lease-s", "3")
+    async with stack.app() as app:
+        noop = app.get_task("s.noop")
+        short = [await noop.options(retention=2).enqueue() for _ in range(20)]
+        cancelled = await noop.options(retention=1, delay=3_600).enqueue()
+        await app.cancel(cancelled, reason="not needed")
+        keyed = app.get_task("s.effect").options(idempotency_key="k1", key_window=1, retention=60)
+        first_run = await keyed.enqueue("run-0")
+        await until_status(stack, [first_run], Status.SUCCEEDED)
+        await keyed.enqueue("run-0")  # inside the key window: a duplicate
+        again = app.get_task("s.noop").options(idempotency_key="k2", key_window=0, retention=1)
+        reborn = await again.enqueue()
+        await _until_applied(stack, reborn, "JobPurged", 1)
+        await _until_applied(stack, cancelled, "JobPurged", 1)
+        await again.enqueue()  # after its purge: a new job of the same id
+        await keyed.enqueue("run-1")  # after the key window: run 1 of the same id
+        await _until_applied(stack, first_run, "AttemptSucceeded", 2)
+        waiting = await noop.options(delay=3_600).enqueue()
+        await produce_raw(stack, _forged_purges(waiting, first_run))
+        for job_id in short:
+            await _until_applied(stack, job_id, "JobPurged", 1)
+    await _until_node_past_the_end(stack)
+
+
 async def _until_node_past_the_end(stack: Stack) -> None:
     end = await stack.read_topic(stack.topics.events)
     for partition in range(stack.partitions):
         offsets = [r.offset for r in end if r.partition == partition]
         if offsets:
             await stack.wait_node_past(partition, max(offsets))
+
+
+def _forged_purges(waiting: str, finished: str) -> list[tuple[bytes, bytes]]:
+    """Purges no node would write: each is rejected with a reason."""
+    meta = {"emitted_at": 0, "source": "forger"}
+    events = [
+        JobPurged(event_id="forged-p1", job_id=waiting, generation=0, **meta),  # not finished
+        JobPurged(event_id="forged-p2", job_id="no-such-job", generation=0, **meta),
+        JobPurged(event_id="forged-p3", job_id=finished, generation=1, **meta),  # too early
+        JobPurged(event_id="forged-p4", job_id=finished, generation=0, **meta),  # an earlier run
+    ]
+    return [(e.job_id.encode(), avro.encode_event(e)) for e in events]

@@ -245,6 +245,8 @@ function buildEnqueue(options, now) {
       options.traceparent === undefined
         ? null
         : { traceparent: options.traceparent, tracestate: options.tracestate ?? null },
+    retention_ms: null,
+    key_window_ms: null,
   }
 }
 

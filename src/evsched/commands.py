@@ -30,6 +30,7 @@ from evsched.core.events import (
     TraceContext,
 )
 from evsched.errors import EncodeError, InvalidEnqueue, InvalidTask
+from evsched.settings import Settings
 
 # Kafka's default max.message.bytes is 1 MB; leave room for the record's own overhead.
 MAX_EVENT_BYTES = 900 * 1024
@@ -67,6 +68,10 @@ class EnqueueOptions:
     priority: int | None = None
     labels: Mapping[str, str] | None = None
     trace: TraceContext | None = None
+    # How long the job stays in the index once finished, and its idempotency key's window
+    # (timedelta or seconds); None: the namespace's settings, else the defaults (7 days, 24 h).
+    retention: Delay | None = None
+    key_window: Delay | None = None
 
 
 def task_spec(
@@ -162,18 +167,25 @@ def resolve_run_at(now_ms: int, delay: Delay | None, run_at: datetime | None) ->
     return at_ms
 
 
-def _delay_ms(delay: Delay) -> int:
+def _delay_ms(delay: Delay, what: str = "delay") -> int:
     if isinstance(delay, timedelta):
         seconds = delay.total_seconds()
     elif _is_number(delay) and math.isfinite(delay):
         seconds = float(delay)
     else:
-        raise InvalidEnqueue("delay", f"must be a timedelta or seconds, not {delay!r}")
+        raise InvalidEnqueue(what, f"must be a timedelta or seconds, not {delay!r}")
     if seconds < 0:
-        raise InvalidEnqueue("delay", f"must not be negative, not {seconds} s")
+        raise InvalidEnqueue(what, f"must not be negative, not {seconds} s")
     if seconds > MAX_AHEAD.total_seconds():
-        raise InvalidEnqueue("delay", "must be at most 10 years")
+        raise InvalidEnqueue(what, "must be at most 10 years")
     return math.ceil(seconds * 1000)
+
+
+_NO_DEFAULTS = Settings()
+
+
+def _window_ms(what: str, value: Delay | None, default: int | None) -> int | None:
+    return default if value is None else _delay_ms(value, what)
 
 
 def _ms(span: timedelta) -> int:
@@ -250,8 +262,12 @@ def build_enqueue(
     *,
     now_ms: int,
     new_id: Callable[[], str],
+    defaults: Settings | None = None,
 ) -> JobEnqueued:
-    """The JobEnqueued of one call; its job id derives from the idempotency key when given."""
+    """The JobEnqueued of one call; its job id derives from the idempotency key when given.
+
+    ``defaults`` holds the namespace's retention and key window, for calls that give none.
+    """
     run_at = resolve_run_at(now_ms, options.delay, options.run_at)
     priority = spec.priority if options.priority is None else options.priority
     if not _is_int(priority):
@@ -260,6 +276,7 @@ def build_enqueue(
     if key is not None:
         check_id("idempotency_key", key)
     job_id = new_id() if key is None else ids.job_id_for_key(spec.queue, key)
+    namespace = defaults or _NO_DEFAULTS
     return check_limits(
         JobEnqueued(
             event_id=new_id(),
@@ -278,6 +295,8 @@ def build_enqueue(
             body_digest=ids.body_digest(spec.name, spec.queue, args),
             labels=check_labels(options.labels),
             trace=checked_trace(options.trace),
+            retention_ms=_window_ms("retention", options.retention, namespace.retention_ms),
+            key_window_ms=_window_ms("key_window", options.key_window, namespace.key_window_ms),
         )
     )
 

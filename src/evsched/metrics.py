@@ -75,6 +75,11 @@ class JobCounts:
                 self._counts[(before.queue, before.status)] -= 1
             self._counts[(after.queue, after.status)] += 1
 
+    def drop(self, before: JobState) -> None:
+        if self.seeded:
+            with self._lock:
+                self._counts[(before.queue, before.status)] -= 1
+
     def snapshot(self) -> dict[tuple[str, Status], int]:
         with self._lock:
             return {key: n for key, n in self._counts.items() if n}
@@ -194,6 +199,8 @@ class Metrics:
             entry, after = folded.entry, folded.after
             self.events_folded.labels(entry.kind, entry.verdict.value).inc()
             if after is None:
+                if entry.verdict is Verdict.APPLIED and folded.before is not None:
+                    self.jobs.drop(folded.before)  # purged: it left the index
                 continue
             if entry.verdict is Verdict.APPLIED:
                 self.jobs.move(folded.before, after)

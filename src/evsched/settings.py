@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evsched.core.limits import namespace_refusal
+from evsched.core.limits import MAX_DURATION_MS, namespace_refusal
 from evsched.errors import EvschedError
 
 DEFAULT_BROKER_PORT = 19092
@@ -46,6 +46,9 @@ class Settings:
     event_partitions: int = DEFAULT_EVENT_PARTITIONS
     # None: min(3, brokers) at provisioning (evsched.adapters.topics.choose_replication).
     replication_factor: int | None = None
+    # Stamped on jobs enqueued without their own (None: the fold's defaults, 7 days and 24 h).
+    retention_ms: int | None = None
+    key_window_ms: int | None = None
     # Shown redacted by __repr__: it may hold the SASL password.
     kafka_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -74,6 +77,8 @@ class Settings:
             namespace=env.get("EVSCHED_NAMESPACE", DEFAULT_NAMESPACE),
             event_partitions=_partitions(env.get("EVSCHED_EVENT_PARTITIONS")),
             replication_factor=_replication_factor(env.get(REPLICATION_FACTOR_ENV)),
+            retention_ms=_window("EVSCHED_RETENTION_MS", env),
+            key_window_ms=_window("EVSCHED_KEY_WINDOW_MS", env),
             kafka_options=kafka_options(env),
         )
 
@@ -140,6 +145,22 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default
     value = (env.get(name) or default).strip().upper()
     if value not in choices:
         raise SettingsError(f"{name}={env[name][:40]!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+def _window(name: str, env: Mapping[str, str]) -> int | None:
+    """A retention or key window in milliseconds, or None (unset or empty) for the default."""
+    text = env.get(name) or None
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_DURATION_MS:
+        raise SettingsError(
+            f"{name}={text[:40]!r}: expected milliseconds, an integer in [0, {MAX_DURATION_MS}]"
+        )
     return value
 
 

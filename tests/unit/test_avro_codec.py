@@ -123,7 +123,22 @@ def test_v1_job_enqueued_decodes_to_the_current_type_with_defaults(event: JobEnq
 
     decoded = avro.decode_event(MAGIC + writer.fingerprint + body.getvalue())
 
-    assert decoded == dataclasses.replace(event, labels={}, trace=None)
+    assert decoded == dataclasses.replace(
+        event, labels={}, trace=None, retention_ms=None, key_window_ms=None
+    )
+
+
+@given(event=records(JobEnqueued))
+def test_v2_job_enqueued_decodes_with_the_default_windows(event: JobEnqueued) -> None:
+    (writer,) = (w for w in REGISTRY.writers() if w.origin == "history/JobEnqueued.v2.avsc")
+    record = mapper_for(JobEnqueued).to_avro(event)
+    del record["retention_ms"], record["key_window_ms"]
+    body = io.BytesIO()
+    schemaless_writer(body, writer.schema, record)
+
+    decoded = avro.decode_event(MAGIC + writer.fingerprint + body.getvalue())
+
+    assert decoded == dataclasses.replace(event, retention_ms=None, key_window_ms=None)
 
 
 def test_the_history_schema_is_a_distinct_writer_of_the_same_kind() -> None:

@@ -3,7 +3,8 @@
 The table is written out by hand so that any change to the fold's rules shows up as a diff here.
 Token-carrying kinds are tried with the job's current token and with a stale one; ``JobLeased``
 with the next token (``current``: the valid grant) and with the current one (``stale``: not
-increasing); ``JobEnqueued`` with the same body and with a different one.
+increasing); ``JobEnqueued`` with the same body and with a different one; ``JobPurged`` before the
+retention ran out (purges that are due: test_retention.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from evsched.core.events import (
     JobEnqueued,
     JobEvent,
     JobLeased,
+    JobPurged,
     JobRequeued,
     LeaseExpired,
     LeaseRenewed,
@@ -58,6 +60,7 @@ TABLE: dict[tuple[S | None, str, str], tuple[V, S | None]] = {
     (None, "LeaseExpired", "current"): (V.REJECTED, None),
     (None, "LeaseExpired", "stale"): (V.REJECTED, None),
     (None, "JobRequeued", "-"): (V.REJECTED, None),
+    (None, "JobPurged", "-"): (V.REJECTED, None),
     # from scheduled
     (S.SCHEDULED, "JobEnqueued", "same"): (V.DUPLICATE, S.SCHEDULED),
     (S.SCHEDULED, "JobEnqueued", "other"): (V.CONFLICT, S.SCHEDULED),
@@ -77,6 +80,7 @@ TABLE: dict[tuple[S | None, str, str], tuple[V, S | None]] = {
     (S.SCHEDULED, "LeaseExpired", "current"): (V.STALE, S.SCHEDULED),
     (S.SCHEDULED, "LeaseExpired", "stale"): (V.STALE, S.SCHEDULED),
     (S.SCHEDULED, "JobRequeued", "-"): (V.REJECTED, S.SCHEDULED),
+    (S.SCHEDULED, "JobPurged", "-"): (V.REJECTED, S.SCHEDULED),
     # from leased
     (S.LEASED, "JobEnqueued", "same"): (V.DUPLICATE, S.LEASED),
     (S.LEASED, "JobEnqueued", "other"): (V.CONFLICT, S.LEASED),
@@ -98,6 +102,7 @@ TABLE: dict[tuple[S | None, str, str], tuple[V, S | None]] = {
     (S.LEASED, "LeaseExpired", "current"): (V.APPLIED, S.SCHEDULED),
     (S.LEASED, "LeaseExpired", "stale"): (V.STALE, S.LEASED),
     (S.LEASED, "JobRequeued", "-"): (V.REJECTED, S.LEASED),
+    (S.LEASED, "JobPurged", "-"): (V.REJECTED, S.LEASED),
     # from running
     (S.RUNNING, "JobEnqueued", "same"): (V.DUPLICATE, S.RUNNING),
     (S.RUNNING, "JobEnqueued", "other"): (V.CONFLICT, S.RUNNING),
@@ -117,6 +122,7 @@ TABLE: dict[tuple[S | None, str, str], tuple[V, S | None]] = {
     (S.RUNNING, "LeaseExpired", "current"): (V.APPLIED, S.SCHEDULED),
     (S.RUNNING, "LeaseExpired", "stale"): (V.STALE, S.RUNNING),
     (S.RUNNING, "JobRequeued", "-"): (V.REJECTED, S.RUNNING),
+    (S.RUNNING, "JobPurged", "-"): (V.REJECTED, S.RUNNING),
     # from succeeded
     (S.SUCCEEDED, "JobEnqueued", "same"): (V.DUPLICATE, S.SUCCEEDED),
     (S.SUCCEEDED, "JobEnqueued", "other"): (V.CONFLICT, S.SUCCEEDED),
@@ -136,6 +142,7 @@ TABLE: dict[tuple[S | None, str, str], tuple[V, S | None]] = {
     (S.SUCCEEDED, "LeaseExpired", "current"): (V.REJECTED, S.SUCCEEDED),
     (S.SUCCEEDED, "LeaseExpired", "stale"): (V.STALE, S.SUCCEEDED),
     (S.SUCCEEDED, "JobRequeued", "-"): (V.REJECTED, S.SUCCEEDED),
+    (S.SUCCEEDED, "JobPurged", "-"): (V.REJECTED, S.SUCCEEDED),
     # from dead
     (S.DEAD, "JobEnqueued", "same"): (V.DUPLICATE, S.DEAD),
     (S.DEAD, "JobEnqueued", "other"): (V.CONFLICT, S.DEAD),
@@ -155,6 +162,7 @@ TABLE: dict[tuple[S | None, str, str], tuple[V, S | None]] = {
     (S.DEAD, "LeaseExpired", "current"): (V.REJECTED, S.DEAD),
     (S.DEAD, "LeaseExpired", "stale"): (V.STALE, S.DEAD),
     (S.DEAD, "JobRequeued", "-"): (V.APPLIED, S.SCHEDULED),
+    (S.DEAD, "JobPurged", "-"): (V.REJECTED, S.DEAD),
     # from cancelled
     (S.CANCELLED, "JobEnqueued", "same"): (V.DUPLICATE, S.CANCELLED),
     (S.CANCELLED, "JobEnqueued", "other"): (V.CONFLICT, S.CANCELLED),
@@ -174,6 +182,7 @@ TABLE: dict[tuple[S | None, str, str], tuple[V, S | None]] = {
     (S.CANCELLED, "LeaseExpired", "current"): (V.REJECTED, S.CANCELLED),
     (S.CANCELLED, "LeaseExpired", "stale"): (V.STALE, S.CANCELLED),
     (S.CANCELLED, "JobRequeued", "-"): (V.APPLIED, S.SCHEDULED),
+    (S.CANCELLED, "JobPurged", "-"): (V.REJECTED, S.CANCELLED),
 }
 
 _seq = itertools.count()
@@ -235,7 +244,7 @@ SETUPS = _setups()
 def _variants(kind: type[JobEvent]) -> tuple[str, ...]:
     if kind is JobEnqueued:
         return ("same", "other")
-    if kind in (JobCancelled, JobRequeued):
+    if kind in (JobCancelled, JobRequeued, JobPurged):
         return ("-",)
     return ("current", "stale")
 
@@ -247,6 +256,8 @@ def _event(kind: type[JobEvent], variant: str, state: JobState | None) -> JobEve
         return _enqueue(b"{}" if variant == "same" else b"[]")
     if kind in (JobCancelled, JobRequeued):
         return kind(**_meta())
+    if kind is JobPurged:  # within every setup's retention (the default, 7 days): too early
+        return JobPurged(**_meta(), generation=0)
     if kind is JobLeased:
         return _lease(token + 1 if variant == "current" else token, attempt + 1)
     return _token_event(kind, token if variant == "current" else token - 1)

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evsched.adapters.index import IndexBatch, PartitionIndex
+from evsched.core import retention
 from evsched.core.state import JobState, Status
 from tests.states import job_state
 
@@ -28,6 +29,8 @@ job_states = st.builds(
         status=status,
         run_at=at,
         lease_until=at if status in (Status.LEASED, Status.RUNNING) else None,
+        updated_at=at,
+        retention_ms=5,
     ),
     st.sampled_from(JOB_IDS),
     st.sampled_from([Status.SCHEDULED, Status.LEASED, Status.RUNNING, Status.SUCCEEDED]),
@@ -56,9 +59,14 @@ class Model:
         live = sorted((s.lease_until, j) for j, s in self.jobs.items() if s.lease_until is not None)
         return [j for at, j in live if at <= now]
 
+    def purgeable(self, now: int) -> list[str]:
+        live = sorted((t, j) for j, s in self.jobs.items() if (t := retention.purge_at(s)))
+        return [j for at, j in live if at <= now]
+
     def next_due_at(self, after: int) -> int | None:
         times = [s.run_at for s in self.jobs.values() if s.status is Status.SCHEDULED]
         times += [s.lease_until for s in self.jobs.values() if s.lease_until is not None]
+        times += [t for s in self.jobs.values() if (t := retention.purge_at(s)) is not None]
         later = [t for t in times if t > after]
         return min(later) if later else None
 
@@ -84,6 +92,7 @@ def test_scans_answer_what_the_live_keys_say(steps: list[tuple[str, object]]) ->
                     now = int(arg)  # type: ignore[call-overload]
                     assert index.due_job_ids(now, 100) == model.due(now)
                     assert index.expired_lease_ids(now, 100) == model.expired(now)
+                    assert index.due_purge_ids(now, 100) == model.purgeable(now)
                     assert index.next_due_at(after=now) == model.next_due_at(now)
                     # A limit cuts the earliest first, and a cut scan must not hide the rest.
                     assert index.due_job_ids(now, 1) == model.due(now)[:1]

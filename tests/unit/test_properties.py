@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evsched.adapters.avro import decode_state, encode_state
+from evsched.core import retention
 from evsched.core.events import (
     JOB_EVENT_TYPES,
     AttemptCheckpointed,
@@ -28,6 +29,7 @@ from evsched.core.events import (
     JobEnqueued,
     JobEvent,
     JobLeased,
+    JobPurged,
     JobRequeued,
     LeaseExpired,
     LeaseRenewed,
@@ -113,6 +115,9 @@ class Driver:
         if op.variant < 6:
             attempt = state.attempt + 1 + op.attempt_delta
             return JobLeased(**self.meta(job), token=token, attempt=attempt, lease_ms=1_000)
+        if op.variant == 9:  # often of a live job, of another run, or too early
+            generation = max(0, state.generation + op.token_delta)
+            return JobPurged(**self.meta(job), generation=generation)
         return LeaseExpired(**self.meta(job), token=token)
 
     def emit(self, event: Event) -> None:
@@ -127,8 +132,13 @@ class Driver:
     def plausible(self, job: str, state: JobState | None, variant: int) -> JobEvent:
         if state is None:
             return self.enqueue(job, variant)
+        purge_at = retention.purge_at(state)
+        if purge_at is not None and variant >= 8:  # the node purges it once its retention ended
+            self.now = max(self.now, purge_at)
+            return JobPurged(**self.meta(job), generation=state.generation)
         if state.status is Status.SUCCEEDED:
-            return self.enqueue(job, variant)  # a producer retrying its enqueue
+            # A producer retrying its enqueue: after the key window, a new run of a keyed id.
+            return self.enqueue(job, variant)
         if state.status in (Status.DEAD, Status.CANCELLED):
             run_at = None if variant < 5 else self.now + 100 * variant
             return JobRequeued(**self.meta(job), run_at=run_at)
@@ -179,6 +189,8 @@ class Driver:
             max_attempts=1 + variant % 3,
             retry=RetryPolicy(initial_backoff_ms=50 * variant, max_backoff_ms=5_000, jitter=0.5),
             idempotency_key=f"k-{job}" if variant % 2 else None,
+            retention_ms=200 * variant,
+            key_window_ms=100 * variant,
         )
 
     def garbage(self, job: str, state: JobState | None, op: Op) -> JobEvent:
@@ -230,7 +242,11 @@ def test_refused_events_leave_the_state_identical_and_tokens_only_grow(ops: list
         if entry.verdict is not Verdict.APPLIED:
             assert after is before, entry
             continue
-        assert after is not None
+        if after is None:  # purged: the id is forgotten, its tokens may start again
+            assert isinstance(event, JobPurged)
+            states.pop(event.job_id)
+            lease_tokens.pop(event.job_id, None)
+            continue
         assert before is None or after.token >= before.token
         if isinstance(event, JobLeased):
             assert after.token == event.token

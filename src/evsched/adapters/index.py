@@ -17,7 +17,25 @@ from typing import Any
 from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, WriteBatch
 
 from evsched.adapters import avro
+from evsched.adapters.index_keys import (
+    DUE,
+    JOB_TIMELINE,
+    JOBS,
+    KEYS,
+    LEASES,
+    MARKS,
+    PURGES,
+    QUEUE_TIMELINE,
+    SCHEDULE_TIMELINE,
+    TIMELINE,
+    keys_key,
+    prefix_end,
+    time_key,
+    timeline_key,
+)
+from evsched.adapters.index_purge import Purge, PurgeWriter
 from evsched.adapters.index_writes import Change, PreparedWrite, Recorder
+from evsched.core import retention
 from evsched.core.controls import ControlState
 from evsched.core.events import (
     SCHEDULE_EVENT_TYPES,
@@ -30,21 +48,23 @@ from evsched.core.limits import id_refusal
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status, TimelineEntry
 from evsched.errors import StoreError
 
-JOBS, DUE, LEASES, TIMELINE, KEYS = "jobs", "due", "leases", "timeline", "keys"
 SCHEDULES, CRON_DUE, UNDECODABLE, META = "schedules", "cron_due", "undecodable", "meta"
 REFUSED, CONTROLS = "refused", "controls"
 COLUMN_FAMILIES = (
-    JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS, META
+    JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS,
+    PURGES, MARKS, META,
 )  # fmt: skip
 # What the digest covers: everything the fold derives, in a fixed order.
 DIGEST_FAMILIES = (
-    JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS
+    JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS,
+    PURGES, MARKS,
 )  # fmt: skip
 # Keyed by an 8-byte big-endian time, then the entity id.
-TIME_FAMILIES = (DUE, LEASES, CRON_DUE)
+TIME_FAMILIES = (DUE, LEASES, CRON_DUE, PURGES, MARKS)
 # Derived from the job and schedule states alone: a restore rebuilds them instead of reading
-# them from the changelog (they change on most events; every other family is mirrored).
-DERIVED_FAMILIES = frozenset(TIME_FAMILIES) | {META}
+# them from the changelog (they change on most events; every other family is mirrored). Purge
+# marks outlive their jobs, so they are mirrored.
+DERIVED_FAMILIES = frozenset((DUE, LEASES, CRON_DUE, PURGES, META))
 NEVER = (1 << 64) - 1
 # A due scan reads at most this many times its limit in keys while skipping held-back jobs.
 SKIP_READS = 10
@@ -55,8 +75,6 @@ _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 
 
-# A job, a schedule and a queue may share an id: their timelines live under different first bytes.
-JOB_TIMELINE, SCHEDULE_TIMELINE, QUEUE_TIMELINE = b"j", b"s", b"q"
 _SCHEDULE_KINDS = frozenset(
     cls.__name__ for cls in (*SCHEDULE_EVENT_TYPES, SchedulePaused, ScheduleResumed)
 )
@@ -72,27 +90,6 @@ def _timeline_family(kind: str) -> bytes:
     if kind in _SCHEDULE_KINDS:
         return SCHEDULE_TIMELINE
     return QUEUE_TIMELINE if kind in _QUEUE_KINDS else JOB_TIMELINE
-
-
-def _id(value: str) -> bytes:
-    """A length-prefixed id, so ids of any content sort and prefix-scan unambiguously.
-
-    Only ids within the fold's limit (``limits.MAX_ID_BYTES``) are keyed: the 2 bytes hold them.
-    """
-    raw = value.encode()
-    return struct.pack(">H", len(raw)) + raw
-
-
-def time_key(at: int, entity: str) -> bytes:
-    return _U64.pack(max(0, at)) + entity.encode()
-
-
-def timeline_key(
-    entity_id: str, offset: int, *, schedule: bool = False, family: bytes | None = None
-) -> bytes:
-    if family is None:
-        family = SCHEDULE_TIMELINE if schedule else JOB_TIMELINE
-    return family + _id(entity_id) + _U64.pack(offset)
 
 
 def keyable(entity_id: str) -> bool:
@@ -115,10 +112,18 @@ class IndexBatch:
     timeline: list[tuple[str, TimelineEntry, bytes]] = field(default_factory=list)
     undecodable: list[tuple[TimelineEntry, bytes]] = field(default_factory=list)
     controls: dict[bytes, ControlState] = field(default_factory=dict)
+    # Applied purges in log order, and the ids they left without a state in this batch.
+    purges: list[Purge] = field(default_factory=list)
+    gone: set[str] = field(default_factory=set)
 
     def __bool__(self) -> bool:
         return bool(
-            self.jobs or self.schedules or self.timeline or self.undecodable or self.controls
+            self.jobs
+            or self.schedules
+            or self.timeline
+            or self.undecodable
+            or self.controls
+            or self.purges
         )
 
 
@@ -201,14 +206,18 @@ class PartitionIndex:
     ) -> list[str]:
         return self._ids_until(CRON_DUE, now, limit, skip)
 
+    def due_purge_ids(self, now: int, limit: int) -> list[str]:
+        """Finished jobs whose retention ran out by ``now``, earliest first."""
+        return self._ids_until(PURGES, now, limit)
+
     def next_due_at(self, after: int = -1, *, due_lead_ms: int = 0) -> int | None:
         """The earliest time after ``after`` that anything here becomes due (run_at, lease end,
-        cron slot); what is due by ``after`` already is the caller's to act on.
+        cron slot, purge); what is due by ``after`` already is the caller's to act on.
 
         Jobs count as due ``due_lead_ms`` before their run_at (they are pre-leased).
         """
         first_run = self._first_time(DUE, after + 1 + due_lead_ms)
-        firsts = [self._first_time(name, after + 1) for name in (LEASES, CRON_DUE)]
+        firsts = [self._first_time(name, after + 1) for name in (LEASES, CRON_DUE, PURGES)]
         firsts.append(None if first_run is None else first_run - due_lead_ms)
         times = [t for t in firsts if t is not None]
         return min(times) if times else None
@@ -236,8 +245,7 @@ class PartitionIndex:
         return [
             (avro.decode_timeline(entry), raw)
             for entry, raw in (
-                _split_entry(value)
-                for _, value in self._scan(TIMELINE, prefix, _prefix_end(prefix))
+                _split_entry(value) for _, value in self._scan(TIMELINE, prefix, prefix_end(prefix))
             )
         ]
 
@@ -296,24 +304,19 @@ class PartitionIndex:
         self, batch: IndexBatch, applied_offset: int, fold_version: int, *, record: bool = True
     ) -> PreparedWrite:
         """The writes of ``batch``, not applied (``apply`` does that); listed in ``changes``
-        unless ``record`` is False (no changelog to feed)."""
+        unless ``record`` is False (no changelog to feed).
+
+        Timeline entries go first, so a purge later in the batch deletes those of its job; then
+        the purges, in log order; then the states (a job enqueued again after its purge is new).
+        """
         wb = Recorder(self._mirrored if record else {})
+        self._put_timeline(wb, batch)
+        if batch.purges:
+            PurgeWriter(self, wb, batch.purges, batch.timeline).write()
         for job_id, state in batch.jobs.items():
             self._put_job(wb, batch.before_jobs.get(job_id), state)
         for schedule_id, schedule in batch.schedules.items():
             self._put_schedule(wb, batch.before_schedules.get(schedule_id), schedule)
-        for entity_id, entry, raw in batch.timeline:
-            value = _join_entry(avro.encode_timeline(entry), raw)
-            if keyable(entity_id):
-                key = timeline_key(entity_id, entry.offset, family=_timeline_family(entry.kind))
-                wb.put(key, value, self._h(TIMELINE))
-            else:
-                wb.put(_U64.pack(entry.offset), value, self._h(REFUSED))
-        for key, control in batch.controls.items():
-            wb.put(key, avro.encode_state(control), self._h(CONTROLS))
-        for entry, raw in batch.undecodable:
-            value = _join_entry(avro.encode_timeline(entry), raw)
-            wb.put(_U64.pack(entry.offset), value, self._h(UNDECODABLE))
         return PreparedWrite(wb, applied_offset, fold_version)
 
     def apply(self, prepared: PreparedWrite) -> None:
@@ -326,19 +329,49 @@ class PartitionIndex:
         except Exception as exc:
             raise StoreError(f"index write failed at {self.path}: {exc}") from exc
 
+    def _put_timeline(self, wb: Recorder, batch: IndexBatch) -> None:
+        for entity_id, entry, raw in batch.timeline:
+            value = _join_entry(avro.encode_timeline(entry), raw)
+            if keyable(entity_id):
+                key = timeline_key(entity_id, entry.offset, family=_timeline_family(entry.kind))
+                wb.put(key, value, self._h(TIMELINE))
+            else:
+                wb.put(_U64.pack(entry.offset), value, self._h(REFUSED))
+        for key, control in batch.controls.items():
+            wb.put(key, avro.encode_state(control), self._h(CONTROLS))
+        for entry, raw in batch.undecodable:
+            value = _join_entry(avro.encode_timeline(entry), raw)
+            wb.put(_U64.pack(entry.offset), value, self._h(UNDECODABLE))
+
+    def delete_secondary(self, wb: Recorder, state: JobState) -> None:
+        """Delete the due, lease and purge entries that ``state`` has in the index."""
+        key = state.job_id
+        if state.status is Status.SCHEDULED:
+            wb.delete(time_key(state.run_at, key), self._h(DUE))
+        if state.lease_until is not None:
+            wb.delete(time_key(state.lease_until, key), self._h(LEASES))
+        purge_at = retention.purge_at(state)
+        if purge_at is not None:
+            wb.delete(time_key(purge_at, key), self._h(PURGES))
+
     def _put_job(self, wb: Recorder, before: JobState | None, state: JobState) -> None:
         key = state.job_id
-        if before is not None and before.status is Status.SCHEDULED:
-            wb.delete(time_key(before.run_at, key), self._h(DUE))
-        if before is not None and before.lease_until is not None:
-            wb.delete(time_key(before.lease_until, key), self._h(LEASES))
+        if before is not None:
+            self.delete_secondary(wb, before)
         self._put_job_times(wb, state)
-        if state.idempotency_key is not None and before is None:
-            keys_key = state.queue.encode() + b"\x00" + state.idempotency_key.encode()
-            wb.put(keys_key, key.encode(), self._h(KEYS))
+        if state.idempotency_key is not None and (
+            before is None or keys_key(before) != keys_key(state)
+        ):
+            if before is not None and before.idempotency_key is not None:
+                wb.delete(keys_key(before), self._h(KEYS))
+            wb.put(keys_key(state), key.encode(), self._h(KEYS))
         wb.put(key.encode(), avro.encode_state(state), self._h(JOBS))
 
     def _put_job_times(self, wb: Recorder, state: JobState) -> None:
+        """The due, lease and purge entries of ``state`` (all derived from it)."""
+        if (purge_at := retention.purge_at(state)) is not None:
+            wb.put(time_key(purge_at, state.job_id), b"", self._h(PURGES))
+            self._lower(PURGES, purge_at)
         if state.status is Status.SCHEDULED:
             wb.put(time_key(state.run_at, state.job_id), b"", self._h(DUE))
             self._lower(DUE, state.run_at)
@@ -399,8 +432,17 @@ class PartitionIndex:
 
     # --- helpers ---------------------------------------------------------------------------
 
-    def _h(self, name: str) -> Any:
+    def h(self, name: str) -> Any:
+        """The handle of column family ``name``, for a WriteBatch."""
         return self._handles[name]
+
+    _h = h
+
+    def scan(
+        self, name: str, start: bytes = b"", end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Keys and values of ``name`` from ``start`` up to ``end`` (excluded), in key order."""
+        return self._scan(name, start, end)
 
     def _scan(
         self, name: str, start: bytes = b"", end: bytes | None = None
@@ -443,6 +485,18 @@ class PartitionIndex:
             self._low[name] = NEVER
         return None
 
+    def low(self, name: str) -> int:
+        """A time no live key of the time-ordered family ``name`` is below."""
+        return self._low[name]
+
+    def lower(self, name: str, at: int) -> None:
+        """A key of ``name`` at ``at`` is being written."""
+        self._lower(name, at)
+
+    def raise_low(self, name: str, at: int) -> None:
+        """Every key of ``name`` below ``at`` is deleted (by the batch being written)."""
+        self._low[name] = max(self._low[name], at)
+
     def _lower(self, name: str, at: int) -> None:
         if at < self._low[name]:
             self._low[name] = max(0, at)
@@ -474,12 +528,6 @@ def _options() -> Options:
 def _start_after(entity: str | None) -> bytes:
     """The smallest key above ``entity`` in an id-keyed column family (all keys when None)."""
     return b"" if entity is None else entity.encode() + b"\x00"
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    """The smallest key greater than every key starting with ``prefix``."""
-    trimmed = prefix.rstrip(b"\xff")
-    return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else b"\xff" * (len(prefix) + 1)
 
 
 def _join_entry(entry: bytes, raw: bytes) -> bytes:

@@ -120,6 +120,12 @@ class EnqueueRequest(_Request):
     timeout_s: Seconds | None = Field(None, description="Run-time limit of one attempt.")
     labels: Labels = Field(default_factory=dict)
     retry: RetryRequest | None = Field(None, description="Default: the task's retry policy.")
+    retention_s: Delay | None = Field(
+        None, description="Seconds the finished job stays readable (default: the namespace's)."
+    )
+    key_window_s: Delay | None = Field(
+        None, description="Seconds after the job ends its Idempotency-Key still returns it."
+    )
 
 
 class CancelRequest(_Request):

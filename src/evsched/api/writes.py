@@ -190,9 +190,16 @@ def enqueue_event(
         idempotency_key=idempotency_key,
         priority=body.priority,
         labels=body.labels,
+        retention=body.retention_s,
+        key_window=body.key_window_s,
     )
     event = build_enqueue(
-        spec, args_bytes(body.args, body.kwargs), options, now_ms=now_ms, new_id=new_id
+        spec,
+        args_bytes(body.args, body.kwargs),
+        options,
+        now_ms=now_ms,
+        new_id=new_id,
+        defaults=client.settings,
     )
     return replace(event, source=SOURCE)
 

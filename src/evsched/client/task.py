@@ -90,6 +90,8 @@ class Task:
         trace: TraceContext | str | None = None,
         traceparent: str | None = None,
         tracestate: str | None = None,
+        retention: Delay | None = None,
+        key_window: Delay | None = None,
     ) -> TaskOptions:
         """This task with per-call options: ``await task.options(delay=60).enqueue(x)``.
 
@@ -97,7 +99,9 @@ class Task:
         With ``idempotency_key`` the job id derives from (queue, key): repeats make one job.
         ``traceparent`` (and ``tracestate``), or ``trace`` (a TraceContext or a traceparent), is
         the W3C trace context the job carries to its worker; by default the active OpenTelemetry
-        span's, when OpenTelemetry is installed and a span is active.
+        span's, when OpenTelemetry is installed and a span is active. ``retention`` (how long the
+        finished job stays readable) and ``key_window`` (how long after it ends its key still
+        returns it) are timedeltas or seconds; by default the namespace's settings.
         """
         return TaskOptions(
             self,
@@ -108,6 +112,8 @@ class Task:
                 priority=priority,
                 labels=labels,
                 trace=_trace_option(trace, traceparent, tracestate),
+                retention=retention,
+                key_window=key_window,
             ),
         )
 
@@ -201,6 +207,7 @@ class TaskOptions:
             self.traced().values,
             now_ms=app.clock.now_ms(),
             new_id=new_id,
+            defaults=app.settings,
         )
         appended = await app.publish(event)
         # A keyed job's first enqueue may be older than this one: its result is followed from

@@ -74,6 +74,9 @@ class JobEnqueued:
     schedule_id: str | None = None
     fire_at: int | None = None
     trace: TraceContext | None = None
+    # None: the fold's defaults (core.retention); see docs/job-lifecycle.md, "Retention".
+    retention_ms: int | None = None
+    key_window_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,6 +197,18 @@ class JobRequeued:
     rerun: bool = False
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobPurged:
+    """A node removes run ``generation`` of a terminal job whose retention ran out in log time."""
+
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    generation: int
+    trace: TraceContext | None = None
+
+
 # --- schedule events (key = schedule id) ------------------------------------------------------
 
 
@@ -305,6 +320,7 @@ JobEvent: TypeAlias = (
     | AttemptFailed
     | LeaseExpired
     | JobRequeued
+    | JobPurged
 )
 ScheduleEvent: TypeAlias = ScheduleUpserted | ScheduleDeleted | ScheduleFired
 ControlEvent: TypeAlias = QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed
@@ -321,6 +337,7 @@ JOB_EVENT_TYPES: tuple[type[JobEvent], ...] = (
     AttemptFailed,
     LeaseExpired,
     JobRequeued,
+    JobPurged,
 )
 SCHEDULE_EVENT_TYPES: tuple[type[ScheduleEvent], ...] = (
     ScheduleUpserted,

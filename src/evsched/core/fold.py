@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, assert_never
 
-from evsched.core import ids, limits, retry
+from evsched.core import ids, limits, retention, retry
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
@@ -20,6 +20,7 @@ from evsched.core.events import (
     JobEnqueued,
     JobEvent,
     JobLeased,
+    JobPurged,
     JobRequeued,
     LeaseExpired,
     LeaseRenewed,
@@ -114,6 +115,8 @@ def _step(state: JobState | None, event: JobEvent, position: Position) -> Step:
             return _requeued(state, event, position)
         case JobLeased():
             return _leased(state, event, position)
+        case JobPurged():
+            return _purged(state, event, position)
         case (
             AttemptStarted()
             | LeaseRenewed()
@@ -130,10 +133,13 @@ def _step(state: JobState | None, event: JobEvent, position: Position) -> Step:
 def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) -> Step:
     # Recomputed, never the producer's: a forged digest must not pass for another body.
     digest = ids.body_digest(event.task, event.queue, event.args)
-    if state is not None:
+    if state is not None and not retention.key_window_passed(state, position.log_at):
         if digest == state.body_digest:
             return state, Verdict.DUPLICATE, "same job already enqueued with the same body"
         return state, Verdict.CONFLICT, "job id already used by an enqueue with a different body"
+    # Past the key window a finished keyed job's id starts a new run: its token goes on growing,
+    # so a worker of an earlier run is still fenced off.
+    generation = 0 if state is None else state.generation + 1
     created = new_state(
         job_id=event.job_id,
         status=Status.SCHEDULED,
@@ -155,8 +161,23 @@ def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) ->
         fire_at=event.fire_at,
         trace=event.trace,
         recent_event_ids=(event.event_id,),
+        token=0 if state is None else state.token,
+        generation=generation,
+        first_offset=position.offset if state is None else state.first_offset,
+        retention_ms=event.retention_ms,
+        key_window_ms=event.key_window_ms,
     )
-    return created, Verdict.APPLIED, f"enqueued {event.task} on {event.queue}"
+    run = f" (run {generation}: the key window of run {generation - 1} ended)" if state else ""
+    return created, Verdict.APPLIED, f"enqueued {event.task} on {event.queue}{run}"
+
+
+def _purged(state: JobState | None, event: JobPurged, position: Position) -> Step:
+    if state is None:
+        return None, Verdict.REJECTED, "unknown job"
+    refusal = retention.purge_refusal(state, event.generation, position.log_at)
+    if refusal is not None:
+        return state, Verdict.REJECTED, refusal
+    return None, Verdict.APPLIED, retention.purge_reason(state, position.partition)
 
 
 def _cancelled(state: JobState | None, event: JobCancelled, position: Position) -> Step:

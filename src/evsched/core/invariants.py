@@ -111,7 +111,11 @@ class Replay:
         if after is not None:
             self.jobs[key] = after
         self.job_timelines.setdefault(key, []).append(entry)
-        if entry.verdict is Verdict.APPLIED:
+        if entry.verdict is Verdict.APPLIED and after is None:
+            # A purge: the id is forgotten, so a later enqueue of it is a new job.
+            self.jobs.pop(key, None)
+            self._accounts.pop(key, None)
+        elif entry.verdict is Verdict.APPLIED:
             account = self._accounts.setdefault(key, _Account())
             self.violations.extend(_audit(account, event, position, after))
         return entry
@@ -207,7 +211,8 @@ def _leased(account: _Account, event: JobLeased, position: Position) -> list[Vio
 def _queued(account: _Account, event: JobEnqueued | JobRequeued, position: Position) -> None:
     account.run_at = position.log_at if event.run_at is None else event.run_at
     if isinstance(event, JobEnqueued):
-        account.policy = event.retry
+        # A new run of a keyed id (after its key window) may succeed once more.
+        account.policy, account.successes = event.retry, 0
     elif event.rerun:
         account.successes = 0  # an explicit rerun is a new run: it may succeed again
 

@@ -20,6 +20,7 @@ from evsched.core.events import (
     Event,
     JobEnqueued,
     JobLeased,
+    JobPurged,
     JobRequeued,
     JobTemplate,
     LeaseExpired,
@@ -113,8 +114,8 @@ def _job_refusal(event: Event) -> str | None:
             )
         case AttemptCheckpointed() | AttemptSucceeded() | AttemptFailed() | LeaseExpired():
             return _first(_bounded("token", event.token, 0, MAX_TOKEN), _failure_refusal(event))
-        case JobRequeued():
-            return _optional_time("run_at", event.run_at)
+        case JobRequeued() | JobPurged():
+            return _after_end_refusal(event)
         case _:
             return None  # a cancel carries nothing to bound
 
@@ -132,6 +133,13 @@ def _failure_refusal(
     return None if event.category is None else category_refusal(event.category)
 
 
+def _after_end_refusal(event: JobRequeued | JobPurged) -> str | None:
+    """The limits of what may happen to a finished job: a requeue or a purge."""
+    if isinstance(event, JobPurged):
+        return _bounded("generation", event.generation, 0, MAX_TOKEN)
+    return _optional_time("run_at", event.run_at)
+
+
 def _enqueued_refusal(event: JobEnqueued) -> str | None:
     key = event.idempotency_key
     return _first(
@@ -140,6 +148,8 @@ def _enqueued_refusal(event: JobEnqueued) -> str | None:
         None if key is None else _text("idempotency_key", key, MAX_IDEMPOTENCY_KEY_BYTES),
         None if event.schedule_id is None else id_refusal("schedule_id", event.schedule_id),
         _optional_time("fire_at", event.fire_at),
+        _optional_duration("retention_ms", event.retention_ms),
+        _optional_duration("key_window_ms", event.key_window_ms),
     )
 
 
@@ -254,6 +264,10 @@ def _bounded(field: str, value: int, low: int, high: int) -> str | None:
 
 def _optional_time(field: str, value: int | None) -> str | None:
     return None if value is None else _bounded(field, value, 0, MAX_TIME_MS)
+
+
+def _optional_duration(field: str, value: int | None) -> str | None:
+    return None if value is None else _bounded(field, value, 0, MAX_DURATION_MS)
 
 
 def _fraction(field: str, value: float, low: float, high: float) -> str | None:

@@ -1,14 +1,15 @@
 """The scheduler's decisions as pure functions: which jobs to lease, which leases expired, which
-cron slots to fire. Every decision is only a proposal: the fold judges it like any other event."""
+cron slots to fire, which finished jobs to purge. Every decision is only a proposal: the fold
+judges it like any other event."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from evsched.core import cron, ids
+from evsched.core import cron, ids, retention
 from evsched.core.dispatch import Dispatch
-from evsched.core.events import JobEnqueued, JobLeased, LeaseExpired, ScheduleFired
+from evsched.core.events import JobEnqueued, JobLeased, JobPurged, LeaseExpired, ScheduleFired
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status
 
 
@@ -129,6 +130,21 @@ def plan_expiries(candidates: Iterable[JobState], *, now: int, source: str) -> l
         if state.status in ACTIVE_STATUSES
         and state.lease_until is not None
         and state.lease_until <= now
+    ]
+
+
+def plan_purges(candidates: Iterable[JobState], *, now: int, source: str) -> list[JobPurged]:
+    """Propose a purge of every finished job whose retention ran out by ``now``."""
+    return [
+        JobPurged(
+            event_id=ids.decision_event_id(state.job_id, "purge", state.generation),
+            job_id=state.job_id,
+            emitted_at=now,
+            source=source,
+            generation=state.generation,
+        )
+        for state in candidates
+        if (at := retention.purge_at(state)) is not None and at <= now
     ]
 
 

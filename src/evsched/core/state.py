@@ -77,6 +77,12 @@ class JobState:
     last_error: JobError | None = None
     trace: TraceContext | None = None
     recent_event_ids: tuple[str, ...] = ()
+    # Retention (core.retention): the run of this id, where its history starts on the log, and
+    # the windows its enqueue asked for (None: the defaults).
+    generation: int = 0
+    first_offset: int = 0
+    retention_ms: int | None = None
+    key_window_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -51,6 +51,14 @@ class Audit:
     state: State | None
 
     @property
+    def purged(self) -> TimelineEntry | None:
+        """The purge that removed the job from the index, when that is where its timeline ends."""
+        last = self.rows[-1].entry if self.rows else None
+        if self.state is None and last is not None and last.kind == "JobPurged":
+            return last if last.verdict is Verdict.APPLIED else None
+        return None
+
+    @property
     def drifted(self) -> list[AuditRow]:
         """Rows whose stored verdict the current fold would not give."""
         return [row for row in self.rows if row.refolded is not row.entry.verdict]

@@ -13,6 +13,7 @@ from evsched.core.state import JobState, ScheduleState, Status
 from evsched.operator.archive_history import audit_from_archive
 from evsched.operator.audit import audit
 from evsched.operator.exits import ExitCode, OperatorError
+from evsched.operator.readings import purged_line
 from evsched.operator.render import (
     audit_json,
     emit_json,
@@ -167,14 +168,17 @@ def audit_command(
                 found = audit(local.index_of(job), job, as_of=as_of)
         if found is None:
             where = "the replica" if archive is None else f"the archive {archive}"
-            raise OperatorError(ExitCode.NOT_FOUND, f"no events of {job!r} in {where}")
+            raise OperatorError(ExitCode.NOT_FOUND, f"no events of {job!r} in {where}{_GONE}")
         if as_json:
             emit_json(audit_json(found) | ({} if sources is None else sources.as_json()))
             return
         if sources is not None:
             out.print(sources.describe())
         print_audit(out, found)
-        _print_state_line(found.state, found.as_of)
+        if found.purged is not None:
+            out.print(purged_line(found.purged))
+        else:
+            _print_state_line(found.state, found.as_of)
         for row in found.drifted:
             out.print(
                 f"[red]offset {row.entry.offset}: the current fold says {row.refolded}, "
@@ -182,6 +186,13 @@ def audit_command(
             )
 
     run(main)
+
+
+# A purge's own entry stays for as long as the job's retention again; after that, only the log.
+_GONE = (
+    " (if it was purged longer ago than its retention period, its history is on the events log "
+    "or in an archive of it: evsched export, evsched replay)"
+)
 
 
 def _print_state_line(state: JobState | ScheduleState | None, as_of: int | None) -> None:

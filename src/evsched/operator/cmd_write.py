@@ -148,6 +148,22 @@ def enqueue(
     priority: Priority = None,
     max_attempts: MaxAttempts = None,
     job_timeout_s: JobTimeout = None,
+    retention_s: Annotated[
+        float | None,
+        typer.Option(
+            "--retention-s",
+            min=0,
+            help="Seconds the finished job stays in the index (default: EVSCHED_RETENTION_MS).",
+        ),
+    ] = None,
+    key_window_s: Annotated[
+        float | None,
+        typer.Option(
+            "--key-window-s",
+            min=0,
+            help="Seconds after the job ends that its key still returns it (default: 24 h).",
+        ),
+    ] = None,
     app_ref: AppRef = None,
     wait: Wait = True,
     data_dir: DataDir = DEFAULT_DATA_DIR,
@@ -161,9 +177,14 @@ def enqueue(
     choice = TaskChoice(name=task, queue=queue, max_attempts=max_attempts, timeout_s=job_timeout_s)
     spec = resolve_spec(choice, app if app_ref else None, args, kwargs)
     options = EnqueueOptions(
-        delay=delay_s, run_at=at, idempotency_key=idempotency_key, priority=priority
+        delay=delay_s,
+        run_at=at,
+        idempotency_key=idempotency_key,
+        priority=priority,
+        retention=retention_s,
+        key_window=key_window_s,
     )
-    event = enqueue_event(spec, args, kwargs, options, now_ms())
+    event = enqueue_event(spec, args, kwargs, options, now_ms(), defaults=app.settings)
     replica_options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
 
     async def main() -> ExitCode:

@@ -22,6 +22,7 @@ from evsched.core.events import (
     JobEnqueued,
     JobEvent,
     JobLeased,
+    JobPurged,
     JobRequeued,
     LeaseExpired,
     LeaseRenewed,
@@ -55,6 +56,7 @@ NOUNS = {
     "AttemptSucceeded": "completion",
     "AttemptFailed": "failure report",
     "LeaseExpired": "lease expiry",
+    "JobPurged": "purge",
     "ScheduleUpserted": "schedule update",
     "ScheduleDeleted": "schedule deletion",
     "ScheduleFired": "fire",
@@ -98,6 +100,8 @@ def job_reading(
     entry: TimelineEntry, event: JobEvent, before: JobState | None, after: JobState | None
 ) -> str:
     """What ``event`` did to the job (``before`` → ``after``), as the audit shows it."""
+    if entry.verdict is Verdict.APPLIED and isinstance(event, JobPurged):
+        return purged_line(entry)
     if entry.verdict is Verdict.APPLIED and after is not None:
         return _APPLIED[type(event)](event, before, after)
     if entry.verdict is Verdict.DUPLICATE:
@@ -105,6 +109,14 @@ def job_reading(
     if entry.verdict is Verdict.CONFLICT and isinstance(event, JobEnqueued):
         return _conflict(event)
     return _refused(entry, event, before)
+
+
+def purged_line(entry: TimelineEntry) -> str:
+    """When, where and by whom a job was purged, and where its history can still be read."""
+    return (
+        f"purged at {iso(entry.log_at)} at p{entry.partition}@{entry.offset} by "
+        f"{entry.source}: {entry.reason}"
+    )
 
 
 def _refused(entry: TimelineEntry, event: JobEvent, before: JobState | None) -> str:
@@ -254,6 +266,8 @@ def _stale(entry: TimelineEntry, before: JobState) -> str:
 def _refusal(entry: TimelineEntry, event: JobEvent, before: JobState) -> str:
     """Why a transition was refused, from the state it met; the fold's reason as a fallback."""
     match event:
+        case JobPurged():
+            return entry.reason  # the fold names the run, the status or the retention's end
         case JobCancelled() | JobRequeued() if before.status in TERMINAL_STATUSES:
             return f"job is already {before.status}"
         case JobRequeued():

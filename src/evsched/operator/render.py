@@ -98,6 +98,7 @@ def audit_json(found: Audit) -> dict[str, Any]:
             {**entry_json(row.entry, row.reading), "traceback": row.traceback} for row in found.rows
         ],
         "drifted_offsets": [row.entry.offset for row in found.drifted],
+        "purged": None if found.purged is None else entry_json(found.purged, found.purged.reason),
     }
 
 

@@ -33,6 +33,7 @@ from evsched.errors import InvalidEnqueue, InvalidTask
 from evsched.operator.audit import audit
 from evsched.operator.replica_dir import LocalIndex
 from evsched.ports import Appended
+from evsched.settings import Settings
 
 # Where each field of a refused call came from on the command line.
 PARAMETERS = {
@@ -149,9 +150,13 @@ def enqueue_event(
     kwargs: Mapping[str, Any],
     options: EnqueueOptions,
     now_ms: int,
+    *,
+    defaults: Settings | None = None,
 ) -> JobEnqueued:
     try:
-        return build_enqueue(spec, args_bytes(args, kwargs), options, now_ms=now_ms, new_id=new_id)
+        return build_enqueue(
+            spec, args_bytes(args, kwargs), options, now_ms=now_ms, new_id=new_id, defaults=defaults
+        )
     except InvalidEnqueue as exc:
         raise bad(exc.field, exc.reason) from None
 

@@ -1,9 +1,9 @@
 """One owned events partition: fold its records, decide, and commit outputs with offsets atomically.
 
-Each step folds new records into an index batch, plans leases, expiries and cron fires on top of
-it, then sends effects, decisions and dispatch records in one transaction of its outbox. Effects
-always travel with the consumer offset of the records they came from; other steps commit the
-offset every ``OFFSET_COMMIT_INTERVAL_MS``. The index changes go to the state changelog in the
+Each step folds new records into an index batch, plans leases, expiries, cron fires and purges
+on top of it, then sends effects, decisions and dispatch records in one transaction of its outbox.
+Effects always travel with the consumer offset of the records they came from; other steps commit
+the offset every ``OFFSET_COMMIT_INTERVAL_MS``. The index changes go to the state changelog in the
 same transaction (``runtime.changelog``). Only after the transaction commits is the index
 written, so the index never holds a decision, an effect or a change the log does not.
 """
@@ -21,7 +21,7 @@ from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
-from evsched.core import planner
+from evsched.core import planner, retention
 from evsched.core.controls import QUEUE, SCHEDULE
 from evsched.core.events import Event, JobEnqueued, entity_id
 from evsched.core.state import JobState, ScheduleState, Status
@@ -256,6 +256,10 @@ class OwnedPartition:
             if records := self._encode(fired.schedule_id, self._events, fired, enqueued):
                 out += records
                 self.pending.add(fired.event_id, fired.schedule_id, None, deadline)
+        for purge in planner.plan_purges(self._ended(folded, now), now=now, source=self.source):
+            if records := self._encode(purge.job_id, self._events, purge):
+                out += records
+                self.pending.add(purge.event_id, purge.job_id, None, deadline)
         return out
 
     def _lease_records(self, lease: planner.Lease) -> list[Outgoing]:
@@ -315,6 +319,12 @@ class OwnedPartition:
             source=self.source,
             events_offset=self.projector.next_offset,
         )
+
+    def _ended(self, folded: Folded, now: int) -> list[JobState]:
+        """Finished jobs that may be due for a purge: the index's, and those that just ended."""
+        ids = self.index.due_purge_ids(now, self.scan_limit)
+        ids += [j for j, s in folded.batch.jobs.items() if retention.purge_at(s) is not None]
+        return self._jobs(ids, folded)
 
     def _held_back(self, entity: str) -> bool:
         return entity in self.pending.entities or self.quarantine.holds(entity)

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 from evsched.adapters import avro
 from evsched.adapters.index import IndexBatch, PartitionIndex, control_key
+from evsched.adapters.index_purge import Purge
 from evsched.adapters.index_writes import PreparedWrite
+from evsched.core import retention
 from evsched.core.controls import (
     QUEUE,
     SCHEDULE,
@@ -139,12 +141,16 @@ class Projector:
                 self.index.apply(prepared)
             for state in folded.batch.jobs.values():
                 self._remember(state)
+            for job_id in folded.batch.gone - folded.batch.jobs.keys():
+                self._cache.pop(job_id, None)
         if self.on_commit is not None and folded.observed:
             self.on_commit(folded.observed)
 
     def job(self, job_id: str, folded: Folded | None = None) -> JobState | None:
         if folded is not None and job_id in folded.batch.jobs:
             return folded.batch.jobs[job_id]
+        if folded is not None and job_id in folded.batch.gone:
+            return None  # purged earlier in this batch
         cached = self._cache.get(job_id)
         if cached is not None:
             return cached
@@ -204,6 +210,8 @@ class Projector:
         out.batch.timeline.append((event.job_id, entry, raw))
         if self.on_commit is not None:
             out.observed.append(FoldedEvent(entry, before, after))
+        if entry.verdict is Verdict.APPLIED and after is None and before is not None:
+            self._purged(before, position, out)
         if entry.verdict is not Verdict.APPLIED or after is None:
             return
         if event.job_id not in out.batch.before_jobs:
@@ -215,6 +223,21 @@ class Projector:
                 AcceptedEffect(job_id=event.job_id, token=event.token, index=i, effect=effect)
                 for i, effect in enumerate(event.effects)
             )
+
+    def _purged(self, before: JobState, position: Position, out: Folded) -> None:
+        """Record an applied purge: from here on the batch holds nothing for the job."""
+        job_id, batch = before.job_id, out.batch
+        purge = Purge(
+            job_id=job_id,
+            offset=position.offset,
+            log_at=position.log_at,
+            stored=batch.before_jobs.get(job_id, before),
+            mark_until=retention.mark_until(before, position.log_at),
+        )
+        batch.purges.append(purge)
+        batch.before_jobs[job_id] = None
+        batch.jobs.pop(job_id, None)
+        batch.gone.add(job_id)
 
     def _fold_schedule(
         self,

@@ -18,6 +18,7 @@ from evsched.core.events import (
     CONTROL_EVENT_TYPES,
     Event,
     JobLeased,
+    JobPurged,
     Position,
     QueuePaused,
     QueueResumed,
@@ -67,6 +68,9 @@ def refold(
         after_s, judged = fold_schedule_guarded(before_s, event, position, paused=held)
         return Refolded(event, before_s, after_s, judged.verdict)
     before_j = state if isinstance(state, JobState) else None
+    if isinstance(event, JobPurged) and before_j is None and entry.verdict is Verdict.APPLIED:
+        # A purge's own entry outlives the history it ended: there is nothing to fold it on.
+        return Refolded(event, None, None, Verdict.APPLIED)
     queue = before_j.queue if before_j is not None else ""
     held_queues = (
         {queue} if isinstance(event, JobLeased) and paused(QUEUE, queue, entry.offset) else set()

@@ -22,7 +22,7 @@ from evsched.core.state import FoldedEvent, JobState, Status, Verdict
 SERIES_S = 300  # seconds of per-second history the charts show
 MAX_RUNNING = 200_000  # attempts whose start time is remembered for their processing time
 WORKER_EVENTS = frozenset({"AttemptStarted", "LeaseRenewed", "AttemptSucceeded", "AttemptFailed"})
-DECISIONS = frozenset({"JobLeased", "LeaseExpired"})
+DECISIONS = frozenset({"JobLeased", "LeaseExpired", "JobPurged"})
 COMPLETIONS = frozenset({"AttemptSucceeded", "AttemptFailed"})
 PERCENTILES = (50.0, 90.0, 99.0)
 
@@ -117,6 +117,8 @@ class Live:
         if entry.kind in WORKER_EVENTS and entry.verdict is Verdict.APPLIED:
             self.workers[entry.source] = entry.log_at
         if after is None:
+            if entry.verdict is Verdict.APPLIED and folded.before is not None:
+                self.dead.jobs.pop(folded.before.job_id, None)  # purged
             return
         if entry.verdict is Verdict.APPLIED:
             self._applied(folded, after)

@@ -1,0 +1,50 @@
+"""Key layout of the RocksDB index: times and ids encoded so byte order is the order read in.
+
+See projections/README.md for every column family's keys.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from evsched.core.state import JobState
+
+JOBS, DUE, LEASES, TIMELINE, KEYS = "jobs", "due", "leases", "timeline", "keys"
+# Finished jobs by purge time; the purge entries kept for audits, by the time they expire.
+PURGES, MARKS = "purges", "purge_marks"
+U64 = struct.Struct(">Q")
+
+# A job, a schedule and a queue may share an id: their timelines live under different first bytes.
+JOB_TIMELINE, SCHEDULE_TIMELINE, QUEUE_TIMELINE = b"j", b"s", b"q"
+
+
+def _id(value: str) -> bytes:
+    """A length-prefixed id, so ids of any content sort and prefix-scan unambiguously.
+
+    Only ids within the fold's limit (``limits.MAX_ID_BYTES``) are keyed: the 2 bytes hold them.
+    """
+    raw = value.encode()
+    return struct.pack(">H", len(raw)) + raw
+
+
+def time_key(at: int, entity: str) -> bytes:
+    return U64.pack(max(0, at)) + entity.encode()
+
+
+def timeline_key(
+    entity_id: str, offset: int, *, schedule: bool = False, family: bytes | None = None
+) -> bytes:
+    if family is None:
+        family = SCHEDULE_TIMELINE if schedule else JOB_TIMELINE
+    return family + _id(entity_id) + U64.pack(offset)
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix``."""
+    trimmed = prefix.rstrip(b"\xff")
+    return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else b"\xff" * (len(prefix) + 1)
+
+
+def keys_key(state: JobState) -> bytes:
+    """The ``keys`` entry of a keyed job: queue, a NUL, the idempotency key."""
+    return state.queue.encode() + b"\x00" + (state.idempotency_key or "").encode()

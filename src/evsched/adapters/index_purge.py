@@ -1,0 +1,133 @@
+"""Writes a batch's purges into the index: ordinary deletes, so a changelog sees every one.
+
+A purge deletes its job's state, timeline, idempotency key and time-index entries, and keeps its
+own timeline entry (what audits read: when, where, and where the history still is) until
+``mark_until``. Those marks expire deterministically from the log: each applied purge, at log time
+T, first deletes every mark whose time is at most T. So the index after any offset is the same
+however the records were batched, and in steady state it holds no more than two retention periods
+of finished jobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from evsched.adapters.index_keys import (
+    JOBS,
+    KEYS,
+    MARKS,
+    TIMELINE,
+    U64,
+    keys_key,
+    time_key,
+    timeline_key,
+)
+from evsched.core.events import SCHEDULE_EVENT_TYPES
+from evsched.core.state import JobState, TimelineEntry
+
+_SCHEDULE_KINDS = frozenset(cls.__name__ for cls in SCHEDULE_EVENT_TYPES)
+
+
+@dataclass(frozen=True, slots=True)
+class Purge:
+    """An applied JobPurged: the job goes; the purge's timeline entry stays until ``mark_until``.
+
+    ``stored`` is what the index held for the job when the batch began (None: nothing).
+    """
+
+    job_id: str
+    offset: int
+    log_at: int
+    stored: JobState | None
+    mark_until: int
+
+
+class PurgeTarget(Protocol):
+    """What of the index the purges write through."""
+
+    def h(self, name: str) -> Any: ...
+
+    def scan(
+        self, name: str, start: bytes = b"", end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def delete_secondary(self, wb: Any, state: JobState) -> None: ...
+
+    def low(self, name: str) -> int: ...
+
+    def lower(self, name: str, at: int) -> None: ...
+
+    def raise_low(self, name: str, at: int) -> None: ...
+
+
+class PurgeWriter:
+    """The deletes and marks of one batch's purges, added to its WriteBatch in log order."""
+
+    def __init__(
+        self,
+        index: PurgeTarget,
+        wb: Any,
+        purges: Sequence[Purge],
+        timeline: Sequence[tuple[str, TimelineEntry, bytes]],
+    ) -> None:
+        self._index = index
+        self._wb = wb
+        self._purges = purges
+        # Marks in the index below this time are deleted already (before or in this batch).
+        self._scanned = index.low(MARKS)
+        self._created: dict[bytes, tuple[str, int]] = {}
+        # This batch's own timeline entries per job: a purge deletes those below it too.
+        self._offsets: dict[str, list[int]] = {}
+        for entity_id, entry, _ in timeline:
+            if entry.kind not in _SCHEDULE_KINDS:
+                self._offsets.setdefault(entity_id, []).append(entry.offset)
+
+    def write(self) -> None:
+        for purge in self._purges:
+            self._expire_marks(purge.log_at)
+            self._drop_job(purge)
+            self._mark(purge)
+        self._index.raise_low(MARKS, self._scanned)
+        for key in self._created:
+            self._index.lower(MARKS, _time(key))
+
+    def _expire_marks(self, log_at: int) -> None:
+        end = log_at + 1
+        if end > self._scanned:
+            for key, value in self._index.scan(MARKS, U64.pack(self._scanned), U64.pack(end)):
+                self._expire(key, key[8:].decode(), int(U64.unpack(value)[0]))
+            self._scanned = end
+        for key, (job_id, offset) in list(self._created.items()):
+            if _time(key) <= log_at:
+                del self._created[key]
+                self._expire(key, job_id, offset)
+
+    def _expire(self, key: bytes, job_id: str, offset: int) -> None:
+        self._wb.delete(key, self._index.h(MARKS))
+        self._wb.delete(timeline_key(job_id, offset), self._index.h(TIMELINE))
+
+    def _drop_job(self, purge: Purge) -> None:
+        job_id, timeline = purge.job_id, self._index.h(TIMELINE)
+        first, upto = timeline_key(job_id, 0), timeline_key(job_id, purge.offset)
+        for key, _ in self._index.scan(TIMELINE, first, upto):
+            self._wb.delete(key, timeline)
+        for offset in self._offsets.get(job_id, ()):
+            if offset < purge.offset:
+                self._wb.delete(timeline_key(job_id, offset), timeline)
+        stored = purge.stored
+        if stored is not None:
+            self._wb.delete(job_id.encode(), self._index.h(JOBS))
+            self._index.delete_secondary(self._wb, stored)
+            if stored.idempotency_key is not None:
+                self._wb.delete(keys_key(stored), self._index.h(KEYS))
+
+    def _mark(self, purge: Purge) -> None:
+        key = time_key(purge.mark_until, purge.job_id)
+        self._wb.put(key, U64.pack(purge.offset), self._index.h(MARKS))
+        self._created[key] = (purge.job_id, purge.offset)
+
+
+def _time(key: bytes) -> int:
+    return int(U64.unpack(key[:8])[0])

@@ -1,0 +1,67 @@
+"""Retention and idempotency-key windows: when a finished job may be purged or its key reused.
+
+Both windows count log time (the broker's append time) from the moment the job ended, which is its
+``updated_at`` once terminal: nothing but a requeue, a new run or a purge applies to a finished job.
+A job carries the windows its enqueue asked for; None means the defaults here, so every replica and
+replay reaches the same decision from the log alone. See docs/job-lifecycle.md, "Retention".
+"""
+
+from __future__ import annotations
+
+from evsched.core.state import TERMINAL_STATUSES, JobState
+
+DAY_MS = 86_400_000
+DEFAULT_RETENTION_MS = 7 * DAY_MS
+DEFAULT_KEY_WINDOW_MS = DAY_MS
+
+
+def retention_ms(state: JobState) -> int:
+    return DEFAULT_RETENTION_MS if state.retention_ms is None else state.retention_ms
+
+
+def key_window_ms(state: JobState) -> int:
+    return DEFAULT_KEY_WINDOW_MS if state.key_window_ms is None else state.key_window_ms
+
+
+def purge_at(state: JobState) -> int | None:
+    """The log time from which ``state`` may be purged, or None while the job is not finished."""
+    if state.status not in TERMINAL_STATUSES:
+        return None
+    return state.updated_at + retention_ms(state)
+
+
+def key_window_passed(state: JobState, log_at: int) -> bool:
+    """Whether an enqueue at ``log_at`` starts a new run of this keyed, finished job."""
+    if state.idempotency_key is None or state.status not in TERMINAL_STATUSES:
+        return False
+    return log_at >= state.updated_at + key_window_ms(state)
+
+
+def purge_refusal(state: JobState, generation: int, log_at: int) -> str | None:
+    """Why a purge of run ``generation`` at ``log_at`` must be rejected, or None."""
+    if generation != state.generation:
+        return f"cannot purge run {generation}: the job is at run {state.generation}"
+    if state.status not in TERMINAL_STATUSES:
+        return f"cannot purge: job is {state.status}"
+    due = state.updated_at + retention_ms(state)
+    if log_at < due:
+        return f"cannot purge before its retention ends at {due} (log time {log_at})"
+    return None
+
+
+def purge_reason(state: JobState, partition: int) -> str:
+    """The audit's reading of an applied purge: what ended and where the history still is."""
+    return (
+        f"purged {state.status} run {state.generation} after {retention_ms(state)} ms of "
+        f"retention; its history is on the events log from partition {partition} offset "
+        f"{state.first_offset}, or in an archive of it"
+    )
+
+
+def mark_until(state: JobState, log_at: int) -> int:
+    """Until when the purge's own timeline entry stays in the index, for audits.
+
+    As long as the job was kept: the index then holds at most two retention periods of finished
+    jobs, whatever the age of the deployment (flat in steady state).
+    """
+    return log_at + retention_ms(state)
