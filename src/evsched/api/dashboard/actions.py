@@ -213,9 +213,7 @@ async def _bulk(view: Viewer, ids: list[str]) -> list[str]:
 @router.get("/schedules", response_class=HTMLResponse)
 async def schedules(view: View, cursor: str | None = None) -> HTMLResponse:
     listed = await schedule_routes.list_schedules(view.ctx, limit=100, cursor=cursor or None)
-    rows = [
-        (s, _next_job(s.id, s.next_fire_at), _paused(view, s.id)) for s in listed.schedules
-    ]
+    rows = [(s, _next_job(s.id, s.next_fire_at), _paused(view, s.id)) for s in listed.schedules]
     return view.page("schedules.html", schedules=rows, next_cursor=listed.next_cursor)
 
 
