@@ -52,6 +52,7 @@ def role_acls(namespace: str) -> list[AclRule]:
         topic("worker", "Read Describe DescribeConfigs", dispatch, prefixed=True),
         topic("worker", "Read Write Describe DescribeConfigs", events),
         topic("worker", "Describe DescribeConfigs", effects),
+        topic("worker", "Describe DescribeConfigs", state),
         other("worker", "Read", "Group", f"{namespace}.workers.", prefixed=True),
         # Downstream services reading accepted effects, in groups of their own.
         topic("effects-reader", "Read Describe", effects),
