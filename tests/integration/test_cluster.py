@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -73,13 +74,32 @@ async def admin(cluster: LocalCluster) -> AsyncIterator[AIOKafkaAdminClient]:
         await client.close()
 
 
+async def described(admin: AIOKafkaAdminClient, topic: str) -> dict[str, Any]:
+    """The topic's description once every broker's metadata lists its partitions with leaders.
+
+    A topic just created may be described by a broker whose metadata has not caught up yet: it
+    answers with no partitions (or leaders of -1) for a moment.
+    """
+
+    found: dict[str, Any] = {}
+
+    async def visible() -> bool:
+        [answer] = await admin.describe_topics([topic])
+        partitions = answer.get("partitions") or []
+        found.update(answer)
+        return bool(partitions) and all(p["leader"] >= 0 for p in partitions)
+
+    await _wait_for(visible, f"{topic}'s partitions in the metadata", timeout_s=60)
+    return found
+
+
 async def replication(admin: AIOKafkaAdminClient, topic: str) -> tuple[set[int], str]:
     """(replica counts over the topic's partitions, its min.insync.replicas)."""
-    [described] = await admin.describe_topics([topic])
+    described_ = await described(admin, topic)
     [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
     [resource] = response.to_object()["resources"]
     configs = {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
-    return {len(p["replicas"]) for p in described["partitions"]}, configs["min.insync.replicas"]
+    return {len(p["replicas"]) for p in described_["partitions"]}, configs["min.insync.replicas"]
 
 
 async def test_every_topic_gets_three_replicas_and_min_isr_two(
@@ -143,8 +163,8 @@ async def test_acknowledged_writes_survive_a_killed_broker_and_it_rejoins(
     namespace = unique_name("cl")
     await ensure_topics(cluster.bootstrap, namespace, event_partitions=3, queues=[])
     events = Topics(namespace).events
-    [described] = await admin.describe_topics([events])
-    leader = next(p["leader"] for p in described["partitions"] if p["partition"] == 0)
+    found = await described(admin, events)
+    leader = next(p["leader"] for p in found["partitions"] if p["partition"] == 0)
     victim = cluster.node(leader)
     pid = victim.status().pid
     assert pid is not None
@@ -189,8 +209,8 @@ async def test_a_broker_frozen_past_its_session_timeout_is_fenced_then_rejoins(
     namespace = unique_name("cl")
     await ensure_topics(cluster.bootstrap, namespace, event_partitions=3, queues=[])
     events = Topics(namespace).events
-    [described] = await admin.describe_topics([events])
-    leader = next(p["leader"] for p in described["partitions"] if p["partition"] == 0)
+    found = await described(admin, events)
+    leader = next(p["leader"] for p in found["partitions"] if p["partition"] == 0)
     pid = cluster.node(leader).status().pid
     assert pid is not None
     settings = Settings(bootstrap=cluster.bootstrap, namespace=namespace, event_partitions=3)
