@@ -122,10 +122,10 @@ async def _schedule_control(
         missing = reader.schedule(ctx.replica, schedule_id) is None
         status, code = (404, "not_found") if missing else (409, "conflict")
         raise ApiError(status, code, entry.reason)
-    return _schedule_view(ctx, schedule_id)
+    return schedule_view(ctx, schedule_id)
 
 
-def _schedule_view(ctx: Ctx, schedule_id: str) -> ScheduleControl:
+def schedule_view(ctx: Ctx, schedule_id: str) -> ScheduleControl:
     partition = ctx.replica.partition_of(schedule_id)
     state = ctx.replica.index(partition).control(SCHEDULE, schedule_id)
     return ScheduleControl(

@@ -198,31 +198,16 @@ def _requeued(state: JobState | None, event: JobRequeued, position: Position) ->
         why = " (a succeeded job needs rerun)" if state.status is Status.SUCCEEDED else ""
         return state, Verdict.REJECTED, f"cannot requeue: job is {state.status}{why}"
     run_at = position.log_at if event.run_at is None else event.run_at
-    if rerun:
-        # Its earlier result and progress are gone from the state (the log keeps them): a
-        # reader waiting for the rerun's result must not take the old one, nor the run resume.
-        again = _applied(
-            state,
-            event,
-            position,
-            status=Status.SCHEDULED,
-            attempt=0,
-            run_at=run_at,
-            result=None,
-            checkpoint=None,
-        )
-        return again, Verdict.APPLIED, f"requeued by {event.source} to run again (rerun)"
-    requeued = _applied(
-        state,
-        event,
-        position,
-        status=Status.SCHEDULED,
-        attempt=0,
-        run_at=run_at,
-        lease_until=None,
-        worker_id=None,
+    # A rerun's earlier result and progress leave the state (the log keeps them): a reader waiting
+    # for the rerun's result must not take the old one, nor the run resume from its checkpoint.
+    cleared = (
+        {"result": None, "checkpoint": None} if rerun else {"lease_until": None, "worker_id": None}
     )
-    return requeued, Verdict.APPLIED, f"requeued by {event.source} with a fresh attempt budget"
+    requeued = _applied(
+        state, event, position, status=Status.SCHEDULED, attempt=0, run_at=run_at, **cleared
+    )
+    why = "to run again (rerun)" if rerun else "with a fresh attempt budget"
+    return requeued, Verdict.APPLIED, f"requeued by {event.source} {why}"
 
 
 def _leased(state: JobState | None, event: JobLeased, position: Position) -> Step:

@@ -24,7 +24,6 @@ from evsched.api.dashboard.session import COOKIE, LOGIN_COOKIE, LOGIN_FORM_S, SE
 from evsched.api.errors import ApiError
 from evsched.api.models import CancelRequest, RequeueRequest
 from evsched.api.writes import NotYetApplied
-from evsched.core.controls import SCHEDULE
 from evsched.core.ids import job_id_for_fire
 
 router = APIRouter(include_in_schema=False)
@@ -218,9 +217,7 @@ async def schedules(view: View, cursor: str | None = None) -> HTMLResponse:
 
 
 def _paused(view: Viewer, schedule_id: str) -> bool:
-    replica = view.ctx.replica
-    state = replica.index(replica.partition_of(schedule_id)).control(SCHEDULE, schedule_id)
-    return state is not None and state.paused
+    return control_routes.schedule_view(view.ctx, schedule_id).paused
 
 
 def _next_job(schedule_id: str, next_fire_at: datetime | None) -> str | None:
@@ -232,20 +229,29 @@ def _next_job(schedule_id: str, next_fire_at: datetime | None) -> str | None:
 
 @router.post("/schedules/{schedule_id}/pause", response_model=None)
 async def pause_schedule(view: View, schedule_id: str, csrf: Csrf = None) -> Response:
-    if (refused := _allowed(view, csrf)) is not None:
-        return refused
-    request = ControlRequest(reason="paused from the dashboard")
-    outcome = await _one(control_routes.pause_schedule(view.ctx, schedule_id, request))
-    return _back("/schedules", f"pause {schedule_id}: {outcome}")
+    return await _switch(view, schedule_id, csrf, pause=True)
 
 
 @router.post("/schedules/{schedule_id}/resume", response_model=None)
 async def resume_schedule(view: View, schedule_id: str, csrf: Csrf = None) -> Response:
+    return await _switch(view, schedule_id, csrf, pause=False)
+
+
+async def _switch(view: Viewer, schedule_id: str, csrf: str | None, *, pause: bool) -> Response:
+    """Pause or resume a schedule through the API's own route, so it is audited the same way."""
     if (refused := _allowed(view, csrf)) is not None:
         return refused
-    request = ControlRequest(reason="resumed from the dashboard")
-    outcome = await _one(control_routes.resume_schedule(view.ctx, schedule_id, request))
-    return _back("/schedules", f"resume {schedule_id}: {outcome}")
+    verb, route = (
+        ("pause", control_routes.pause_schedule)
+        if pause
+        else (
+            "resume",
+            control_routes.resume_schedule,
+        )
+    )
+    request = ControlRequest(reason=f"{verb}d from the dashboard")
+    outcome = await _one(route(view.ctx, schedule_id, request))
+    return _back("/schedules", f"{verb} {schedule_id}: {outcome}")
 
 
 @router.post("/schedules/{schedule_id}/delete", response_model=None)
