@@ -166,13 +166,15 @@ class KafkaJobFeed:
                 if raws and tp.partition not in sought:
                     self._deliver(tp.partition, raws)
 
-    def _deliver(self, partition: int, raws: list[object]) -> None:
+    def _deliver(self, partition: int, raws: list[Any]) -> None:
         follows = self._follows.get(partition, [])
         for raw in raws:
-            record = kafka.to_record(raw)
+            # Most records are other jobs': match on the raw key, convert only what is given.
+            record: Record | None = None
             for watch in follows:
-                if record.key == watch.key and record.offset >= watch.next:
-                    watch.next = record.offset + 1
+                if raw.key == watch.key and raw.offset >= watch.next:
+                    record = record or kafka.to_record(raw)
+                    watch.next = raw.offset + 1
                     watch.queue.put_nowait(record)
-        last = kafka.to_record(raws[-1]).offset + 1
+        last = raws[-1].offset + 1
         self._read_to[partition] = max(self._read_to.get(partition, 0), last)
