@@ -40,22 +40,23 @@ def broker_errors(what: str) -> Iterator[None]:
         raise BrokerUnavailable(f"{what}: {exc!r}") from exc
 
 
+async def start_consumer(consumer: AIOKafkaConsumer, what: str) -> None:
+    """Start ``consumer``; one that fails to start is stopped, so nothing is left open."""
+    with broker_errors(what):
+        try:
+            await consumer.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+            raise
+
+
 class _Reader:
     """Reads of an assigned (or group-assigned) set of partitions of one topic."""
 
     def __init__(self, topic: str, consumer: AIOKafkaConsumer) -> None:
         self.topic = topic
         self._consumer = consumer
-
-    async def _start(self, what: str) -> None:
-        """Start the consumer; one that fails to start is stopped, so nothing is left open."""
-        with broker_errors(what):
-            try:
-                await self._consumer.start()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await self._consumer.stop()
-                raise
 
     async def close(self) -> None:
         with contextlib.suppress(KafkaError):
@@ -112,7 +113,7 @@ class KafkaPartitionLog(_Reader):
         self.partitions = sorted(partitions)
 
     async def start(self) -> None:
-        await self._start(f"start a reader of {self.topic}")
+        await start_consumer(self._consumer, f"start a reader of {self.topic}")
         self._consumer.assign([self._tp(p) for p in self.partitions])
 
     async def __aenter__(self) -> KafkaPartitionLog:
@@ -159,7 +160,7 @@ class KafkaGroupConsumer(_Reader):
         consumer.subscribe([topic], listener=_Listener(listener))
 
     async def start(self) -> None:
-        await self._start(f"join the group of {self.topic}")
+        await start_consumer(self._consumer, f"join the group of {self.topic}")
 
     def assignment(self) -> set[int]:
         return {tp.partition for tp in self._consumer.assignment()}

@@ -17,7 +17,7 @@ import structlog
 from aiokafka.structs import TopicPartition
 
 from evsched.adapters import kafka
-from evsched.adapters.kafka_events import broker_errors, partition_for
+from evsched.adapters.kafka_events import broker_errors, partition_for, start_consumer
 from evsched.adapters.topics import partition_count
 from evsched.errors import BrokerUnavailable, EvschedError
 from evsched.ports import Record
@@ -74,13 +74,9 @@ class KafkaJobFeed:
         self._consumer = kafka.consumer(
             self._settings, group_id=None, client_id=self._client_id, **LATENCY_OPTIONS
         )
-        with broker_errors(f"start a follower of {self.topic}"):
-            try:
-                await self._consumer.start()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await self._consumer.stop()
-                raise
+        what = f"start a follower of {self.topic}"
+        await start_consumer(self._consumer, what)
+        with broker_errors(what):
             tps = [self._tp(p) for p in range(self._count)]
             self._consumer.assign(tps)
             self._consumer.pause(*tps)
