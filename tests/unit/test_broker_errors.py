@@ -62,7 +62,7 @@ async def test_closing_an_event_log_whose_producer_fails_to_stop_is_logged(
             return None
 
     monkeypatch.setattr(
-        "evsched.adapters.kafka_log.producer", lambda settings, **_: StartsThenFailsToStop()
+        "evsched.adapters.kafka.producer", lambda settings, **_: StartsThenFailsToStop()
     )
     log = KafkaEventLog(NOWHERE, client_id="c")
     await log.start()
@@ -91,7 +91,7 @@ async def test_an_event_log_that_cannot_start_its_producer_is_a_publish_error(
 ) -> None:
     made: list[Unreachable] = []
     monkeypatch.setattr(
-        "evsched.adapters.kafka_log.producer",
+        "evsched.adapters.kafka.producer",
         lambda settings, **_: made.append(Unreachable()) or made[-1],
     )
     log = KafkaEventLog(NOWHERE, client_id="c")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import (
     InvalidProducerEpoch,
@@ -14,8 +15,11 @@ from aiokafka.errors import (
     UnknownProducerId,
 )
 
+from evsched.errors import PublishError
 from evsched.ports import Record
 from evsched.settings import Settings
+
+log = structlog.get_logger("evsched.transport")
 
 # Errors after which a producer can never be used again: close it and make a new one.
 FATAL_PRODUCER_ERRORS: tuple[type[BaseException], ...] = (
@@ -63,6 +67,27 @@ def producer(
     return AIOKafkaProducer(**options)
 
 
+async def start_producer(
+    settings: Settings, *, client_id: str, transactional_id: str | None = None
+) -> AIOKafkaProducer:
+    """A started ``producer``; one that cannot start is stopped and raises PublishError."""
+    fresh = producer(settings, client_id=client_id, transactional_id=transactional_id)
+    try:
+        await fresh.start()
+    except KafkaError as exc:
+        await stop_producer(fresh)
+        raise PublishError(f"cannot reach Kafka at {settings.bootstrap}: {exc!r}") from exc
+    return fresh
+
+
+async def stop_producer(spent: AIOKafkaProducer) -> None:
+    """Stop a producer; a failure is only logged (what it had not sent was reported already)."""
+    try:
+        await spent.stop()
+    except KafkaError as exc:
+        log.warning("producer_stop_failed", error=repr(exc))
+
+
 # The group's failure detection: a member (node or worker) killed without leaving the group is
 # noticed after session_timeout_ms, and its partitions move to the others. The broker's minimum
 # is 6 s (group.min.session.timeout.ms); heartbeats go twice as often as Kafka's rule of thumb,
@@ -100,4 +125,12 @@ def consumer(
     return AIOKafkaConsumer(*topics, **options)
 
 
-__all__ = ["KafkaError", "consumer", "is_fatal_producer_error", "producer", "to_record"]
+__all__ = [
+    "KafkaError",
+    "consumer",
+    "is_fatal_producer_error",
+    "producer",
+    "start_producer",
+    "stop_producer",
+    "to_record",
+]

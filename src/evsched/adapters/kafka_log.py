@@ -8,7 +8,12 @@ from typing import Any
 
 import structlog
 
-from evsched.adapters.kafka import KafkaError, is_fatal_producer_error, producer
+from evsched.adapters.kafka import (
+    KafkaError,
+    is_fatal_producer_error,
+    start_producer,
+    stop_producer,
+)
 from evsched.adapters.kafka_txn import AtomicWriter, appended
 from evsched.errors import PublishError
 from evsched.ports import Appended, Outbound
@@ -38,7 +43,7 @@ class KafkaEventLog:
         async with self._lock:
             old, self._producer = self._producer, None
         if old is not None:
-            await self._stop(old)
+            await stop_producer(old)
 
     async def append(self, topic: str, key: str, value: bytes) -> Appended:
         for attempt in (1, 2):
@@ -98,26 +103,11 @@ class KafkaEventLog:
     async def _current(self) -> Any:
         async with self._lock:
             if self._producer is None:
-                fresh = producer(self._settings, client_id=self._client_id)
-                try:
-                    await fresh.start()
-                except KafkaError as exc:
-                    await self._stop(fresh)
-                    raise PublishError(
-                        f"cannot reach Kafka at {self._settings.bootstrap}: {exc!r}"
-                    ) from exc
-                self._producer = fresh
+                self._producer = await start_producer(self._settings, client_id=self._client_id)
             return self._producer
 
     async def _discard(self, broken: Any) -> None:
         async with self._lock:
             if self._producer is broken:
                 self._producer = None
-        await self._stop(broken)
-
-    @staticmethod
-    async def _stop(spent: Any) -> None:
-        try:
-            await spent.stop()
-        except KafkaError as exc:  # what it had not sent was already reported as a PublishError
-            log.warning("producer_stop_failed", error=repr(exc))
+        await stop_producer(broken)

@@ -11,15 +11,11 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-import structlog
-
 from evsched.adapters.ids import new_id
-from evsched.adapters.kafka import KafkaError, producer
+from evsched.adapters.kafka import KafkaError, start_producer, stop_producer
 from evsched.errors import PublishError
 from evsched.ports import Appended, Outbound
 from evsched.settings import Settings
-
-log = structlog.get_logger("evsched.transport")
 
 LOG_APPEND_TIME = 1
 
@@ -63,29 +59,14 @@ class AtomicWriter:
     async def _current(self) -> Any:
         if self._producer is None:
             # Unique per writer: two clients must not fence each other's batches.
-            fresh = producer(
+            self._producer = await start_producer(
                 self._settings,
                 client_id=self._client_id,
                 transactional_id=f"{self._client_id}-batch-{new_id()}",
             )
-            try:
-                await fresh.start()
-            except KafkaError as exc:
-                await _stop(fresh)
-                raise PublishError(
-                    f"cannot reach Kafka at {self._settings.bootstrap}: {exc!r}"
-                ) from exc
-            self._producer = fresh
         return self._producer
 
     async def _drop(self) -> None:
         old, self._producer = self._producer, None
         if old is not None:
-            await _stop(old)
-
-
-async def _stop(spent: Any) -> None:
-    try:
-        await spent.stop()
-    except KafkaError as exc:
-        log.warning("producer_stop_failed", error=repr(exc))
+            await stop_producer(old)
