@@ -21,10 +21,12 @@ from aiokafka.errors import (
     TransactionalIdAuthorizationFailed,
 )
 from tests.integration.engine import wait_for
+from tests.integration.scenario_app import make_app
 from tests.integration.secure_stack import APP, SecureStack, free_ports, secure_broker
 
 from evsched.adapters import kafka
 from evsched.adapters.topics import Topics
+from evsched.client.batch import Outcome
 from evsched.devstack.certs import make_ca
 from evsched.devstack.secure import SecureBroker
 
@@ -175,6 +177,28 @@ async def test_a_producer_cannot_pose_as_a_node(stack: SecureStack) -> None:
             stack, "producer", f"{stack.namespace}.events",
             transactional_id=f"{stack.namespace}.node.p0",
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("user", "written"), [("producer", True), ("api", True), ("worker", False)]
+)
+async def test_producers_and_the_api_write_atomic_batches(
+    stack: SecureStack, user: str, written: bool
+) -> None:
+    """An atomic batch is one transaction under its writer's ``<ns>.batch.`` id: producers and
+    the API (``POST /v1/jobs:batch``, same writer) may use one, a worker may not."""
+    app = make_app(stack.broker.client_settings(user, stack.namespace))
+    noop = app.get_task("s.noop")
+    try:
+        results = await asyncio.wait_for(
+            app.enqueue_many([noop.call(), noop.call()], atomic=True), 120
+        )
+    finally:
+        await app.close()
+    expected = Outcome.ACCEPTED if written else Outcome.FAILED
+    assert [r.outcome for r in results] == [expected] * 2, results
+    if not written:
+        assert "TransactionalIdAuthorizationFailed" in results[0].message, results
 
 
 def _one_line_error(text: str, prefix: str) -> str:

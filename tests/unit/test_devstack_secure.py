@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 
 from evsched.adapters.kafka_acls import AclRule
+from evsched.adapters.kafka_txn import AtomicWriter, batch_transactional_id
 from evsched.devstack.acls import ROLES, acl_table, kafka_acls_command, role_acls
 from evsched.devstack.certs import make_ca, make_server_cert
 from evsched.devstack.secure import SecureBroker
+from evsched.errors import PublishError
+from evsched.ports import Outbound
 from evsched.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,15 +26,15 @@ def test_docs_show_exactly_the_acls_the_tests_apply() -> None:
     assert acl_table("evsched") in text
 
 
-def _may(role: str, operation: str, topic: str) -> bool:
+def _may(role: str, operation: str, name: str, kind: str = "Topic") -> bool:
     def matches(rule: AclRule) -> bool:
         if rule.prefixed:
-            return topic.startswith(rule.name)
-        return topic == rule.name
+            return name.startswith(rule.name)
+        return name == rule.name
 
     return any(
         rule.principal == f"User:{role}"
-        and rule.resource_type == "Topic"
+        and rule.resource_type == kind
         and operation in rule.operations
         and matches(rule)
         for rule in role_acls("ns")
@@ -46,6 +49,32 @@ def test_only_nodes_write_dispatch_and_effects_and_only_operators_create(role: s
     # Another namespace is out of reach of every role.
     for operation in ("Read", "Write", "Describe", "Create"):
         assert not _may(role, operation, "other.events")
+
+
+async def test_only_producers_and_the_api_may_write_atomic_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The atomic writer's transactional id is one the ACLs of producers and the API cover."""
+    asked: list[str | None] = []
+
+    async def start_producer(settings: Settings, **options: str | None) -> object:
+        asked.append(options["transactional_id"])
+        raise PublishError("no broker here")
+
+    monkeypatch.setattr("evsched.adapters.kafka_txn.start_producer", start_producer)
+    writer = AtomicWriter(Settings(namespace="ns"), client_id="evsched-api")
+    with pytest.raises(PublishError):
+        await writer.write("ns.events", [Outbound("job", b"v")])
+    (transactional_id,) = asked
+    assert transactional_id is not None
+    assert transactional_id != batch_transactional_id("ns", "evsched-api")  # unique per writer
+    for role in ROLES:
+        for operation in ("Write", "Describe"):
+            allowed = _may(role, operation, transactional_id, "TransactionalId")
+            assert allowed is (role in {"producer", "api"}), (role, operation)
+        # A batch writer can never use a node's id (and fence the node).
+        node_id = "ns.node.p0"
+        assert _may(role, "Write", node_id, "TransactionalId") is (role == "node")
 
 
 def test_the_stock_tool_command_of_a_rule() -> None:

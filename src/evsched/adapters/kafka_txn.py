@@ -20,6 +20,17 @@ from evsched.settings import Settings
 LOG_APPEND_TIME = 1
 
 
+def batch_id_prefix(namespace: str) -> str:
+    """What every atomic writer's transactional id in ``namespace`` starts with (its ACL)."""
+    return f"{namespace}.batch."
+
+
+def batch_transactional_id(namespace: str, client_id: str) -> str:
+    """A new writer's id: unique, so two clients never fence each other's batches, and under
+    the namespace's prefix, so one prefixed ACL lets producers and the API write batches."""
+    return f"{batch_id_prefix(namespace)}{client_id}.{new_id()}"
+
+
 def appended(topic: str, metadata: Any) -> Appended:
     log_at = metadata.timestamp if metadata.timestamp_type == LOG_APPEND_TIME else None
     return Appended(topic, metadata.partition, metadata.offset, log_at)
@@ -58,11 +69,10 @@ class AtomicWriter:
 
     async def _current(self) -> Any:
         if self._producer is None:
-            # Unique per writer: two clients must not fence each other's batches.
             self._producer = await start_producer(
                 self._settings,
                 client_id=self._client_id,
-                transactional_id=f"{self._client_id}-batch-{new_id()}",
+                transactional_id=batch_transactional_id(self._settings.namespace, self._client_id),
             )
         return self._producer
 

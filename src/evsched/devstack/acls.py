@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from evsched.adapters.kafka_acls import AclRule
+from evsched.adapters.kafka_txn import batch_id_prefix
 
 # One SASL user per role; docs/security.md says what each may write and why.
 ROLES = ("producer", "api", "node", "worker", "effects-reader", "operator")
@@ -32,14 +33,17 @@ def role_acls(namespace: str) -> list[AclRule]:
             prefixed=prefixed,
         )
 
+    batches = batch_id_prefix(namespace)  # atomic batches: one transaction each
     return [
         # Producers (services with the client library, `evsched enqueue/cancel/requeue`).
         topic("producer", "Read Write Describe", events),  # reads: the CLI waits for the verdict
         topic("producer", "Describe", dispatch, prefixed=True),  # which queues are declared
+        other("producer", "Write Describe", "TransactionalId", batches, prefixed=True),
         # The API writes like a producer and folds <ns>.events into its read replica.
         topic("api", "Read Write Describe", events),
         topic("api", "Describe", dispatch, prefixed=True),
         topic("api", "Read Describe", state),  # a new replica restores from the changelog
+        other("api", "Write Describe", "TransactionalId", batches, prefixed=True),
         # Nodes: the only principal that decides, dispatches and publishes effects.
         topic("node", "Read Write Describe DescribeConfigs", events),
         topic("node", "Write Describe DescribeConfigs", dispatch, prefixed=True),
