@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from evsched.adapters.kafka_acls import AclRule
 from evsched.adapters.kafka_txn import batch_id_prefix
+from evsched.adapters.topics import Topics
 
 # One SASL user per role; docs/security.md says what each may write and why.
 ROLES = ("producer", "api", "node", "worker", "effects-reader", "operator")
@@ -11,18 +12,9 @@ ROLES = ("producer", "api", "node", "worker", "effects-reader", "operator")
 
 def role_acls(namespace: str) -> list[AclRule]:
     """Every ALLOW rule the roles of ``namespace`` need, and nothing more."""
-    events, effects = f"{namespace}.events", f"{namespace}.effects"
-    state = f"{namespace}.state"
-    dispatch = f"{namespace}.dispatch."
-
-    def topic(user: str, ops: str, name: str, *, prefixed: bool = False) -> AclRule:
-        return AclRule(
-            principal=f"User:{user}",
-            operations=tuple(ops.split()),
-            resource_type="Topic",
-            name=name,
-            prefixed=prefixed,
-        )
+    names = Topics(namespace)
+    events, effects, state = names.events, names.effects, names.state
+    dispatch = f"{namespace}.dispatch."  # every queue's: Topics.dispatch names one
 
     def other(user: str, ops: str, kind: str, name: str, *, prefixed: bool = False) -> AclRule:
         return AclRule(
@@ -32,6 +24,9 @@ def role_acls(namespace: str) -> list[AclRule]:
             name=name,
             prefixed=prefixed,
         )
+
+    def topic(user: str, ops: str, name: str, *, prefixed: bool = False) -> AclRule:
+        return other(user, ops, "Topic", name, prefixed=prefixed)
 
     batches = batch_id_prefix(namespace)  # atomic batches: one transaction each
     return [
@@ -49,7 +44,7 @@ def role_acls(namespace: str) -> list[AclRule]:
         topic("node", "Write Describe DescribeConfigs", dispatch, prefixed=True),
         topic("node", "Write Describe DescribeConfigs", effects),
         topic("node", "Read Write Describe DescribeConfigs", state),  # the index's changelog
-        other("node", "Read", "Group", f"{namespace}.nodes"),
+        other("node", "Read", "Group", names.node_group),
         other("node", "Write Describe", "TransactionalId", f"{namespace}.node.", prefixed=True),
         # Workers: read their dispatch topics, write attempt events and read them back (a running
         # job's cancel reaches its handler); they check the base topics.
