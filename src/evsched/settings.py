@@ -7,7 +7,7 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from evsched.core.limits import MAX_DURATION_MS, namespace_refusal
 from evsched.errors import EvschedError
@@ -22,8 +22,6 @@ REPLICATION_FACTOR_ENV = "EVSCHED_REPLICATION_FACTOR"
 # Client security settings passed through to the Kafka client, for clusters beyond the local one
 # (docs/security.md lists them); the password may come from a file instead.
 _SECURITY_ENV = {
-    "EVSCHED_KAFKA_SECURITY_PROTOCOL": "security_protocol",
-    "EVSCHED_KAFKA_SASL_MECHANISM": "sasl_mechanism",
     "EVSCHED_KAFKA_SASL_USERNAME": "sasl_plain_username",
     "EVSCHED_KAFKA_SASL_PASSWORD": "sasl_plain_password",
 }
@@ -33,6 +31,9 @@ _MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI")
 _BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 # Options whose values never appear in a repr or a log line.
 _SECRET_OPTIONS = frozenset({"sasl_plain_password", "sasl_oauth_token_provider"})
+
+
+_Default = TypeVar("_Default", int, None)
 
 
 class SettingsError(EvschedError, ValueError):
@@ -75,10 +76,33 @@ class Settings:
         return cls(
             bootstrap=env.get("EVSCHED_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP),
             namespace=env.get("EVSCHED_NAMESPACE", DEFAULT_NAMESPACE),
-            event_partitions=_partitions(env.get("EVSCHED_EVENT_PARTITIONS")),
-            replication_factor=_replication_factor(env.get(REPLICATION_FACTOR_ENV)),
-            retention_ms=_window("EVSCHED_RETENTION_MS", env),
-            key_window_ms=_window("EVSCHED_KEY_WINDOW_MS", env),
+            event_partitions=_int_env(
+                env,
+                "EVSCHED_EVENT_PARTITIONS",
+                low=1,
+                default=DEFAULT_EVENT_PARTITIONS,
+                empty_ok=False,
+            ),
+            replication_factor=_int_env(
+                env, REPLICATION_FACTOR_ENV, low=1, default=None, empty_ok=True
+            ),
+            # Milliseconds; None (unset or empty) leaves the fold's defaults.
+            retention_ms=_int_env(
+                env,
+                "EVSCHED_RETENTION_MS",
+                low=0,
+                high=MAX_DURATION_MS,
+                default=None,
+                empty_ok=True,
+            ),
+            key_window_ms=_int_env(
+                env,
+                "EVSCHED_KEY_WINDOW_MS",
+                low=0,
+                high=MAX_DURATION_MS,
+                default=None,
+                empty_ok=True,
+            ),
             kafka_options=kafka_options(env),
         )
 
@@ -94,7 +118,7 @@ def kafka_options(env: Mapping[str, str]) -> dict[str, Any]:
         option: env[name] for name, option in _SECURITY_ENV.items() if env.get(name)
     }
     protocol = _choice(env, "EVSCHED_KAFKA_SECURITY_PROTOCOL", _PROTOCOLS, "PLAINTEXT")
-    if "security_protocol" in options:
+    if env.get("EVSCHED_KAFKA_SECURITY_PROTOCOL"):  # unset: the client's own default
         options["security_protocol"] = protocol
     if protocol.startswith("SASL_"):
         options.update(_sasl_options(env))
@@ -148,41 +172,24 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default
     return value
 
 
-def _window(name: str, env: Mapping[str, str]) -> int | None:
-    """A retention or key window in milliseconds, or None (unset or empty) for the default."""
-    text = env.get(name) or None
-    if text is None:
-        return None
+def _int_env(
+    env: Mapping[str, str],
+    name: str,
+    *,
+    low: int,
+    high: int | None = None,
+    default: _Default,
+    empty_ok: bool,
+) -> int | _Default:
+    """``name`` as an integer in [low, high]; unset (or blank, when ``empty_ok``) is ``default``."""
+    text = env.get(name)
+    if text is None or (empty_ok and not text.strip()):
+        return default
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if not 0 <= value <= MAX_DURATION_MS:
-        raise SettingsError(
-            f"{name}={text[:40]!r}: expected milliseconds, an integer in [0, {MAX_DURATION_MS}]"
-        )
+        value = low - 1
+    if value < low or (high is not None and value > high):
+        bounds = f"of at least {low}" if high is None else f"in [{low}, {high}]"
+        raise SettingsError(f"{name}={text[:40]!r}: expected an integer {bounds}")
     return value
-
-
-def _partitions(text: str | None) -> int:
-    if text is None:
-        return DEFAULT_EVENT_PARTITIONS
-    try:
-        count = int(text)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise SettingsError(f"EVSCHED_EVENT_PARTITIONS={text!r}: expected a positive integer")
-    return count
-
-
-def _replication_factor(text: str | None) -> int | None:
-    if text is None or not text.strip():
-        return None
-    try:
-        factor = int(text)
-    except ValueError:
-        factor = 0
-    if factor < 1:
-        raise SettingsError(f"{REPLICATION_FACTOR_ENV}={text!r}: expected a positive integer")
-    return factor

@@ -75,3 +75,10 @@ def test_gssapi_needs_no_password_and_plaintext_no_mechanism() -> None:
     gssapi["EVSCHED_KAFKA_SASL_MECHANISM"] = "GSSAPI"
     assert kafka_options(gssapi)["sasl_mechanism"] == "GSSAPI"
     assert kafka_options({}) == {}
+
+
+def test_a_mechanism_without_a_sasl_protocol_is_not_passed_on() -> None:
+    assert kafka_options({"EVSCHED_KAFKA_SASL_MECHANISM": "scram-sha-512"}) == {}
+    assert kafka_options({"EVSCHED_KAFKA_SECURITY_PROTOCOL": "plaintext"}) == {
+        "security_protocol": "PLAINTEXT"
+    }

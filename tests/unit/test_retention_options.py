@@ -53,3 +53,21 @@ def test_the_api_refuses_a_negative_retention_naming_the_field() -> None:
         EnqueueRequest.model_validate({"task": "t", "retention_s": -1.0})
     ok = EnqueueRequest.model_validate({"task": "t", "retention_s": 60.0, "key_window_s": 0.0})
     assert (ok.retention_s, ok.key_window_s) == (60.0, 0.0)
+
+
+def test_an_empty_number_is_the_default_except_for_the_partition_count() -> None:
+    blank = {
+        "EVSCHED_REPLICATION_FACTOR": " ",
+        "EVSCHED_RETENTION_MS": "",
+        "EVSCHED_KEY_WINDOW_MS": "",
+    }
+    settings = Settings.from_env(blank)
+    assert (settings.replication_factor, settings.retention_ms, settings.key_window_ms) == (
+        None,
+        None,
+        None,
+    )
+    assert Settings.from_env({"EVSCHED_EVENT_PARTITIONS": " 3 "}).event_partitions == 3
+    for bad in ("", "0", "six"):
+        with pytest.raises(SettingsError, match="EVSCHED_EVENT_PARTITIONS"):
+            Settings.from_env({"EVSCHED_EVENT_PARTITIONS": bad})
