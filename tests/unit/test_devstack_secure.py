@@ -14,6 +14,7 @@ from evsched.adapters.kafka_txn import AtomicWriter, batch_transactional_id
 from evsched.devstack.acls import ROLES, acl_table, kafka_acls_command, role_acls
 from evsched.devstack.certs import make_ca, make_server_cert
 from evsched.devstack.secure import SecureBroker
+from evsched.devstack.toolchain import KAFKA4_VERSION, KAFKA_VERSION, KafkaDist
 from evsched.errors import PublishError
 from evsched.ports import Outbound
 from evsched.settings import Settings
@@ -125,3 +126,31 @@ def test_a_secure_broker_hands_out_the_documented_variables(tmp_path: Path) -> N
     again = SecureBroker(tmp_path / "b", 19740, 19741, users=["node"])
     assert again.passwords == broker.passwords
     assert (tmp_path / "b" / "tls" / "users.json").stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not on PATH")
+@pytest.mark.parametrize("version", [KAFKA_VERSION, KAFKA4_VERSION])
+def test_a_secure_broker_formats_and_logs_as_its_kafka_version_does(
+    version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka 4 reads a log4j2 config (by another flag): the SCRAM format and the broker too."""
+    broker = SecureBroker(tmp_path / "b", 19740, 19741, users=["node"])
+    broker.dist = KafkaDist(version=version, cache_root=tmp_path / "cache")
+    formats: list[list[str]] = []
+    run = subprocess.run
+
+    def fake_java(command: list[str], **options: object) -> object:
+        if command[0] != "java":
+            return run(command, **options)  # type: ignore[call-overload]
+        formats.append(command)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_java)
+    broker._prepare("java")
+    (command,) = formats
+    log_config = broker.files.log4j_properties
+    assert broker.dist.logging_args(log_config)[0] in command
+    assert command.count("--add-scram") == 2  # admin and node
+    text = log_config.read_text(encoding="utf-8")
+    assert ("appender.file.type" in text) is broker.dist.log4j2
+    assert ("log4j.rootLogger" in text) is not broker.dist.log4j2

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import subprocess
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
@@ -23,13 +22,12 @@ from evsched.adapters.kafka_acls import AclRule, create_acls
 from evsched.devstack.broker import LocalBroker
 from evsched.devstack.certs import CertificateAuthority, make_ca, make_server_cert
 from evsched.devstack.config import HOST, new_cluster_id, render_log4j_properties
-from evsched.devstack.errors import BrokerFailed
 from evsched.devstack.readiness import run_sync
+from evsched.devstack.toolchain import format_storage
 from evsched.settings import Settings, kafka_options
 
 MECHANISM = "SCRAM-SHA-512"
 ADMIN = "admin"
-_FORMAT_TIMEOUT_S = 180.0
 _AUTHORIZER = """\
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 allow.everyone.if.no.acl.found=false
@@ -111,7 +109,8 @@ class SecureBroker(LocalBroker):
             encoding="utf-8",
         )
         self.files.log4j_properties.write_text(
-            render_log4j_properties(log_file=self.files.server_log), encoding="utf-8"
+            render_log4j_properties(log_file=self.files.server_log, log4j2=self.dist.log4j2),
+            encoding="utf-8",
         )
         self._format(java)
 
@@ -124,17 +123,14 @@ class SecureBroker(LocalBroker):
             for name, password in sorted(self.passwords.items())
             for arg in ("--add-scram", f"{MECHANISM}=[name={name},password={password}]")
         ]
-        command = [
-            java, "-Xmx256m", f"-Dlog4j.configuration=file:{self.files.log4j_properties}",
-            "-cp", self.dist.classpath, "kafka.tools.StorageTool", "format",
-            "-t", new_cluster_id(), "-c", str(self.files.server_properties), *scram,
-        ]  # fmt: skip
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=_FORMAT_TIMEOUT_S, check=False
+        format_storage(
+            self.dist,
+            java,
+            self.files.server_properties,
+            self.files.log4j_properties,
+            new_cluster_id(),
+            extra_args=scram,
         )
-        if done.returncode != 0:
-            detail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
-            raise BrokerFailed(f"formatting KRaft storage with SCRAM users failed:\n{detail}")
 
 
 def _render(**values: object) -> str:

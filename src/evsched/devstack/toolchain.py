@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,6 +150,36 @@ def _format_properties(log_dir: Path, node_id: int, nodes: int) -> str:
     )
 
 
+def format_storage(
+    dist: KafkaDist,
+    java: str,
+    config: Path,
+    log_config: Path,
+    cluster_id: str,
+    *,
+    extra_args: Sequence[str] = (),
+) -> None:
+    """Format the KRaft storage ``config`` names (its log.dirs); BrokerFailed if it cannot.
+
+    ``extra_args`` go to ``kafka-storage format`` as they are (e.g. ``--add-scram``).
+    """
+    command = [
+        java, "-Xmx256m", *dist.logging_args(log_config),
+        "-cp", dist.classpath, "kafka.tools.StorageTool", "format",
+        "-t", cluster_id, "-c", str(config), *extra_args,
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=_FORMAT_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BrokerFailed(
+            f"formatting KRaft storage did not finish in {_FORMAT_TIMEOUT_S:.0f} s"
+        ) from exc
+    if done.returncode != 0:
+        raise BrokerFailed(f"formatting KRaft storage failed:\n{_tail(done.stdout + done.stderr)}")
+
+
 def _format(dist: KafkaDist, java: str, staging: Path, *, node_id: int, nodes: int) -> None:
     """Format one node's KRaft storage into its dir under ``staging``."""
     target = _node_dir(staging, node_id, nodes)
@@ -158,15 +189,13 @@ def _format(dist: KafkaDist, java: str, staging: Path, *, node_id: int, nodes: i
     log_config.write_text(
         render_log4j_properties(log_file=staging / "format.log", log4j2=dist.log4j2), "utf-8"
     )
-    command = [
-        java, "-Xmx256m", *dist.logging_args(log_config),
-        "-cp", dist.classpath, "kafka.tools.StorageTool", "format",
-        "-t", cluster_id(staging), "-c", str(config),
-    ]  # fmt: skip
-    done = _run(command, _FORMAT_TIMEOUT_S, staging, BrokerFailed)
-    if done.returncode != 0 or not (target / "meta.properties").exists():
+    try:
+        format_storage(dist, java, config, log_config, cluster_id(staging))
+        if not (target / "meta.properties").exists():
+            raise BrokerFailed(f"formatting KRaft storage left no {target / 'meta.properties'}")
+    except BrokerFailed:
         shutil.rmtree(staging, ignore_errors=True)
-        raise BrokerFailed(f"formatting KRaft storage failed:\n{_tail(done.stdout + done.stderr)}")
+        raise
 
 
 def cluster_id(staging: Path) -> str:
