@@ -181,9 +181,6 @@ def _delay_ms(delay: Delay, what: str = "delay") -> int:
     return math.ceil(seconds * 1000)
 
 
-_NO_DEFAULTS = Settings()
-
-
 def _window_ms(what: str, value: Delay | None, default: int | None) -> int | None:
     return default if value is None else _delay_ms(value, what)
 
@@ -276,7 +273,8 @@ def build_enqueue(
     if key is not None:
         check_id("idempotency_key", key)
     job_id = new_id() if key is None else ids.job_id_for_key(spec.queue, key)
-    namespace = defaults or _NO_DEFAULTS
+    retention_ms = None if defaults is None else defaults.retention_ms
+    key_window_ms = None if defaults is None else defaults.key_window_ms
     return check_limits(
         JobEnqueued(
             event_id=new_id(),
@@ -295,8 +293,8 @@ def build_enqueue(
             body_digest=ids.body_digest(spec.name, spec.queue, args),
             labels=check_labels(options.labels),
             trace=checked_trace(options.trace),
-            retention_ms=_window_ms("retention", options.retention, namespace.retention_ms),
-            key_window_ms=_window_ms("key_window", options.key_window, namespace.key_window_ms),
+            retention_ms=_window_ms("retention", options.retention, retention_ms),
+            key_window_ms=_window_ms("key_window", options.key_window, key_window_ms),
         )
     )
 
@@ -338,16 +336,16 @@ def build_control(
     kind: type[ControlEvent], name: str, *, reason: str, now_ms: int, event_id: str
 ) -> ControlEvent:
     """A pause or resume of a queue (``Queue*`` kinds) or a schedule, checked."""
-    if kind in (QueuePaused, QueueResumed):
-        refusal = limits.queue_refusal(name) if isinstance(name, str) else "queue must be a string"
+    is_queue = kind in (QueuePaused, QueueResumed)
+    if is_queue:
+        refusal = limits.queue_refusal(name)
         if refusal is not None:
             raise InvalidEnqueue("queue", refusal)
     else:
         check_id("schedule_id", name)
     if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
         raise InvalidEnqueue("reason", f"must be a string of at most {MAX_REASON_CHARS} chars")
-    key = "queue" if kind in (QueuePaused, QueueResumed) else "schedule_id"
-    fields: dict[str, Any] = {key: name}
+    fields: dict[str, Any] = {"queue" if is_queue else "schedule_id": name}
     return kind(event_id=event_id, emitted_at=now_ms, source=SOURCE, reason=reason, **fields)
 
 
