@@ -368,7 +368,7 @@ def _failure(task: Task, exc: BaseException) -> Failed:
         message,
         retryable,
         exc,
-        category=task.category_for(exc) or _default_category(retryable),
+        category=task.category_for(exc),
         traceback=failures.truncate_middle("".join(traceback.format_exception(exc))),
     )
 
