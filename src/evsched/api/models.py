@@ -87,21 +87,23 @@ _ONE_START = ConfigDict(
 )
 
 
+_DEFAULT_RETRY = RetryPolicy()
+
+
 class RetryRequest(_Request):
     """Exponential backoff between attempts; a field left out keeps evsched's default."""
 
-    initial_backoff_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DURATION_MS)] = 1_000
-    max_backoff_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DURATION_MS)] = 300_000
-    multiplier: Annotated[StrictFloat, Field(ge=1.0, le=1000.0)] = 2.0
-    jitter: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = 0.1
+    initial_backoff_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DURATION_MS)] = (
+        _DEFAULT_RETRY.initial_backoff_ms
+    )
+    max_backoff_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DURATION_MS)] = (
+        _DEFAULT_RETRY.max_backoff_ms
+    )
+    multiplier: Annotated[StrictFloat, Field(ge=1.0, le=1000.0)] = _DEFAULT_RETRY.multiplier
+    jitter: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = _DEFAULT_RETRY.jitter
 
     def policy(self) -> RetryPolicy:
-        return RetryPolicy(
-            initial_backoff_ms=self.initial_backoff_ms,
-            max_backoff_ms=self.max_backoff_ms,
-            multiplier=self.multiplier,
-            jitter=self.jitter,
-        )
+        return RetryPolicy(**self.model_dump())
 
 
 class EnqueueRequest(_Request):
