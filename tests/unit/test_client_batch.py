@@ -113,3 +113,21 @@ async def test_controls_are_checked_and_a_partial_write_is_an_error(
     with pytest.raises(PublishError, match="reached 0 of 1 partitions"):
         await app.resume_queue("q")
     assert log.events(QueueResumed) == [] and log.events(SchedulePaused) == []
+
+
+async def test_a_batch_takes_the_namespace_retention_and_key_window_as_enqueue_does() -> None:
+    log = MemoryLog()
+    settings = Settings(namespace="batch", retention_ms=86_400_000, key_window_ms=3_600_000)
+    app = App(settings, log_factory=lambda: log)
+
+    @app.task(name="t.add", queue="q")
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    async with app:
+        await app.get_task("t.add").enqueue(1, 2)
+        results = await app.enqueue_many([app.get_task("t.add").call(3, 4)])
+    assert [r.outcome for r in results] == [Outcome.ACCEPTED]
+    single, batched = log.events(JobEnqueued)
+    assert (single.retention_ms, single.key_window_ms) == (86_400_000, 3_600_000)
+    assert (batched.retention_ms, batched.key_window_ms) == (86_400_000, 3_600_000)

@@ -14,7 +14,7 @@ from evsched.adapters.kafka_follow import KafkaJobFeed
 from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.queues import KafkaQueues, QueueCatalog, QueueLookupError, undeclared
 from evsched.adapters.topics import Topics
-from evsched.client.batch import BatchResult, enqueue_batch
+from evsched.client.batch import MAX_BATCH, BatchResult, write_batch
 from evsched.client.controls import control_event, publish_everywhere
 from evsched.client.results import JobHandle, LoopFeed, terminal_state
 from evsched.client.sync import LoopThread
@@ -44,7 +44,14 @@ from evsched.core.events import (
     entity_id,
 )
 from evsched.core.state import JobState
-from evsched.errors import EvschedError, NoJobReader, PublishError, UnknownQueue, UnknownTask
+from evsched.errors import (
+    EvschedError,
+    InvalidEnqueue,
+    NoJobReader,
+    PublishError,
+    UnknownQueue,
+    UnknownTask,
+)
 from evsched.ports import Appended, Clock, EventLog, JobFeed, JobReader
 from evsched.settings import Settings
 
@@ -307,12 +314,14 @@ class App:
 
         ``atomic=True`` writes all of them in one Kafka transaction, or none.
         """
+        listed = list(calls)
+        if len(listed) > MAX_BATCH:
+            raise InvalidEnqueue("calls", f"{len(listed)} calls, above the limit of {MAX_BATCH}")
         holder = self._loop_log()
         log = await holder.get()
         now = self.clock.now_ms()
-        return await enqueue_batch(
-            log, self.topics.events, list(calls), atomic=atomic, now_ms=now, queues=holder.queues
-        )
+        items = [await _checked_call(call, now, holder.queues) for call in listed]
+        return await write_batch(log, self.topics.events, items, atomic=atomic)
 
     async def pause_queue(self, queue: str, *, reason: str = "") -> list[Appended]:
         """No new leases on ``queue``; running jobs finish. One event per events partition."""
@@ -494,6 +503,19 @@ def _queue_of(event: Event) -> str | None:
     if isinstance(event, ScheduleUpserted):
         return event.template.queue
     return None
+
+
+async def _checked_call(
+    call: EnqueueCall, now_ms: int, queues: QueueCatalog | None
+) -> JobEnqueued | InvalidEnqueue:
+    """One call of a batch as its JobEnqueued, or why it is refused (the batch goes on)."""
+    try:
+        event = call.options.build(call.args, call.kwargs, now_ms)
+        if queues is not None:
+            await _require_declared(queues, event.queue)
+    except InvalidEnqueue as exc:
+        return exc
+    return event
 
 
 async def _require_declared(queues: QueueCatalog, queue: str) -> None:

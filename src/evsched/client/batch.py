@@ -12,10 +12,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from evsched.adapters.ids import new_id
-from evsched.adapters.queues import QueueCatalog, QueueLookupError
-from evsched.client.task import EnqueueCall
-from evsched.commands import args_bytes, build_enqueue, encode_checked
+from evsched.commands import encode_checked
 from evsched.core.events import JobEnqueued
 from evsched.errors import InvalidEnqueue, PublishError
 from evsched.ports import Appended, EventLog, Outbound
@@ -61,7 +58,8 @@ async def write_batch(
     *,
     atomic: bool,
 ) -> list[BatchResult]:
-    """Write already built enqueues (an InvalidEnqueue for a refused one), as ``enqueue_batch``."""
+    """Write already built enqueues (an InvalidEnqueue for a refused one) in one round trip; a
+    result per item, in the items' order."""
     results: list[BatchResult | None] = [None] * len(items)
     ready: list[_Prepared] = []
     seen: dict[str, bytes | None] = {}
@@ -77,20 +75,6 @@ async def write_batch(
         if results[index] is None:
             seen[item.job_id] = item.body_digest
             ready.append(_Prepared(index, item, data))
-    return await _write(log, topic, results, ready, atomic=atomic)
-
-
-async def enqueue_batch(
-    log: EventLog,
-    topic: str,
-    calls: Sequence[EnqueueCall],
-    *,
-    atomic: bool,
-    now_ms: int,
-    queues: QueueCatalog | None = None,
-) -> list[BatchResult]:
-    """Enqueue every call in one round trip; a result per call, in the calls' order."""
-    results, ready = await _prepare(calls, now_ms, queues)
     return await _write(log, topic, results, ready, atomic=atomic)
 
 
@@ -116,56 +100,6 @@ async def _write(
     for prepared, ack in zip(ready, acks, strict=True):
         results[prepared.index] = _written(prepared, ack)
     return [r for r in results if r is not None]
-
-
-async def _prepare(
-    calls: Sequence[EnqueueCall], now_ms: int, queues: QueueCatalog | None
-) -> tuple[list[BatchResult | None], list[_Prepared]]:
-    """A result for each call refused here (None for the others), and the events to write."""
-    if len(calls) > MAX_BATCH:
-        raise InvalidEnqueue("calls", f"{len(calls)} calls, above the limit of {MAX_BATCH}")
-    results: list[BatchResult | None] = [None] * len(calls)
-    ready: list[_Prepared] = []
-    seen: dict[str, bytes | None] = {}
-    for index, call in enumerate(calls):
-        try:
-            event = _event(call, now_ms)
-            data = encode_checked(event)
-            await _check_queue(queues, event.queue)
-        except InvalidEnqueue as exc:
-            results[index] = _invalid(index, exc)
-            continue
-        repeat = _repeat(index, event, seen)
-        if repeat is not None:
-            results[index] = repeat
-            continue
-        seen[event.job_id] = event.body_digest
-        ready.append(_Prepared(index, event, data))
-    return results, ready
-
-
-async def _check_queue(queues: QueueCatalog | None, queue: str) -> None:
-    if queues is None:
-        return
-    try:
-        declared = await queues.declared(queue)
-    except QueueLookupError as exc:
-        raise PublishError(str(exc)) from exc
-    if not declared:
-        raise InvalidEnqueue("queue", f"queue {queue!r} is not declared")
-
-
-def _event(call: EnqueueCall, now_ms: int) -> JobEnqueued:
-    options = call.options.traced()
-    task = options.task
-    task.check_call(call.args, call.kwargs)
-    return build_enqueue(
-        task.spec,
-        args_bytes(call.args, call.kwargs),
-        options.values,
-        now_ms=now_ms,
-        new_id=new_id,
-    )
 
 
 def _invalid(index: int, exc: InvalidEnqueue) -> BatchResult:

@@ -19,7 +19,7 @@ from evsched.commands import (
     build_enqueue,
     job_template,
 )
-from evsched.core.events import JobTemplate, TraceContext
+from evsched.core.events import JobEnqueued, JobTemplate, TraceContext
 from evsched.core.failures import category_refusal
 from evsched.errors import InvalidEnqueue, InvalidTask
 
@@ -197,18 +197,23 @@ class TaskOptions:
             changes["trace"] = _trace_option(changes.get("trace"), traceparent, tracestate)
         return TaskOptions(self.task, replace(self.values, **changes))
 
-    async def enqueue(self, *args: Any, **kwargs: Any) -> JobHandle:
-        """Write the JobEnqueued; returns the job's handle once the broker acknowledged it."""
-        app = self.task.app
+    def build(self, args: Sequence[Any], kwargs: Mapping[str, Any], now_ms: int) -> JobEnqueued:
+        """The checked JobEnqueued of one call, with the app's namespace defaults (retention, key
+        window) for what the options leave out; InvalidEnqueue when the call is refused."""
         self.task.check_call(args, kwargs)
-        event = build_enqueue(
+        return build_enqueue(
             self.task.spec,
             args_bytes(args, kwargs),
             self.traced().values,
-            now_ms=app.clock.now_ms(),
+            now_ms=now_ms,
             new_id=new_id,
-            defaults=app.settings,
+            defaults=self.task.app.settings,
         )
+
+    async def enqueue(self, *args: Any, **kwargs: Any) -> JobHandle:
+        """Write the JobEnqueued; returns the job's handle once the broker acknowledged it."""
+        app = self.task.app
+        event = self.build(args, kwargs, app.clock.now_ms())
         appended = await app.publish(event)
         # A keyed job's first enqueue may be older than this one: its result is followed from
         # the partition's start.
