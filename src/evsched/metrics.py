@@ -67,18 +67,15 @@ class JobCounts:
             self.seeded = True
         return fresh.total()
 
-    def move(self, before: JobState | None, after: JobState) -> None:
+    def move(self, before: JobState | None, after: JobState | None) -> None:
+        """A job changed from ``before`` (None: new) to ``after`` (None: purged)."""
         if not self.seeded:
             return  # the seed will count this job as the index holds it
         with self._lock:
             if before is not None:
                 self._counts[(before.queue, before.status)] -= 1
-            self._counts[(after.queue, after.status)] += 1
-
-    def drop(self, before: JobState) -> None:
-        if self.seeded:
-            with self._lock:
-                self._counts[(before.queue, before.status)] -= 1
+            if after is not None:
+                self._counts[(after.queue, after.status)] += 1
 
     def snapshot(self) -> dict[tuple[str, Status], int]:
         with self._lock:
@@ -198,11 +195,11 @@ class Metrics:
         for folded in events:
             entry, after = folded.entry, folded.after
             self.events_folded.labels(entry.kind, entry.verdict.value).inc()
-            if after is None:
-                if entry.verdict is Verdict.APPLIED and folded.before is not None:
-                    self.jobs.drop(folded.before)  # purged: it left the index
+            if (purged := folded.purged) is not None:
+                self.jobs.move(purged, None)  # it left the index
+            elif after is None:
                 continue
-            if entry.verdict is Verdict.APPLIED:
+            elif entry.verdict is Verdict.APPLIED:
                 self.jobs.move(folded.before, after)
                 self._applied(entry.kind, entry.log_at, after, folded.before)
                 if after.status is Status.DEAD and not _was_dead(folded.before):
@@ -216,8 +213,11 @@ class Metrics:
         self, kind: str, log_at: int, after: JobState, before: JobState | None = None
     ) -> None:
         error = after.last_error
-        fresh = before is None or before.last_error != error
-        if kind in FAILURES and error is not None and fresh:
+        if (
+            kind in FAILURES
+            and error is not None
+            and (before is None or before.last_error != error)
+        ):
             label = self._categories.label(category_of(error))
             self.failures.labels(after.queue, label).inc()
         if kind == "LeaseExpired":

@@ -132,3 +132,10 @@ class FoldedEvent:
     entry: TimelineEntry
     before: JobState | None = None
     after: JobState | None = None
+
+    @property
+    def purged(self) -> JobState | None:
+        """The job's last state when this event purged it from the index, else None."""
+        if self.entry.verdict is Verdict.APPLIED and self.after is None:
+            return self.before
+        return None

@@ -116,9 +116,10 @@ class Live:
             self.deciders[entry.partition] = (entry.source, entry.log_at)
         if entry.kind in WORKER_EVENTS and entry.verdict is Verdict.APPLIED:
             self.workers[entry.source] = entry.log_at
+        if (purged := folded.purged) is not None:
+            self.dead.jobs.pop(purged.job_id, None)
+            return
         if after is None:
-            if entry.verdict is Verdict.APPLIED and folded.before is not None:
-                self.dead.jobs.pop(folded.before.job_id, None)  # purged
             return
         if entry.verdict is Verdict.APPLIED:
             self._applied(folded, after)
