@@ -7,6 +7,7 @@ fold's verdicts without a broker. The tests at the end check the twin itself.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,11 @@ class MemoryReplica:
         projector.commit(projector.fold(fresh))
 
     async def wait_for(self, partition: int, offset: int, timeout_s: float = 10.0) -> None:
+        self.sync()
+        if self.projectors[partition].index.applied_offset() >= offset:
+            return
+        # Wait a little, as a replica does, so writers on the loop run meanwhile.
+        await asyncio.sleep(min(timeout_s, 0.01))
         self.sync()
         if self.projectors[partition].index.applied_offset() < offset:
             raise TimeoutError(f"twin paused before offset {offset}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Annotated, Any
 
@@ -204,7 +203,6 @@ async def _finished(ctx: Ctx, state: JobState, wait_s: float) -> JobState:
         following = ctx.replica.index(partition).applied_offset() + 1
         with contextlib.suppress(TimeoutError):  # nothing new folded: look again until the end
             await ctx.replica.wait_for(partition, following, timeout_s=min(left, WAIT_STEP_S))
-        await asyncio.sleep(0)  # a replica that cannot wait (a twin) still lets writers run
         state = _found(ctx, state.job_id)
     return state
 
