@@ -14,6 +14,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from evsched.adapters.kafka_access import raise_if_refused
 from evsched.core.limits import namespace_refusal, queue_refusal
 from evsched.errors import EvschedError
+from evsched.settings import Settings
 
 DAY_MS = 86_400_000
 DISPATCH_RETENTION_MS = 7 * DAY_MS
@@ -276,6 +277,22 @@ async def ensure_topics(
     )
     await provision(bootstrap, specs, timeout_s=timeout_s, create=create, **client_options)
     return [spec.name for spec in specs]
+
+
+async def ensure_namespace_topics(
+    settings: Settings, *, queues: Iterable[str], **options: Any
+) -> list[str]:
+    """``ensure_topics`` for the namespace, partitions, replication and client options of
+    ``settings``; ``options`` are ensure_topics' others (``timeout_s``, ``create``)."""
+    return await ensure_topics(
+        settings.bootstrap,
+        settings.namespace,
+        event_partitions=settings.event_partitions,
+        queues=queues,
+        replication_factor=settings.replication_factor,
+        **options,
+        **dict(settings.kafka_options),
+    )
 
 
 async def provision(

@@ -21,7 +21,7 @@ from evsched.adapters.topics import (
     TopicMisconfigured,
     TopicMissing,
     TopicRefused,
-    ensure_topics,
+    ensure_namespace_topics,
 )
 from evsched.runtime.quarantine import Unusable
 from evsched.settings import Settings
@@ -96,13 +96,4 @@ class QueueTopics:
 
     async def _check(self, queues: set[str]) -> None:
         """Raises unless every queue's topic exists as evsched needs it; creates nothing."""
-        settings = self.settings
-        await ensure_topics(
-            settings.bootstrap,
-            settings.namespace,
-            event_partitions=settings.event_partitions,
-            queues=sorted(queues),
-            replication_factor=settings.replication_factor,
-            create=False,
-            **dict(settings.kafka_options),
-        )
+        await ensure_namespace_topics(self.settings, queues=sorted(queues), create=False)

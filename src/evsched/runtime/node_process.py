@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.topics import ensure_namespace_topics
 from evsched.metrics import serve_metrics
 from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.node import Node, NodeConfig, NodeMetrics
@@ -42,15 +42,7 @@ async def serve_node(config: NodeConfig) -> None:
     settings = config.settings
 
     async def provision() -> list[str]:
-        return await ensure_topics(
-            settings.bootstrap,
-            settings.namespace,
-            event_partitions=settings.event_partitions,
-            queues=[],
-            replication_factor=settings.replication_factor,
-            timeout_s=PROVISION_TIMEOUT_S,
-            **dict(settings.kafka_options),
-        )
+        return await ensure_namespace_topics(settings, queues=[], timeout_s=PROVISION_TIMEOUT_S)
 
     if await until_broker(provision, what="base topics", stop=stop) is None:
         return

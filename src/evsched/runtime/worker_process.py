@@ -12,7 +12,11 @@ from evsched.adapters.kafka_feed import KafkaDispatchFeed
 from evsched.adapters.kafka_follow import KafkaJobFeed
 from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.signing import DispatchKey
-from evsched.adapters.topics import TopicMisconfigured, TopicProvisioningError, ensure_topics
+from evsched.adapters.topics import (
+    TopicMisconfigured,
+    TopicProvisioningError,
+    ensure_namespace_topics,
+)
 from evsched.client.app import App
 from evsched.metrics import WorkerInstruments
 from evsched.runtime.worker import (
@@ -65,16 +69,7 @@ async def ensure_worker_topics(app: App, config: WorkerConfig, timeout_s: float 
     A consumer subscribed to a topic that does not exist yet only sees it at its next metadata
     refresh (minutes), so a worker started before the node would sit idle that long.
     """
-    settings = app.settings
-    await ensure_topics(
-        settings.bootstrap,
-        settings.namespace,
-        event_partitions=settings.event_partitions,
-        queues=config.queues,
-        replication_factor=settings.replication_factor,
-        timeout_s=timeout_s,
-        **dict(settings.kafka_options),
-    )
+    await ensure_namespace_topics(app.settings, queues=config.queues, timeout_s=timeout_s)
 
 
 async def wait_for_broker(app: App, config: WorkerConfig, stop: asyncio.Event) -> bool:
