@@ -3,14 +3,20 @@ a POST that sets a retry policy, and pause / resume of queues and schedules."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from evsched.client import App
 from evsched.core.events import JobEnqueued, QueuePaused
-from tests.unit.test_api_twin import Harness
+from evsched.errors import PublishError
+from evsched.ports import Appended, Outbound
+from evsched.testing import MemoryLog
+from tests.unit.test_api_twin import SETTINGS, Harness
 
 
 @pytest.fixture
@@ -106,3 +112,59 @@ async def test_a_schedule_pause_and_resume(api: Harness) -> None:
         "SchedulePaused",
         "ScheduleResumed",
     ]
+
+
+# --- one timeout bounds a whole write ------------------------------------------------------------
+
+
+async def test_a_stalled_replica_holds_a_batch_one_timeout_not_one_per_job(
+    tmp_path: Path,
+) -> None:
+    async with Harness(tmp_path, wait_timeout_s=0.2) as api:
+
+        async def stalled(partition: int, offset: int, timeout_s: float = 10.0) -> None:
+            await asyncio.sleep(timeout_s)
+            raise TimeoutError
+
+        api.replica.wait_for = stalled  # type: ignore[method-assign]
+        started = time.monotonic()
+        body = await batch(api, [{"task": "t.run", "args": [n]} for n in range(20)])
+        assert time.monotonic() - started < 2.0  # a wait per job would take 4 s
+        assert body["written"] == 20
+        assert all("not yet applied here" in r["message"] for r in body["results"])
+
+
+class FrozenManyLog(MemoryLog):
+    """A broker that never acknowledges a write of many records until thawed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thawed = asyncio.Event()
+
+    async def append_many(
+        self, topic: str, records: Sequence[Outbound]
+    ) -> list[Appended | PublishError]:
+        await self.thawed.wait()
+        return await super().append_many(topic, records)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/jobs:batch", {"jobs": [{"task": "t.run"}]}), ("/v1/queues/mail/pause", {})],
+)
+async def test_a_batch_or_a_queue_control_to_a_frozen_broker_is_202_unconfirmed(
+    tmp_path: Path, path: str, body: dict[str, Any]
+) -> None:
+    log = FrozenManyLog()
+    client = App(SETTINGS, log_factory=lambda: log)
+    async with Harness(tmp_path, app=client, wait_timeout_s=0.2) as api:
+        api.log = api.replica.log = log
+        response = await asyncio.wait_for(api.http.post(path, json=body), timeout=5)
+        assert response.status_code == 202, response.text
+        assert response.json()["status"] == "unconfirmed"
+        assert api.metrics.registry.get_sample_value("evsched_api_writes_unconfirmed_total") == 1
+        log.thawed.set()
+        deadline = time.monotonic() + 5
+        while not log.records and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert log.records  # the send went on in the background

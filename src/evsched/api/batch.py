@@ -32,14 +32,25 @@ _VERDICTS = {
 
 @router.post("/v1/jobs:batch", response_model=BatchResponse, dependencies=[Writes], responses=WRITE)
 async def enqueue_batch(ctx: Ctx, body: BatchRequest) -> BatchResponse:
-    """Enqueue up to 1,000 jobs at once; a verdict per job, in the request's order."""
+    """Enqueue up to 1,000 jobs at once; a verdict per job, in the request's order.
+
+    One timeout bounds the whole batch: the send, then the read-back of every job's verdict.
+    """
     now = ctx.writer.now_ms()
     items = [await _event(ctx, job, now) for job in body.jobs]
-    log = await ctx.client.event_log()
-    results = await write_batch(log, ctx.client.topics.events, items, atomic=body.atomic)
-    judged = [await _judged(ctx, result) for result in results]
+    deadline = ctx.writer.deadline()
+    sending = _write(ctx, items, atomic=body.atomic)
+    results = await ctx.writer.send(sending, "batch", "/v1/jobs")
+    judged = [await _judged(ctx, result, deadline) for result in results]
     written = sum(1 for r in results if r.appended is not None)
     return BatchResponse(written=written, results=judged)
+
+
+async def _write(
+    ctx: Ctx, items: list[JobEnqueued | InvalidEnqueue], *, atomic: bool
+) -> list[BatchResult]:
+    log = await ctx.client.event_log()
+    return await write_batch(log, ctx.client.topics.events, items, atomic=atomic)
 
 
 async def _event(ctx: Ctx, job: BatchJob, now: int) -> JobEnqueued | InvalidEnqueue:
@@ -55,8 +66,8 @@ async def _event(ctx: Ctx, job: BatchJob, now: int) -> JobEnqueued | InvalidEnqu
     return event
 
 
-async def _judged(ctx: Ctx, result: BatchResult) -> BatchItem:
-    """The fold's verdict of a written job, once this replica applied it."""
+async def _judged(ctx: Ctx, result: BatchResult, deadline: float) -> BatchItem:
+    """The fold's verdict of a written job, once this replica applied it (by ``deadline``)."""
     item = BatchItem(
         index=result.index,
         outcome=result.outcome.value,
@@ -65,19 +76,14 @@ async def _judged(ctx: Ctx, result: BatchResult) -> BatchItem:
         message=result.message,
     )
     appended = result.appended
-    if appended is None:
+    if appended is None or result.job_id is None:
         return item
-    try:
-        await ctx.replica.wait_for(appended.partition, appended.offset, ctx.writer.wait_timeout_s)
-    except TimeoutError:
+    entry = await ctx.writer.entry_at(result.job_id, appended, deadline)
+    if entry is None:
         item.message = f"written at p{appended.partition}@{appended.offset}, not yet applied here"
         return item
-    index = ctx.replica.index(appended.partition)
-    for entry in reversed(index.timeline(result.job_id or "")):
-        if entry.offset == appended.offset:
-            outcome = _VERDICTS.get(entry.verdict, Outcome.INVALID)
-            item.outcome = outcome.value
-            item.message = entry.reason
-            item.field = "idempotency_key" if outcome is Outcome.CONFLICT else None
-            break
+    outcome = _VERDICTS.get(entry.verdict, Outcome.INVALID)
+    item.outcome = outcome.value
+    item.message = entry.reason
+    item.field = "idempotency_key" if outcome is Outcome.CONFLICT else None
     return item

@@ -17,7 +17,7 @@ from evsched.api.control_models import ControlRequest, QueueControl, ScheduleCon
 from evsched.api.errors import ApiError
 from evsched.api.responses import READ, WRITE, error
 from evsched.api.writes import SOURCE, NotYetApplied
-from evsched.client.controls import control_event, publish_everywhere
+from evsched.client.controls import control_event
 from evsched.commands import MAX_KEY_CHARS
 from evsched.core.controls import QUEUE, SCHEDULE
 from evsched.core.events import (
@@ -28,7 +28,6 @@ from evsched.core.events import (
     ScheduleResumed,
 )
 from evsched.core.state import Verdict
-from evsched.errors import PublishError
 
 router = APIRouter(tags=["controls"])
 QueueName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
@@ -87,18 +86,12 @@ async def _queue_control(
     ctx: Ctx, kind: type[ControlEvent], queue: str, reason: str
 ) -> QueueControl:
     event = _sourced(kind, queue, reason, ctx.writer.now_ms())
-    log = await ctx.client.event_log()
-    try:
-        written = await publish_everywhere(log, ctx.client.topics.events, event)
-    except PublishError as exc:
-        raise ApiError(503, "broker_unavailable", str(exc)) from exc
-    for appended in written:
-        try:
-            await ctx.replica.wait_for(
-                appended.partition, appended.offset, ctx.writer.wait_timeout_s
-            )
-        except TimeoutError:
-            raise NotYetApplied(queue, appended, f"/v1/queues/{queue}") from None
+    location = f"/v1/queues/{queue}"
+    deadline = ctx.writer.deadline()
+    sending = ctx.client.publish_control_everywhere(event)
+    for appended in await ctx.writer.send(sending, queue, location):
+        if not await ctx.writer.applied(appended, deadline):
+            raise NotYetApplied(queue, appended, location)
     return _queue_view(ctx, queue)
 
 

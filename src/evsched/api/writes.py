@@ -9,8 +9,10 @@ any other name is enqueued as given, on the body's queue (default ``default``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any, TypeVar
 
 import structlog
 
@@ -50,6 +52,7 @@ from evsched.ports import Appended
 
 SOURCE = "api"
 log = structlog.get_logger("evsched.api")
+T = TypeVar("T")
 
 
 class NotYetApplied(Exception):
@@ -69,14 +72,17 @@ class NotYetApplied(Exception):
 
 @dataclass(slots=True)
 class Writer:
-    """Publishes one event and returns the verdict the replica gave it (read-your-writes)."""
+    """Publishes events and returns the verdict the replica gave them (read-your-writes).
+
+    One timeout bounds a whole write, the send and the read-back of every record it wrote.
+    """
 
     client: App
     replica: ReplicaView
     metrics: Metrics
     wait_timeout_s: float
     # Sends that outlived their request: kept referenced until they end (and are logged).
-    _pending: set[asyncio.Future[Appended]] = field(default_factory=set)
+    _pending: set[asyncio.Future[Any]] = field(default_factory=set)
 
     async def write(self, event: Event, location: str) -> TimelineEntry:
         """The event's timeline entry once applied here; NotYetApplied past the timeout.
@@ -86,24 +92,29 @@ class Writer:
         """
         started = monotonic_s()
         entity = entity_id(event)
-        appended = await self._publish(event, entity, location)
+        appended = await self.send(self.client.publish(event), entity, location)
         if isinstance(event, JobEnqueued):
             self.metrics.enqueue_latency.observe(monotonic_s() - started)
-        left = max(self.wait_timeout_s - (monotonic_s() - started), 0.001)
-        try:
-            await self.replica.wait_for(appended.partition, appended.offset, left)
-        except TimeoutError:
-            raise NotYetApplied(entity, appended, location) from None
         schedule = isinstance(
             event, ScheduleUpserted | ScheduleDeleted | SchedulePaused | ScheduleResumed
         )
-        for entry in reversed(timeline(self.replica, entity, schedule=schedule)):
-            if entry.offset == appended.offset and entry.partition == appended.partition:
-                return entry
-        raise RuntimeError(f"p{appended.partition}@{appended.offset} folded without an entry")
+        deadline = started + self.wait_timeout_s
+        entry = await self.entry_at(entity, appended, deadline, schedule=schedule)
+        if entry is None:
+            raise NotYetApplied(entity, appended, location)
+        return entry
 
-    async def _publish(self, event: Event, entity: str, location: str) -> Appended:
-        send = asyncio.ensure_future(self.client.publish(event))
+    def deadline(self) -> float:
+        """When a write starting now is out of time, on the monotonic clock."""
+        return monotonic_s() + self.wait_timeout_s
+
+    async def send(self, sending: Awaitable[T], entity: str, location: str) -> T:
+        """What ``sending`` (a produce) returns once the broker acknowledged it.
+
+        ApiError 503 when the broker refused it; past the timeout NotYetApplied without a
+        position, while the send goes on in the background (the producer retries it).
+        """
+        send = asyncio.ensure_future(sending)
         try:
             return await asyncio.wait_for(asyncio.shield(send), self.wait_timeout_s)
         except PublishError as exc:
@@ -114,13 +125,32 @@ class Writer:
             send.add_done_callback(partial(_settled, self._pending, entity))
             raise NotYetApplied(entity, None, location) from None
 
+    async def applied(self, appended: Appended, deadline: float) -> bool:
+        """Whether this replica folded ``appended`` by ``deadline`` (see :meth:`deadline`)."""
+        left = max(deadline - monotonic_s(), 0.001)
+        try:
+            await self.replica.wait_for(appended.partition, appended.offset, left)
+        except TimeoutError:
+            return False
+        return True
+
+    async def entry_at(
+        self, entity: str, appended: Appended, deadline: float, *, schedule: bool = False
+    ) -> TimelineEntry | None:
+        """The timeline entry ``entity`` got for the record at ``appended``, once this replica
+        folded it; None when it has not by ``deadline``."""
+        if not await self.applied(appended, deadline):
+            return None
+        for entry in reversed(timeline(self.replica, entity, schedule=schedule)):
+            if entry.offset == appended.offset and entry.partition == appended.partition:
+                return entry
+        raise RuntimeError(f"p{appended.partition}@{appended.offset} folded without an entry")
+
     def now_ms(self) -> int:
         return self.client.clock.now_ms()
 
 
-def _settled(
-    pending: set[asyncio.Future[Appended]], entity: str, send: asyncio.Future[Appended]
-) -> None:
+def _settled(pending: set[asyncio.Future[Any]], entity: str, send: asyncio.Future[Any]) -> None:
     """Log how a send that outlived its request ended (the client was told "unconfirmed")."""
     pending.discard(send)
     if send.cancelled():
@@ -129,12 +159,13 @@ def _settled(
         log.warning("unconfirmed_write_failed", entity=entity, error=repr(error))
     else:
         done = send.result()
-        log.info(
-            "unconfirmed_write_acknowledged",
-            entity=entity,
-            partition=done.partition,
-            offset=done.offset,
+        # One record's position; a write of many (a batch, a queue's control) logs its entity.
+        where = (
+            {"partition": done.partition, "offset": done.offset}
+            if isinstance(done, Appended)
+            else {}
         )
+        log.info("unconfirmed_write_acknowledged", entity=entity, **where)
 
 
 # --- events from requests ----------------------------------------------------------------------
