@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
@@ -12,27 +13,66 @@ from evsched.errors import BrokerUnavailable
 from evsched.settings import Settings
 
 
+class GroupOwners:
+    """Asks a consumer group's coordinator which member holds which partition, over one admin
+    client started on the first ask and kept until :meth:`close` (a failed ask drops it, so the
+    next ask starts afresh)."""
+
+    def __init__(self, settings: Settings, *, timeout_s: float = 5.0) -> None:
+        self._settings = settings
+        self._timeout_s = timeout_s
+        self._admin: AIOKafkaAdminClient | None = None
+        self._lock = asyncio.Lock()
+
+    async def ask(self, group_id: str, topic: str) -> dict[int, str]:
+        """Partition of ``topic`` -> the client id of the group member it is assigned to.
+
+        Empty while the group has no members or is rebalancing (no assignment is in force
+        then); BrokerUnavailable when the coordinator cannot be asked.
+        """
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                admin = await self._started()
+                responses = await admin.describe_consumer_groups([group_id])
+        except (KafkaError, TimeoutError, OSError) as exc:
+            await self.close()
+            raise BrokerUnavailable(f"cannot describe consumer group {group_id}: {exc!r}") from exc
+        return _owners(responses, topic)
+
+    async def close(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            await admin.close()
+
+    async def _started(self) -> AIOKafkaAdminClient:
+        async with self._lock:
+            if self._admin is None:
+                admin = AIOKafkaAdminClient(
+                    bootstrap_servers=self._settings.bootstrap,
+                    request_timeout_ms=int(self._timeout_s * 1000),
+                    **dict(self._settings.kafka_options),
+                )
+                try:
+                    await admin.start()
+                except BaseException:
+                    await admin.close()
+                    raise
+                self._admin = admin
+            return self._admin
+
+
 async def partition_owners(
     settings: Settings, group_id: str, topic: str, *, timeout_s: float = 5.0
 ) -> dict[int, str]:
-    """Partition of ``topic`` -> the client id of the group member it is assigned to.
-
-    Empty while the group has no members or is rebalancing (no assignment is in force then);
-    BrokerUnavailable when the coordinator cannot be asked.
-    """
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.bootstrap,
-        request_timeout_ms=int(timeout_s * 1000),
-        **dict(settings.kafka_options),
-    )
+    """``GroupOwners.ask`` once, with an admin client of its own."""
+    owners = GroupOwners(settings, timeout_s=timeout_s)
     try:
-        async with asyncio.timeout(timeout_s):
-            await admin.start()
-            responses = await admin.describe_consumer_groups([group_id])
-    except (KafkaError, TimeoutError, OSError) as exc:
-        raise BrokerUnavailable(f"cannot describe consumer group {group_id}: {exc!r}") from exc
+        return await owners.ask(group_id, topic)
     finally:
-        await admin.close()
+        await owners.close()
+
+
+def _owners(responses: Any, topic: str) -> dict[int, str]:
     owners: dict[int, str] = {}
     for response in responses:
         for _error, _group, state, _type, _protocol, members, *_ in response.groups:

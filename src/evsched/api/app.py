@@ -124,6 +124,7 @@ def _lifespan(ctx: ApiContext, *, start_replica: bool, close_client: bool) -> Li
             yield
         finally:
             api.state.evsched_dashboard.live.close()
+            await api.state.evsched_dashboard.facts.close()
             if close_client:
                 await ctx.client.close()
             if start_replica:

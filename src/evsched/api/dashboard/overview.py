@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from evsched.adapters.clock import monotonic_s
-from evsched.adapters.kafka_groups import partition_owners
+from evsched.adapters.kafka_groups import GroupOwners
 from evsched.adapters.topics import Topics
 from evsched.api import reader
 from evsched.api.context import ApiContext
@@ -25,23 +25,39 @@ T = TypeVar("T")
 class BrokerFacts:
     """What only the broker knows, asked at most every ``ASK_EVERY_S``: the replica's lag per
     partition and which node the node group assigned each partition to (the ownership itself,
-    not a guess from who wrote the last decision)."""
+    not a guess from who wrote the last decision). ``close`` at shutdown."""
 
     lag: dict[int, int] | None = None
     owners: dict[int, str] | None = None
     asked_at: float = -ASK_EVERY_S
     _asking: bool = field(default=False)
+    _groups: GroupOwners | None = field(default=None)
 
     async def refresh(self, ctx: ApiContext) -> None:
         if self._asking or monotonic_s() - self.asked_at < ASK_EVERY_S:
             return
         self._asking = True
         try:
-            self.lag = await _ask(ctx.replica.lag(), ctx.lag_timeout_s)
-            self.owners = await _ask(_owners(ctx), ctx.lag_timeout_s)
+            self.lag, self.owners = await asyncio.gather(
+                _ask(ctx.replica.lag(), ctx.lag_timeout_s),
+                _ask(self._owners(ctx), ctx.lag_timeout_s),
+            )
         finally:
             self.asked_at = monotonic_s()
             self._asking = False
+
+    async def close(self) -> None:
+        groups, self._groups = self._groups, None
+        if groups is not None:
+            await groups.close()
+
+    async def _owners(self, ctx: ApiContext) -> dict[int, str]:
+        if self._groups is None:
+            self._groups = GroupOwners(ctx.settings)
+        topics = Topics(ctx.settings.namespace)
+        members = await self._groups.ask(topics.node_group, topics.events)
+        # Nodes join as client "evsched-node-<id>" and sign decisions as "node-<id>".
+        return {p: client.removeprefix("evsched-") for p, client in members.items()}
 
 
 async def _ask(question: Coroutine[Any, Any, T], timeout_s: float) -> T | None:
@@ -49,13 +65,6 @@ async def _ask(question: Coroutine[Any, Any, T], timeout_s: float) -> T | None:
         return await asyncio.wait_for(question, timeout_s)
     except (TimeoutError, EvschedError):
         return None
-
-
-async def _owners(ctx: ApiContext) -> dict[int, str]:
-    topics = Topics(ctx.settings.namespace)
-    members = await partition_owners(ctx.settings, topics.node_group, topics.events)
-    # Nodes join as client "evsched-node-<id>" and sign decisions as "node-<id>".
-    return {p: client.removeprefix("evsched-") for p, client in members.items()}
 
 
 def depth(ctx: ApiContext) -> dict[str, int]:
