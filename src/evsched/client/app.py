@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any, overload
@@ -16,7 +17,8 @@ from evsched.adapters.queues import KafkaQueues, QueueCatalog, QueueLookupError,
 from evsched.adapters.topics import Topics
 from evsched.client.batch import MAX_BATCH, BatchResult, write_batch
 from evsched.client.controls import control_event, publish_everywhere
-from evsched.client.results import JobHandle, LoopFeed, terminal_state
+from evsched.client.per_loop import PerLoop
+from evsched.client.results import JobHandle, terminal_state
 from evsched.client.sync import LoopThread
 from evsched.client.task import Categories, EnqueueCall, Handler, Task, checked_categories
 from evsched.commands import (
@@ -56,44 +58,19 @@ from evsched.ports import Appended, Clock, EventLog, JobFeed, JobReader
 from evsched.settings import Settings
 
 
-class _LoopLog:
-    """One EventLog per event loop: Kafka clients must stay on the loop they started on."""
+@dataclass(slots=True)
+class _Producer:
+    """A loop's EventLog, with the declared queues as that loop sees them (a KafkaQueues holds
+    an asyncio lock)."""
 
-    def __init__(
-        self,
-        factory: Callable[[], EventLog],
-        catalog: Callable[[], QueueCatalog | None] = lambda: None,
-    ) -> None:
-        self._factory = factory
-        self._catalog = catalog
-        # The declared queues as this loop sees them (a KafkaQueues holds an asyncio lock).
-        self.queues: QueueCatalog | None = None
-        self._log: EventLog | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._lock = asyncio.Lock()
+    log: EventLog
+    queues: QueueCatalog | None
 
-    async def get(self) -> EventLog:
-        loop = asyncio.get_running_loop()
-        if self._loop is not None and self._loop is not loop:
-            if not self._loop.is_closed():
-                raise EvschedError(
-                    "this App's producer belongs to another running event loop: use one loop "
-                    "per App, or the *_sync methods from other threads"
-                )
-            # The old loop is gone (e.g. a second asyncio.run); its producer went with it.
-            self._log, self._loop, self._lock = None, None, asyncio.Lock()
-        async with self._lock:
-            if self._log is None:
-                log = self._factory()
-                await log.start()
-                self._log, self._loop = log, loop
-                self.queues = self._catalog()
-            return self._log
+    async def start(self) -> None:
+        await self.log.start()
 
     async def close(self) -> None:
-        log, self._log, self._loop = self._log, None, None
-        if log is not None:
-            await log.close()
+        await self.log.close()
 
 
 class App:
@@ -131,15 +108,15 @@ class App:
         )
         self._tasks: dict[str, Task] = {}
         catalog = self._catalog_factory(queues, checked=log_factory is None)
-        self._async_log = _LoopLog(factory, catalog)
-        self._sync_log = _LoopLog(factory, catalog)
+        self._async_log = PerLoop(lambda: _Producer(factory(), catalog()))
+        self._sync_log = PerLoop(lambda: _Producer(factory(), catalog()))
         if feed_factory is None and log_factory is None:
             feed_factory = lambda: KafkaJobFeed(  # noqa: E731
                 self.settings, self.topics.events, client_id=f"evsched-follow-{name}"
             )
         self._feed_factory = feed_factory
-        self._async_feed = LoopFeed(self._make_feed)
-        self._sync_feed = LoopFeed(self._make_feed)
+        self._async_feed = PerLoop(self._make_feed)
+        self._sync_feed = PerLoop(self._make_feed)
         self._sync = LoopThread(f"evsched-client-{name}", cleanup=self._close_sync_loop)
 
     # --- definitions ----------------------------------------------------------------------------
@@ -317,11 +294,10 @@ class App:
         listed = list(calls)
         if len(listed) > MAX_BATCH:
             raise InvalidEnqueue("calls", f"{len(listed)} calls, above the limit of {MAX_BATCH}")
-        holder = self._loop_log()
-        log = await holder.get()
+        producer = await self._producer()
         now = self.clock.now_ms()
-        items = [await _checked_call(call, now, holder.queues) for call in listed]
-        return await write_batch(log, self.topics.events, items, atomic=atomic)
+        items = [await _checked_call(call, now, producer.queues) for call in listed]
+        return await write_batch(producer.log, self.topics.events, items, atomic=atomic)
 
     async def pause_queue(self, queue: str, *, reason: str = "") -> list[Appended]:
         """No new leases on ``queue``; running jobs finish. One event per events partition."""
@@ -356,7 +332,7 @@ class App:
 
     async def event_log(self) -> EventLog:
         """The calling loop's EventLog (started on first use)."""
-        return await self._loop_log().get()
+        return (await self._producer()).log
 
     async def publish(self, event: Event) -> Appended:
         """Write one event to ``<ns>.events`` keyed by its job or schedule id, after checks.
@@ -365,12 +341,11 @@ class App:
         it: only an operator makes a queue (``evsched kafka topics --queue NAME``).
         """
         data = encode_checked(event)
-        holder = self._loop_log()
-        log = await holder.get()
+        producer = await self._producer()
         queue = _queue_of(event)
-        if queue is not None and holder.queues is not None:
-            await _require_declared(holder.queues, queue)
-        return await log.append(self.topics.events, entity_id(event), data)
+        if queue is not None and producer.queues is not None:
+            await _require_declared(producer.queues, queue)
+        return await producer.log.append(self.topics.events, entity_id(event), data)
 
     def _catalog_factory(
         self, queues: QueueCatalog | None, *, checked: bool
@@ -441,8 +416,7 @@ class App:
     ) -> JobState:
         """Follow the job on its partition from ``offset`` until it is finished (past ``after``
         when given); its state then."""
-        holder = self._sync_feed if asyncio.get_running_loop() is self._sync.loop else None
-        feed = await (holder or self._async_feed).get()
+        feed = await (self._sync_feed if self._on_sync_loop() else self._async_feed).get()
         return await terminal_state(feed, job_id, partition, offset, after=after)
 
     def _make_feed(self) -> JobFeed:
@@ -491,10 +465,13 @@ class App:
     ) -> None:
         self.close_sync()
 
-    def _loop_log(self) -> _LoopLog:
-        if asyncio.get_running_loop() is self._sync.loop:
-            return self._sync_log
-        return self._async_log
+    def _on_sync_loop(self) -> bool:
+        """Whether the running loop is the sync forms' private one (each loop has its clients)."""
+        return asyncio.get_running_loop() is self._sync.loop
+
+    async def _producer(self) -> _Producer:
+        """The running loop's EventLog and queue catalog (started on first use)."""
+        return await (self._sync_log if self._on_sync_loop() else self._async_log).get()
 
 
 def _queue_of(event: Event) -> str | None:

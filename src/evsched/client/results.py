@@ -154,36 +154,3 @@ class JobHandle(str):
     def result_sync(self, timeout: float | None = None) -> Any:
         """``result`` for sync code (any thread), on the app's private event loop."""
         return self.app.run_sync(lambda: self.result(timeout))
-
-
-class LoopFeed:
-    """One JobFeed per event loop, started on first use (Kafka clients stay on their loop)."""
-
-    def __init__(self, factory: Callable[[], JobFeed]) -> None:
-        self._factory = factory
-        self._feed: JobFeed | None = None
-        self._started: asyncio.Future[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def get(self) -> JobFeed:
-        loop = asyncio.get_running_loop()
-        if self._feed is None or self._started is None or self._loop is not loop:
-            # None yet, or one of a loop that is gone (e.g. a second asyncio.run): a new one.
-            self._feed, self._loop = self._factory(), loop
-            self._started = asyncio.ensure_future(self._feed.start())
-        feed, started = self._feed, self._started
-        try:
-            await asyncio.shield(started)
-        except BaseException:
-            if started.done() and self._started is started:
-                self._feed = self._started = None
-            raise
-        return feed
-
-    async def close(self) -> None:
-        feed, started = self._feed, self._started
-        self._feed = self._started = self._loop = None
-        if feed is None or started is None or not started.done() or started.cancelled():
-            return
-        if started.exception() is None:
-            await feed.close()
