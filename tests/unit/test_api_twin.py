@@ -130,6 +130,8 @@ class Harness:
 
     async def __aexit__(self, *_: object) -> None:
         await self.http.aclose()
+        # ASGITransport runs no lifespan: close what it would (the dashboard's admin client)
+        await self.api.state.evsched_dashboard.facts.close()
         await self.client_app.close()
         await self.replica.stop()
 
