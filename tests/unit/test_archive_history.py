@@ -17,7 +17,19 @@ from evsched.adapters.archive_log import ArchivePartitionLog
 from evsched.adapters.history_file import LoggedEvent, write_history
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka_events import partition_for
-from evsched.core.events import JobCancelled, JobEnqueued, JobRequeued
+from evsched.core.events import (
+    AttemptStarted,
+    AttemptSucceeded,
+    Event,
+    JobCancelled,
+    JobEnqueued,
+    JobLeased,
+    JobPurged,
+    JobRequeued,
+    QueuePaused,
+    QueueResumed,
+)
+from evsched.core.state import Verdict
 from evsched.errors import RestoreRefused
 from evsched.operator import register
 from evsched.operator.archive_history import ArchiveThenLog, audit_from_archive
@@ -157,6 +169,42 @@ async def test_an_audit_from_the_archive_is_the_index_audit(tmp_path: Path) -> N
     finally:
         for index in indexes.values():
             index.close()
+
+
+async def test_an_archive_audit_folds_purges_and_pauses_as_the_index_does(tmp_path: Path) -> None:
+    meta = {"job_id": "j", "emitted_at": 0, "source": "s"}
+    enqueue = {"task": "t", "queue": "q", "args": b"[]", "retention_ms": 0, **meta}
+    lease = {"attempt": 1, "lease_ms": 1_000, **meta}
+    pause = {"queue": "q", "emitted_at": 0, "source": "s"}
+    history: list[Event] = [
+        JobEnqueued(event_id="e1", **enqueue),  # type: ignore[arg-type]
+        JobLeased(event_id="l1", token=1, **lease),  # type: ignore[arg-type]
+        AttemptStarted(event_id="s1", token=1, worker_id="w", lease_ms=1_000, **meta),  # type: ignore[arg-type]
+        AttemptSucceeded(event_id="o1", token=1, result=b"null", **meta),  # type: ignore[arg-type]
+        JobPurged(event_id="p1", generation=0, **meta),  # type: ignore[arg-type]
+        JobEnqueued(event_id="e2", **enqueue),  # type: ignore[arg-type]  # a new job: applied
+        QueuePaused(event_id="qp", **pause),  # type: ignore[arg-type]
+        JobLeased(event_id="l2", token=1, **lease),  # type: ignore[arg-type]  # held by the pause
+        QueueResumed(event_id="qr", **pause),  # type: ignore[arg-type]
+        JobLeased(event_id="l3", token=1, **lease),  # type: ignore[arg-type]
+    ]
+    log = MemoryPartitionLog()
+    for at, event in enumerate(history):
+        log.append(0, avro.encode_event(event), key=b"j", log_at=at)
+    await archive_all(log, tmp_path / "archive")
+    index = PartitionIndex(tmp_path / "index", 0)
+    try:
+        await restore(log, {0: Projector(index)})
+        found, _ = await audit_from_archive(tmp_path / "archive", "j", offline=True)
+        indexed = audit(index, "j")
+    finally:
+        index.close()
+    assert found is not None and indexed is not None and not found.drifted
+    verdicts = [row.entry.verdict for row in found.rows]  # the queue's pause has no row
+    assert verdicts == [*[Verdict.APPLIED] * 6, Verdict.REJECTED, Verdict.APPLIED]
+    # The index keeps the purge's entry and what came after it, as the archive's audit folds it.
+    assert [row.entry for row in found.rows[4:]] == [row.entry for row in indexed.rows]
+    assert found.state == indexed.state
 
 
 def test_replay_of_an_archive_matches_the_outcome_of_its_export(tmp_path: Path) -> None:

@@ -19,29 +19,28 @@ from evsched.adapters.archive_log import ArchivePartitionLog
 from evsched.adapters.history_file import LoggedEvent
 from evsched.adapters.kafka_events import KafkaPartitionLog, partition_for
 from evsched.adapters.topics import Topics, partition_count
+from evsched.core.controls import target_of
 from evsched.core.events import (
+    CONTROL_EVENT_TYPES,
     Position,
     QueuePaused,
     QueueResumed,
-    ScheduleDeleted,
-    ScheduleFired,
     SchedulePaused,
     ScheduleResumed,
-    ScheduleUpserted,
     entity_id,
 )
-from evsched.core.fold import fold
-from evsched.core.schedules import fold_schedule
-from evsched.core.state import JobState, ScheduleState, TimelineEntry, Verdict
+from evsched.core.invariants import Replay
+from evsched.core.state import TimelineEntry, Verdict
 from evsched.errors import DecodeError, RestoreRefused
 from evsched.operator.audit import Audit, audit_of
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.ports import PartitionLog, Record
-from evsched.runtime.refold import State
+from evsched.runtime.refold import PausedAt
 from evsched.settings import Settings
 
 FETCH_RECORDS = 10_000
 READ_WAIT_S = 0.5
+_CONTROL_KINDS = frozenset(cls.__name__ for cls in CONTROL_EVENT_TYPES)
 
 
 class ArchiveThenLog:
@@ -192,13 +191,8 @@ async def audit_from_archive(
     if settings is not None:
         tail, logged = await _log_tail(settings, partition, bounds[1], entity.encode())
         sources = Sources(partition=partition, archived=bounds, logged=logged)
-    stored: list[tuple[TimelineEntry, bytes]] = []
-    state: State | None = None
-    needle = entity.encode()
-    for logged_event in _chain(partition_events(root, partition), tail):
-        if needle in logged_event.value:  # ids are stored as UTF-8: most records skip decoding
-            state = _fold_into(stored, state, entity, logged_event)
-    found = audit_of(entity, partition, sources.last_offset, stored, as_of=as_of)
+    stored, paused = _timeline(_chain(partition_events(root, partition), tail), entity)
+    found = audit_of(entity, partition, sources.last_offset, stored, as_of=as_of, paused=paused)
     return found, sources
 
 
@@ -227,11 +221,8 @@ async def _log_tail(
         log.seek(partition, start)
         while await log.position(partition) < end:
             batch = await log.read([partition], READ_WAIT_S, FETCH_RECORDS)
-            found += [
-                LoggedEvent.from_record(r)
-                for r in batch.get(partition, [])
-                if r.offset < end and needle in (r.value or b"")
-            ]
+            records = (LoggedEvent.from_record(r) for r in batch.get(partition, []))
+            found += [r for r in records if r.offset < end and _concerns(r, needle)]
     return found, (max(first, start), end)
 
 
@@ -245,26 +236,41 @@ def _chain(archived: Iterator[LoggedEvent], tail: Iterable[LoggedEvent]) -> Iter
             yield logged
 
 
-def _fold_into(
-    stored: list[tuple[TimelineEntry, bytes]], state: State | None, entity: str, logged: LoggedEvent
-) -> State | None:
-    """Fold ``logged`` if it is ``entity``'s event, as the projector does; the entity's state."""
-    try:
-        event = avro.decode_event(logged.value)
-    except DecodeError:
-        return state
-    if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
-        return state  # a pause is a queue's or a schedule's, never a job's own event
-    if entity_id(event) != entity:
-        return state
-    position = Position(partition=logged.partition, offset=logged.offset, log_at=logged.log_at)
-    after: State | None
-    if isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
-        after, entry = fold_schedule(
-            state if isinstance(state, ScheduleState) else None, event, position
-        )
-    else:
-        after, entry = fold(state if isinstance(state, JobState) else None, event, position)
-    stored.append((entry, logged.value))
-    # The projector keeps a state only from an applied event, whatever else the fold returns.
-    return after if entry.verdict is Verdict.APPLIED and after is not None else state
+def _concerns(logged: LoggedEvent, needle: bytes) -> bool:
+    """Whether ``logged`` may be the entity's event (ids are stored as UTF-8, so most records are
+    skipped undecoded) or a pause, which decides the verdict of later leases and fires."""
+    return needle in logged.value or logged.kind in _CONTROL_KINDS
+
+
+def _timeline(
+    history: Iterable[LoggedEvent], entity: str
+) -> tuple[list[tuple[TimelineEntry, bytes]], PausedAt]:
+    """``entity``'s timeline folded from ``history`` as the projector would, and when its queue
+    or it (a schedule) was paused."""
+    replay = Replay()
+    stored: list[tuple[TimelineEntry, bytes]] = []
+    switches: dict[tuple[str, str], list[tuple[int, bool]]] = {}
+    needle = entity.encode()
+    for logged in history:
+        if not _concerns(logged, needle):
+            continue
+        try:
+            event = avro.decode_event(logged.value)
+        except DecodeError:
+            continue
+        position = Position(partition=logged.partition, offset=logged.offset, log_at=logged.log_at)
+        entry = replay.feed(event, position)
+        if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
+            if entry.verdict is Verdict.APPLIED:
+                on = isinstance(event, QueuePaused | SchedulePaused)
+                switches.setdefault(target_of(event), []).append((logged.offset, on))
+            if isinstance(event, QueuePaused | QueueResumed):
+                continue  # a queue's pauses are on its own timeline, never a job's
+        if entity_id(event) == entity:
+            stored.append((entry, logged.value))
+
+    def paused(target: str, name: str, offset: int) -> bool:
+        before = [on for at, on in switches.get((target, name), []) if at < offset]
+        return bool(before) and before[-1]
+
+    return stored, paused

@@ -88,8 +88,8 @@ def audit_of(
 ) -> Audit | None:
     """The audit of a timeline read from anywhere (an index, an archive); None when empty.
 
-    ``paused`` tells when the job's queue was paused (a lease then is refused); an archive's
-    audit has no index to ask and takes the stored verdicts of such leases as they are.
+    ``paused`` tells when the job's queue (or the schedule) was paused, which refuses a lease
+    (or holds a fire): from the index's stored pauses, or those an archive's audit folded.
     """
     if not stored:
         return None
