@@ -50,10 +50,8 @@ class Roll:
 
 @dataclass(slots=True)
 class _Partition:
-    """One partition's progress: the file being written and the newest finished file."""
+    """One partition's progress: the file being written and the tail already on disk."""
 
-    next_offset: int
-    archived_last: int = -1
     tail_last: int = -1  # the last offset of the tail that starts where the open file starts
     writer: FileWriter | None = None
     opened_at: float = 0.0
@@ -103,14 +101,16 @@ class Archiver:
         self._check_manifest()
         starts = await self.log.start_offsets(self.partitions)
         ends = await self.log.end_offsets(self.partitions)
+        resumed: dict[int, int] = {}
         for p in self.partitions:
             for path in tidy(self.root, p):
                 log.info("archive_leftover_deleted", partition=p, path=str(path))
-            part = self._resume(p, starts[p], ends[p], accept_gap)
-            self._parts[p] = part
-            self.state.archived_last[p] = part.archived_last
-            self.log.seek(p, part.next_offset)
-        return {p: part.next_offset for p, part in self._parts.items()}
+            resumed[p], self.state.archived_last[p], tail_last = self._resume(
+                p, starts[p], ends[p], accept_gap
+            )
+            self._parts[p] = _Partition(tail_last=tail_last)
+            self.log.seek(p, resumed[p])
+        return resumed
 
     def _check_manifest(self) -> None:
         manifest = read_manifest(self.root)
@@ -123,14 +123,18 @@ class Archiver:
         if manifest is None or int(str(manifest.get("partitions", 0))) < count:
             write_manifest(self.root, self.namespace, count)
 
-    def _resume(self, partition: int, start: int, end: int, accept_gap: bool) -> _Partition:
+    def _resume(
+        self, partition: int, start: int, end: int, accept_gap: bool
+    ) -> tuple[int, int, int]:
+        """The offset to read from, the last archived one (-1: none), and the last of the tail
+        that is read again (-1: none)."""
         files = covering(listed(self.root, partition))
         sealed = [f for f in files if not f.tail]
         tail = files[-1] if files and files[-1].tail else None
         if not files:
             if start > 0:
                 log.warning("archive_starts_after_zero", partition=partition, log_start=start)
-            return _Partition(next_offset=start)
+            return start, -1, -1
         next_offset = sealed[-1].last + 1 if sealed else files[0].first
         tail_last = -1
         if tail is not None and start > tail.first:
@@ -153,11 +157,7 @@ class Archiver:
                 "(unless they were only transaction markers); add --accept-gap to go on from "
                 f"{start}"
             )
-        return _Partition(
-            next_offset=max(next_offset, start),
-            archived_last=archived,
-            tail_last=tail_last,
-        )
+        return max(next_offset, start), archived, tail_last
 
     async def step(self, *, targets: Mapping[int, int] | None = None) -> int:
         """One read of every partition still short of its target, archived; records written."""
@@ -207,8 +207,7 @@ class Archiver:
         writer.write(LoggedEvent.from_record(record))
         if writer.count >= self.roll.records or writer.payload_bytes >= self.roll.payload_bytes:
             part.writer, part.tail_last = None, -1
-            self._finished(part, writer.finish(tail=False), writer.count)
-            part.next_offset = writer.last + 1
+            self._finished(writer.finish(tail=False), writer.count)
 
     def _tails_due(self) -> None:
         now = self.clock.monotonic_s()
@@ -232,14 +231,13 @@ class Archiver:
             writer.abandon()
         else:
             part.tail_last = writer.last
-            self._finished(part, writer.finish(tail=True), writer.count)
+            self._finished(writer.finish(tail=True), writer.count)
         part.writer = None
         if reread:
             # The open file starts again from its first record, so it rolls where it would have.
             self.log.seek(partition, writer.first)
 
-    def _finished(self, part: _Partition, file: ArchiveFile, records: int) -> None:
-        part.archived_last = file.last
+    def _finished(self, file: ArchiveFile, records: int) -> None:
         self.state.archived_last[file.partition] = file.last
         self.state.files.append(file)
         log.info(
