@@ -12,7 +12,7 @@ import typer
 from evsched.adapters.topics import TopicProvisioningError, ensure_topics
 from evsched.devstack.broker import BrokerStatus, LocalBroker
 from evsched.devstack.cluster import ClusterStatus, LocalCluster, is_cluster_dir
-from evsched.devstack.config import DATA_DIR_ENV, VERSION_ENV
+from evsched.devstack.config import DATA_DIR_ENV, VERSION_ENV, default_data_dir
 from evsched.devstack.errors import DevstackError
 from evsched.devstack.toolchain import KAFKA_VERSION
 from evsched.errors import BrokerAccessRefused
@@ -143,7 +143,7 @@ def down(data_dir: DataDir = None) -> None:
             pids = [pid] if pid else []
     except DevstackError as error:
         raise _fail(error) from None
-    where = (data_dir or LocalBroker().files.data_dir).absolute()
+    where = (data_dir or default_data_dir()).absolute()
     listed = ", ".join(str(pid) for pid in pids)
     typer.echo(f"Stopped Kafka (pid {listed})." if pids else f"Kafka is not running ({where}).")
 
