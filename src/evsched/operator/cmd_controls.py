@@ -6,19 +6,19 @@ is shown, read back from the caught-up local replica.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 
-from evsched.adapters.avro import decode_event
 from evsched.adapters.clock import now_ms
 from evsched.client import App
 from evsched.client.controls import control_event
 from evsched.core.controls import QUEUE
 from evsched.core.events import (
     ControlEvent,
+    Event,
     QueuePaused,
     QueueResumed,
     SchedulePaused,
@@ -27,21 +27,19 @@ from evsched.core.events import (
 from evsched.errors import InvalidEnqueue
 from evsched.operator.cmd_write import Reason, Wait, report, write
 from evsched.operator.exits import ExitCode
-from evsched.operator.readings import control_reading, iso
+from evsched.operator.readings import iso
 from evsched.operator.render import emit_json, out
-from evsched.operator.replica_dir import DEFAULT_TIMEOUT_S, LocalIndex
+from evsched.operator.replica_dir import DEFAULT_TIMEOUT_S
 from evsched.operator.session import (
     DEFAULT_DATA_DIR,
     DataDir,
     Json,
     ReplicaOptions,
     TimeoutS,
-    open_replica,
-    refresh_to,
     replica,
     run,
 )
-from evsched.operator.writes import Judged, bad, highest_offsets
+from evsched.operator.writes import Judged, bad
 from evsched.settings import Settings
 
 QueueName = Annotated[str, typer.Argument(help="The queue ([A-Za-z0-9._-]).")]
@@ -166,28 +164,16 @@ def _schedule_control(
 def _queue_control(
     event: ControlEvent, *, wait: bool, options: ReplicaOptions, as_json: bool
 ) -> None:
+    async def everywhere(app: App, events: Sequence[tuple[str, Event]]) -> list[Judged]:
+        ((queue, control),) = events
+        assert isinstance(control, QueuePaused | QueueResumed)
+        appended = await app.publish_control_everywhere(control)
+        return [Judged(entity_id=queue, kind=type(control).__name__, appended=a) for a in appended]
+
     async def main() -> ExitCode:
         assert isinstance(event, QueuePaused | QueueResumed)
-        async with App(Settings.from_env(), name="operator") as app:
-            appended = await app.publish_control_everywhere(event)
-        kind = type(event).__name__
-        written = [Judged(entity_id=event.queue, kind=kind, appended=a) for a in appended]
-        if not wait:
-            return report(written, as_json)
-        local = await open_replica(options)
-        try:
-            await refresh_to(options, local, highest_offsets(written))
-            return report([_judged(local, event.queue, item) for item in written], as_json)
-        finally:
-            local.close()
+        app = App(Settings.from_env(), name="operator")
+        judged = await write(app, [(event.queue, event)], options, wait=wait, publish=everywhere)
+        return report(judged, as_json)
 
     run(main)
-
-
-def _judged(local: LocalIndex, queue: str, item: Judged) -> Judged:
-    """``item`` with the verdict its partition's fold gave it."""
-    for entry, raw in local.indexes[item.appended.partition].queue_timeline_events(queue):
-        event = decode_event(raw)
-        if entry.offset == item.appended.offset and isinstance(event, QueuePaused | QueueResumed):
-            return replace(item, verdict=entry.verdict, reading=control_reading(entry, event))
-    return item

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated
 
 import typer
@@ -73,6 +73,8 @@ JobTimeout = Annotated[
 ]
 Reason = Annotated[str, typer.Option("--reason", help="Recorded with the event.")]
 DelayS = Annotated[float | None, typer.Option("--delay-s", min=0, help="Start after this long.")]
+# Writes (id, event) pairs and returns each with where it was appended.
+Publish = Callable[[App, Sequence[tuple[str, Event]]], Awaitable[list[Judged]]]
 RunAt = Annotated[
     str | None, typer.Option("--run-at", help="Start at this ISO 8601 time with a zone.")
 ]
@@ -92,8 +94,10 @@ async def write(
     *,
     wait: bool,
     must_exist: Sequence[str] = (),
+    publish: Publish = publish,
 ) -> list[Judged]:
-    """Publish ``events``; with ``wait``, their verdicts from the caught-up replica.
+    """Publish ``events`` (with ``publish``); with ``wait``, their verdicts from the caught-up
+    replica.
 
     Ids in ``must_exist`` are looked up first: an unknown one ends the command (NOT_FOUND)
     before anything is written.

@@ -15,6 +15,7 @@ from typing import Any
 
 import typer
 
+from evsched.adapters.avro import decode_event
 from evsched.adapters.ids import new_id
 from evsched.adapters.payload import MAX_JSON_DEPTH, deeper_than
 from evsched.client import App
@@ -27,10 +28,19 @@ from evsched.commands import (
     job_template,
     task_spec,
 )
-from evsched.core.events import Event, JobEnqueued, JobTemplate, RetryPolicy, ScheduleUpserted
+from evsched.core.events import (
+    Event,
+    JobEnqueued,
+    JobTemplate,
+    QueuePaused,
+    QueueResumed,
+    RetryPolicy,
+    ScheduleUpserted,
+)
 from evsched.core.state import Verdict
 from evsched.errors import InvalidEnqueue, InvalidTask
 from evsched.operator.audit import audit
+from evsched.operator.readings import control_reading
 from evsched.operator.replica_dir import LocalIndex
 from evsched.ports import Appended
 from evsched.settings import Settings
@@ -54,6 +64,7 @@ PARAMETERS = {
     "timezone": "--timezone",
 }
 ACCEPTED = frozenset({Verdict.APPLIED, Verdict.DUPLICATE})
+_QUEUE_CONTROLS = frozenset({QueuePaused.__name__, QueueResumed.__name__})
 
 
 def bad(field: str, reason: str) -> typer.BadParameter:
@@ -227,6 +238,9 @@ def judge(local: LocalIndex, written: Sequence[Judged]) -> list[Judged]:
     """Each write with the verdict the (caught-up) replica's fold gave it."""
     judged: list[Judged] = []
     for item in written:
+        if item.kind in _QUEUE_CONTROLS:
+            judged.append(_judged_queue_control(local, item))
+            continue
         found = audit(local.index_of(item.entity_id), item.entity_id, as_of=item.appended.offset)
         rows = (
             []
@@ -239,3 +253,15 @@ def judge(local: LocalIndex, written: Sequence[Judged]) -> list[Judged]:
         row = rows[-1]
         judged.append(replace(item, verdict=row.entry.verdict, reading=row.reading))
     return judged
+
+
+def _judged_queue_control(local: LocalIndex, item: Judged) -> Judged:
+    """A queue's pause or resume with the verdict its partition's fold gave it (a queue's
+    control is written to every partition, so ``item`` names the one it was judged on)."""
+    stored = local.indexes[item.appended.partition].queue_timeline_events(item.entity_id)
+    for entry, raw in stored:
+        if entry.offset == item.appended.offset:
+            event = decode_event(raw)
+            assert isinstance(event, QueuePaused | QueueResumed)
+            return replace(item, verdict=entry.verdict, reading=control_reading(entry, event))
+    return item
