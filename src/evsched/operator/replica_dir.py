@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,16 +95,24 @@ async def catch_up(
     """The replica in ``data_dir`` with every partition folded up to the log end seen at start."""
     topic = Topics(settings.namespace).events
     count = await partition_count(settings.bootstrap, topic, **dict(settings.kafka_options))
-    prepared = await prepare_indexes(settings, data_dir, count, client_id="evsched-operator")
-    if prepared.refused:
-        details = "; ".join(f"partition {p}: {why}" for p, why in sorted(prepared.refused.items()))
-        raise OperatorError(ExitCode.UNAVAILABLE, details)
-    local = LocalIndex({p: _open(data_dir, p) for p in range(count)})
-    try:
-        await refresh(settings, local, at_least=at_least, timeout_s=timeout_s, progress=progress)
-    except BaseException:
-        local.close()
-        raise
+    async with _events_log(settings, range(count)) as log:
+        # One reader for both: its offsets plan the indexes' restore, then it folds the rest.
+        prepared = await prepare_indexes(
+            settings, data_dir, count, client_id="evsched-operator", events=log
+        )
+        if prepared.refused:
+            details = "; ".join(
+                f"partition {p}: {why}" for p, why in sorted(prepared.refused.items())
+            )
+            raise OperatorError(ExitCode.UNAVAILABLE, details)
+        local = LocalIndex({p: _open(data_dir, p) for p in range(count)})
+        try:
+            await _fold_to_end(
+                log, local, at_least=dict(at_least or {}), timeout_s=timeout_s, progress=progress
+            )
+        except BaseException:
+            local.close()
+            raise
     return local
 
 
@@ -121,44 +129,37 @@ async def refresh(
     ``at_least`` maps partitions to offsets that must be folded too: a write just acknowledged,
     which read_committed end offsets may not show yet behind another producer's transaction.
     """
+    async with _events_log(settings, local.indexes) as log:
+        await _fold_to_end(
+            log, local, at_least=dict(at_least or {}), timeout_s=timeout_s, progress=progress
+        )
+
+
+def _events_log(settings: Settings, partitions: Iterable[int]) -> KafkaPartitionLog:
     topic = Topics(settings.namespace).events
-    await _fold_to_end(
-        settings,
-        local,
-        topic,
-        at_least=dict(at_least or {}),
-        timeout_s=timeout_s,
-        progress=progress,
+    return KafkaPartitionLog(
+        settings, topic, partitions, client_id="evsched-operator", **FETCH_OPTIONS
     )
 
 
 async def _fold_to_end(
-    settings: Settings,
+    log: KafkaPartitionLog,
     local: LocalIndex,
-    topic: str,
     *,
     at_least: dict[int, int],
     timeout_s: float,
     progress: Progress | None,
 ) -> None:
     projectors = {p: Projector(index) for p, index in local.indexes.items()}
-    log = KafkaPartitionLog(
-        settings, topic, projectors, client_id="evsched-operator", **FETCH_OPTIONS
-    )
-    async with log:
-        ends = await log.end_offsets(list(projectors))
-        targets = {p: max(end, at_least.get(p, -1) + 1) for p, end in ends.items()}
-        total = sum(
-            max(0, targets[p] - projector.next_offset) for p, projector in projectors.items()
-        )
-        report = None if progress is None else (lambda done: progress(min(done, total), total))
-        try:
-            async with asyncio.timeout(timeout_s):
-                await restore(
-                    log, projectors, targets, fetch_records=FETCH_RECORDS, progress=report
-                )
-        except TimeoutError as exc:
-            raise OperatorError(
-                ExitCode.UNAVAILABLE,
-                f"the replica did not reach the log end {targets} within {timeout_s:g} s",
-            ) from exc
+    ends = await log.end_offsets(list(projectors))
+    targets = {p: max(end, at_least.get(p, -1) + 1) for p, end in ends.items()}
+    total = sum(max(0, targets[p] - projector.next_offset) for p, projector in projectors.items())
+    report = None if progress is None else (lambda done: progress(min(done, total), total))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await restore(log, projectors, targets, fetch_records=FETCH_RECORDS, progress=report)
+    except TimeoutError as exc:
+        raise OperatorError(
+            ExitCode.UNAVAILABLE,
+            f"the replica did not reach the log end {targets} within {timeout_s:g} s",
+        ) from exc

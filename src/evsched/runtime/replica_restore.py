@@ -19,6 +19,7 @@ import structlog
 from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.topics import Topics, partition_count
 from evsched.core.fold import FOLD_VERSION
+from evsched.ports import PartitionLog
 from evsched.runtime.changelog import latest_meta
 from evsched.runtime.changelog_restore import (
     RESTORE_AHEAD_RECORDS,
@@ -47,15 +48,25 @@ class Prepared:
 
 
 async def prepare_indexes(
-    settings: Settings, data_dir: Path, partitions: int, *, client_id: str
+    settings: Settings,
+    data_dir: Path,
+    partitions: int,
+    *,
+    client_id: str,
+    events: PartitionLog | None = None,
 ) -> Prepared:
-    """Make every partition's index under ``data_dir`` usable, or say why it cannot be."""
+    """Make every partition's index under ``data_dir`` usable, or say why it cannot be.
+
+    ``events``: a started reader of the events topic to ask for its offsets (else one is opened).
+    """
     topics = Topics(settings.namespace)
     done = Prepared()
     every = range(partitions)
-    async with KafkaPartitionLog(settings, topics.events, every, client_id=client_id) as events:
-        starts = await events.start_offsets(every)
-        ends = await events.end_offsets(every)
+    if events is None:
+        async with KafkaPartitionLog(settings, topics.events, every, client_id=client_id) as own:
+            starts, ends = await own.start_offsets(every), await own.end_offsets(every)
+    else:
+        starts, ends = await events.start_offsets(every), await events.end_offsets(every)
     locals_ = {p: local_index(data_dir, p) for p in every}
     if not any(_worth_a_look(locals_[p], starts[p], ends[p]) for p in every):
         return done  # every index reaches the log's start and is close to its end: fold on
