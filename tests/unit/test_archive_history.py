@@ -38,6 +38,7 @@ from evsched.operator.audit import audit
 from evsched.runtime.projector import Projector
 from evsched.runtime.restore import restore
 from evsched.testing import FrozenClock, MemoryPartitionLog
+from tests.unit.test_archiver import archive_once
 
 JOBS = [f"job-{i}" for i in range(9)]
 SMALL = Roll(records=3)
@@ -80,14 +81,6 @@ def logged(partitions: int = 2) -> MemoryPartitionLog:
                     log.mark(p)
     log.append(0, b"\x00junk", key=b"junk", log_at=9_000)
     return log
-
-
-async def archive_all(log: MemoryPartitionLog, root: Path, roll: Roll = SMALL) -> None:
-    await log.start()
-    parts = range(len(log.entries))
-    archiver = Archiver(log, root, namespace="ns", partitions=parts, clock=FrozenClock(), roll=roll)
-    await archiver.open()
-    await archiver.run_to(await log.end_offsets(parts))
 
 
 async def rebuilt(tmp_path: Path, name: str, source: object, partition: int) -> tuple[int, str]:
@@ -136,7 +129,7 @@ async def test_offsets_in_neither_the_archive_nor_the_log_are_refused(tmp_path: 
     late = tmp_path / "late"
     trimmed = logged(partitions=1)
     trimmed.trim(0, 5)
-    await archive_all(trimmed, late)
+    await archive_once(trimmed, late, SMALL)
     with pytest.raises(RestoreRefused, match=r"its archive starts at offset \d+, so offsets 0\.\."):
         await rebuilt(tmp_path, "late", ArchiveThenLog(ArchivePartitionLog(late, "t"), log), 0)
 
@@ -144,7 +137,7 @@ async def test_offsets_in_neither_the_archive_nor_the_log_are_refused(tmp_path: 
 async def test_an_audit_from_the_archive_is_the_index_audit(tmp_path: Path) -> None:
     log = logged()
     root = tmp_path / "archive"
-    await archive_all(log, root)
+    await archive_once(log, root, SMALL)
     indexes = {}
     for p in (0, 1):
         indexes[p] = PartitionIndex(tmp_path / f"index{p}", p)
@@ -191,7 +184,7 @@ async def test_an_archive_audit_folds_purges_and_pauses_as_the_index_does(tmp_pa
     log = MemoryPartitionLog()
     for at, event in enumerate(history):
         log.append(0, avro.encode_event(event), key=b"j", log_at=at)
-    await archive_all(log, tmp_path / "archive")
+    await archive_once(log, tmp_path / "archive", SMALL)
     index = PartitionIndex(tmp_path / "index", 0)
     try:
         await restore(log, {0: Projector(index)})
@@ -210,7 +203,7 @@ async def test_an_archive_audit_folds_purges_and_pauses_as_the_index_does(tmp_pa
 def test_replay_of_an_archive_matches_the_outcome_of_its_export(tmp_path: Path) -> None:
     log = logged()
     root = tmp_path / "archive"
-    asyncio.run(archive_all(log, root))
+    asyncio.run(archive_once(log, root, SMALL))
     export = tmp_path / "h.history.avro"
     events = [
         LoggedEvent.from_record(r)
