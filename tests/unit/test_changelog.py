@@ -4,7 +4,6 @@ after a crash between the commit and the index write, and with deletes as tombst
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,13 +25,6 @@ from evsched.testing import NodeDriver, SimulatedCrash
 from tests.unit.node_driver_events import enqueued, every_minute, failed, started, succeeded
 
 LIMITS = PlannerLimits(dispatch_timeout_ms=30_000)
-
-
-@pytest.fixture
-def driver(tmp_path: Path) -> Iterator[NodeDriver]:
-    node = NodeDriver(tmp_path / "node", limits=LIMITS)
-    yield node
-    node.close()
 
 
 async def _run_some_jobs(driver: NodeDriver) -> None:

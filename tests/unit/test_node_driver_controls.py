@@ -3,11 +3,6 @@ running jobs finish, and a paused schedule fires nothing, then at most its lates
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from evsched.core.events import (
     JobLeased,
     QueuePaused,
@@ -16,17 +11,9 @@ from evsched.core.events import (
     SchedulePaused,
     ScheduleResumed,
 )
-from evsched.core.planner import PlannerLimits
 from evsched.core.state import Status, Verdict
 from evsched.testing import NodeDriver
 from tests.unit.node_driver_events import enqueued, every_minute, started, succeeded
-
-
-@pytest.fixture
-def driver(tmp_path: Path) -> Iterator[NodeDriver]:
-    node = NodeDriver(tmp_path, limits=PlannerLimits(dispatch_timeout_ms=30_000))
-    yield node
-    node.close()
 
 
 def pause(queue: str, n: int = 0) -> QueuePaused:

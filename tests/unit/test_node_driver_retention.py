@@ -4,40 +4,25 @@ that expire from the log, the idempotency key window's new runs, and forged purg
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-
-import pytest
 
 from evsched.adapters.index import PartitionIndex
 from evsched.core.events import JobCancelled, JobEnqueued, JobLeased, JobPurged
 from evsched.core.ids import job_id_for_key
-from evsched.core.planner import PlannerLimits
 from evsched.core.state import Status, Verdict
 from evsched.operator.audit import audit
 from evsched.operator.render import audit_json
 from evsched.runtime.projector import Projector
 from evsched.testing import NodeDriver
-from tests.unit.node_driver_events import started, succeeded
+from tests.unit.node_driver_events import enqueued, started, succeeded
 
 _ids = itertools.count()
 MINUTE_MS = 60_000
 
 
-@pytest.fixture
-def driver(tmp_path: Path) -> Iterator[NodeDriver]:
-    node = NodeDriver(tmp_path / "node", limits=PlannerLimits(dispatch_timeout_ms=30_000))
-    yield node
-    node.close()
-
-
 def enqueue(job_id: str, **fields: object) -> JobEnqueued:
-    values: dict[str, object] = {
-        "event_id": f"enq-{next(_ids)}", "job_id": job_id, "emitted_at": 0, "source": "client",
-        "task": "t", "queue": "default", "args": b"[]", "retention_ms": MINUTE_MS,
-    }  # fmt: skip
-    values.update(fields)
-    return JobEnqueued(**values)  # type: ignore[arg-type]
+    return replace(enqueued(job_id), **{"retention_ms": MINUTE_MS, **fields})  # type: ignore[arg-type]
 
 
 def keyed(key: str, args: bytes = b"[]", **fields: object) -> JobEnqueued:

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from prometheus_client import CollectorRegistry
 
 from evsched.core.events import LeaseExpired
-from evsched.core.planner import PlannerLimits
 from evsched.operator.audit import audit
 from evsched.runtime.waiting import WaitingForWorker
 from evsched.testing import NodeDriver
 from tests.unit.node_driver_events import enqueued, started, succeeded
-
-
-@pytest.fixture
-def driver(tmp_path: Path) -> Iterator[NodeDriver]:
-    node = NodeDriver(tmp_path, limits=PlannerLimits(dispatch_timeout_ms=30_000))
-    yield node
-    node.close()
 
 
 def sample(registry: CollectorRegistry, name: str, queue: str) -> float | None:

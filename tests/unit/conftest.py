@@ -1,0 +1,25 @@
+"""Unit fixtures: a NodeDriver over a fresh data dir, with the planner limits its module picks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from evsched.core.planner import PlannerLimits
+from evsched.testing import NodeDriver
+
+
+@pytest.fixture
+def driver_limits() -> PlannerLimits:
+    """The ``driver``'s planner limits; a module overrides this fixture to pick its own."""
+    return PlannerLimits(dispatch_timeout_ms=30_000)
+
+
+@pytest.fixture
+def driver(tmp_path: Path, driver_limits: PlannerLimits) -> Iterator[NodeDriver]:
+    """A node on one partition under ``tmp_path / "node"``, closed after the test."""
+    node = NodeDriver(tmp_path / "node", limits=driver_limits)
+    yield node
+    node.close()
