@@ -33,10 +33,20 @@ async def succeed(api: Harness, job_id: str) -> None:
     )
 
 
-async def test_the_long_poll_answers_once_the_job_is_finished(api: Harness) -> None:
+async def test_the_long_poll_answers_once_the_job_is_finished(
+    api: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parked = asyncio.Event()  # set once the long poll waits on the replica
+    waiting = api.replica.wait_for
+
+    async def wait_for(partition: int, offset: int, timeout_s: float = 10.0) -> None:
+        parked.set()
+        await waiting(partition, offset, timeout_s)
+
+    monkeypatch.setattr(api.replica, "wait_for", wait_for)
     job = await enqueue(api)
     polling = asyncio.create_task(api.http.get(f"/v1/jobs/{job['id']}", params={"wait": 10}))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(parked.wait(), 10)
     assert not polling.done()
     await kill(api, job["id"])
     answer = await asyncio.wait_for(polling, 10)
