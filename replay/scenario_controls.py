@@ -6,8 +6,8 @@ test_controls.py`` runs it and judges the log.
 
 from __future__ import annotations
 
-from replay.scenarios import _logged, _wait_path, produce_raw, until_status
-from tests.integration.engine import Stack, wait_for
+from replay.scenarios import _logged, produce_raw, until_status
+from tests.integration.engine import Stack, wait_for, wait_path
 
 from evsched.adapters import avro
 from evsched.adapters.clock import now_ms
@@ -30,7 +30,7 @@ async def controls(stack: Stack) -> None:
         marks = stack.tmp / "gated"
         marks.mkdir()
         running = await app.enqueue("s.gated", str(marks), "running")
-        await _wait_path(marks / "started-1-1")
+        await wait_path(marks / "started-1-1")
         await app.pause_queue("default", reason="maintenance")
         waiting = [await app.enqueue("s.noop") for _ in range(6)]
         await app.pause_queue("default")  # already paused: rejected on every partition

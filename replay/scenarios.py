@@ -6,13 +6,11 @@ started has reached the status the scenario wants; the recorder then checks and 
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import struct
 from dataclasses import replace
-from pathlib import Path
 
-from tests.integration.engine import Proc, Stack, wait_for
+from tests.integration.engine import Proc, Stack, wait_for, wait_path
 
 from evsched.adapters import avro, kafka
 from evsched.adapters.payload import encode_args
@@ -146,7 +144,7 @@ async def _cancel_running(stack: Stack, app: App) -> list[str]:
         folder.mkdir()
         jobs.append(await app.enqueue("s.gated", str(folder), f"g{i}"))
     for job_id, folder in zip(jobs, folders, strict=True):
-        await _wait_path(folder / "started-1-1")
+        await wait_path(folder / "started-1-1")
         await app.cancel(job_id, reason="operator stop")
         await until_status(stack, [job_id], Status.CANCELLED)
         (folder / "go").touch()
@@ -178,13 +176,6 @@ async def _repeats_and_garbage(stack: Stack, job_ids: list[str]) -> None:
             await stack.wait_node_past(partition, max(offsets))
 
 
-async def _wait_path(path: Path) -> None:
-    async def exists() -> bool:
-        return await asyncio.to_thread(path.exists)
-
-    await wait_for(exists, what=f"the marker {path}", timeout_s=60)
-
-
 def _pid(worker_id: str | None) -> int:
     assert worker_id is not None
     return int(worker_id.rsplit("-", 2)[1])
@@ -214,13 +205,13 @@ async def _stale_while_rerun_runs(stack: Stack, app: App, a: Proc) -> Proc:
     marks = stack.tmp / "frozen-1"
     marks.mkdir()
     job_id = await app.enqueue("s.gated_each", str(marks), "frozen")
-    await _wait_path(marks / "started-1-1")
+    await wait_path(marks / "started-1-1")
     a.signal(signal.SIGSTOP)
     b = stack.start_worker("worker-b", "--lease-s", "2")
     rerun, _ = await _running_on(stack, job_id, [b])
     a.signal(signal.SIGCONT)
     (marks / "go-1").touch()
-    await _wait_path(marks / "finished-1-1")
+    await wait_path(marks / "finished-1-1")
     (marks / f"go-{rerun.token}").touch()
     await until_status(stack, [job_id], Status.SUCCEEDED)
     return b
@@ -231,14 +222,14 @@ async def _stale_after_rerun_committed(stack: Stack, app: App, procs: list[Proc]
     marks.mkdir()
     job_id = await app.enqueue("s.gated", str(marks), "late")
     _, first = await _running_on(stack, job_id, procs)
-    await _wait_path(marks / "started-1-1")
+    await wait_path(marks / "started-1-1")
     first.signal(signal.SIGSTOP)
     others = [p for p in procs if p is not first]
     await _running_on(stack, job_id, others)
     (marks / "go").touch()
     await until_status(stack, [job_id], Status.SUCCEEDED)
     first.signal(signal.SIGCONT)  # its handler sees `go` and completes token 1: stale
-    await _wait_path(marks / "finished-1-1")
+    await wait_path(marks / "finished-1-1")
 
 
 async def _killed_resumes_from_checkpoint(stack: Stack, app: App, procs: list[Proc]) -> None:
@@ -246,7 +237,7 @@ async def _killed_resumes_from_checkpoint(stack: Stack, app: App, procs: list[Pr
     marks.mkdir()
     job_id = await app.enqueue("s.count", str(marks), 8)
     _, runner = await _running_on(stack, job_id, procs)
-    await _wait_path(marks / "a1-s3")
+    await wait_path(marks / "a1-s3")
     runner.kill()
     stack.start_worker("worker-c", "--lease-s", "2")
     await until_status(stack, [job_id], Status.SUCCEEDED)

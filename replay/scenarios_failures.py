@@ -8,11 +8,8 @@ reports beyond the limits (an oversized traceback, a category that is no snake_c
 
 from __future__ import annotations
 
-import asyncio
-from pathlib import Path
-
 from replay.scenarios import produce_raw, until_status
-from tests.integration.engine import Stack, wait_for
+from tests.integration.engine import Stack, wait_for, wait_path
 from tests.integration.follow_app import make_app
 
 from evsched.adapters import avro
@@ -36,7 +33,7 @@ async def failures(stack: Stack) -> None:
         marks = stack.tmp / "count"
         marks.mkdir()
         counting = await app.enqueue("f.count", str(marks), 200)
-        await wait_for(lambda: _exists(marks / "step-3"), what="three steps counted")
+        await wait_path(marks / "step-3", what="three steps counted")
         await app.cancel(counting, reason="stop counting")
         runs = stack.tmp / "runs"
         runs.mkdir()
@@ -83,7 +80,3 @@ def _hostile(job_id: str) -> list[tuple[bytes, bytes]]:
         ),
     ]
     return [(job_id.encode(), avro.encode_event(e)) for e in events]
-
-
-async def _exists(path: Path) -> bool:
-    return await asyncio.to_thread(path.exists)

@@ -11,13 +11,14 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.records_to_delete import RecordsToDelete
 
 from evsched.adapters import avro, kafka
 from evsched.adapters.signing import DispatchKey
@@ -47,6 +48,21 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def wait_path(path: Path, *, what: str = "", timeout_s: float = DEADLINE_S) -> None:
+    """Wait until ``path`` exists (a marker a handler or a process writes)."""
+
+    async def exists() -> bool:
+        return await asyncio.to_thread(path.exists)
+
+    await wait_for(exists, what=what or f"the marker {path}", timeout_s=timeout_s)
+
+
+async def all_succeeded(reader: Stack | Replica, job_ids: Iterable[str]) -> bool:
+    """Whether every job of ``job_ids`` has succeeded, as ``reader`` has folded it so far."""
+    states = [await reader.job(j) for j in job_ids]
+    return all(s is not None and s.status is Status.SUCCEEDED for s in states)
 
 
 @dataclass
@@ -80,6 +96,11 @@ class Proc:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def logged(proc: Proc, event: str) -> list[dict[str, Any]]:
+    """The JSON log lines of ``proc`` whose event name is ``event``, in order."""
+    return [json.loads(line) for line in proc.log().splitlines() if f'"event": "{event}"' in line]
 
 
 @dataclass
@@ -221,6 +242,21 @@ class Stack:
         await wait_for(
             past, what=f"a node past offset {offset} of p{partition}", timeout_s=timeout_s
         )
+
+    async def trim(self, before: Mapping[int, int]) -> None:
+        """delete_records: everything of each events partition below ``before[partition]`` goes."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_records(
+                {
+                    TopicPartition(self.topics.events, p): RecordsToDelete(before_offset=offset)
+                    for p, offset in before.items()
+                },
+                timeout_ms=30_000,
+            )
+        finally:
+            await admin.close()
 
     async def close(self) -> None:
         for proc in self.procs:

@@ -5,17 +5,14 @@ a trimmed log refuses the partition loudly; ``rebuild --verify`` on a trimmed lo
 
 from __future__ import annotations
 
-import json
+import asyncio
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.records_to_delete import RecordsToDelete
-from aiokafka.structs import TopicPartition
 from tests.conftest import unique_name
-from tests.integration.engine import Proc, Stack, wait_for
+from tests.integration.engine import Proc, Stack, all_succeeded, logged, wait_for
 
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka_events import KafkaPartitionLog
@@ -42,42 +39,9 @@ async def _stack(bootstrap: str, tmp_path: Path, name: str) -> Stack:
     return Stack(bootstrap, namespace, tmp_path, partitions=PARTITIONS)
 
 
-def _logged(proc: Proc, event: str) -> list[dict[str, Any]]:
-    found = []
-    for line in proc.log().splitlines():
-        if f'"event": "{event}"' in line:
-            found.append(json.loads(line))
-    return found
-
-
-async def _seen(proc: Proc, event: str) -> list[dict[str, Any]]:
-    return _logged(proc, event)
-
-
-async def _replica_has(replica: Replica, ids: list[str]) -> bool:
-    states = [await replica.job(j) for j in ids]
-    return all(s is not None and s.status is Status.SUCCEEDED for s in states)
-
-
 async def _every_partition(proc: Proc, event: str) -> list[dict[str, Any]] | None:
-    found = _logged(proc, event)
+    found = logged(proc, event)
     return found if {e["partition"] for e in found} == set(range(PARTITIONS)) else None
-
-
-async def _trim(stack: Stack, before: dict[int, int]) -> None:
-    """delete_records: everything of each events partition below ``before[partition]`` goes."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=stack.bootstrap)
-    await admin.start()
-    try:
-        await admin.delete_records(
-            {
-                TopicPartition(stack.topics.events, p): RecordsToDelete(before_offset=offset)
-                for p, offset in before.items()
-            },
-            timeout_ms=30_000,
-        )
-    finally:
-        await admin.close()
 
 
 async def _committed(stack: Stack) -> dict[int, int]:
@@ -90,11 +54,6 @@ async def _work(stack: Stack, count: int) -> list[str]:
     return await stack.enqueue_effects(count, "cl")
 
 
-async def _all_succeeded(stack: Stack, ids: list[str]) -> bool:
-    states = [await stack.job(j) for j in ids]
-    return all(s is not None and s.status is Status.SUCCEEDED for s in states)
-
-
 async def test_a_restore_from_the_changelog_equals_a_full_fold_at_its_offset(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -104,7 +63,7 @@ async def test_a_restore_from_the_changelog_equals_a_full_fold_at_its_offset(
         stack.start_worker("worker-1")
         ids = await _work(stack, 40)
         await wait_for(
-            lambda: _all_succeeded(stack, ids), what="the jobs to succeed", timeout_s=DEADLINE_S
+            lambda: all_succeeded(stack, ids), what="the jobs to succeed", timeout_s=DEADLINE_S
         )
         assert node.stop() == 0
         for partition in range(PARTITIONS):
@@ -151,14 +110,14 @@ async def test_a_takeover_after_the_owners_data_dir_was_deleted_and_the_log_trim
         async with stack.app() as app:
             later = await app.get_task("s.effect").options(delay=8.0).enqueue("later")
         await wait_for(
-            lambda: _all_succeeded(stack, before),
+            lambda: all_succeeded(stack, before),
             what="the first jobs to succeed",
             timeout_s=DEADLINE_S,
         )
         node_a.kill()
         shutil.rmtree(stack.node_data("node-a"))
         # Everything the group committed may go: the changelog holds the state it made.
-        await _trim(stack, await _committed(stack))
+        await stack.trim(await _committed(stack))
         node_b = stack.start_node("node-b")
         restored = await wait_for(
             lambda: _every_partition(node_b, "partition_index_restored"),
@@ -168,11 +127,11 @@ async def test_a_takeover_after_the_owners_data_dir_was_deleted_and_the_log_trim
         assert {e["partition"] for e in restored} == set(range(PARTITIONS))
         after = await _work(stack, 20)
         await wait_for(
-            lambda: _all_succeeded(stack, [*before, *after, later]),
+            lambda: all_succeeded(stack, [*before, *after, later]),
             what="every job, the delayed one enqueued before the trim too",
             timeout_s=DEADLINE_S,
         )
-        assert not _logged(node_b, "partition_index_rebuild_refused")
+        assert not logged(node_b, "partition_index_rebuild_refused")
     finally:
         await stack.close()
 
@@ -188,10 +147,10 @@ async def test_a_trimmed_log_without_a_snapshot_is_refused_loudly(
             # on each of the two (10 left one with fewer once in ~9 runs: nothing to trim)
             for i in range(40):
                 await task.enqueue(f"written-by-no-node-{i}")
-        await _trim(stack, {p: 3 for p in range(PARTITIONS)})
+        await stack.trim({p: 3 for p in range(PARTITIONS)})
         node = stack.start_node("node-1")
         refused = await wait_for(
-            lambda: _seen(node, "partition_index_rebuild_refused"),
+            lambda: asyncio.to_thread(logged, node, "partition_index_rebuild_refused"),
             what="the node to refuse its partitions",
             timeout_s=DEADLINE_S,
         )
@@ -199,7 +158,7 @@ async def test_a_trimmed_log_without_a_snapshot_is_refused_loudly(
         assert first["level"] == "error"
         assert "starts at offset 3" in first["reason"] and "no snapshot" in first["reason"]
         assert "archive" in first["fix"]
-        assert not _logged(node, "partition_assigned")  # nothing started from the log's start
+        assert not logged(node, "partition_assigned")  # nothing started from the log's start
     finally:
         await stack.close()
 
@@ -213,12 +172,12 @@ async def test_rebuild_verify_and_new_replicas_on_a_trimmed_log_use_the_changelo
         stack.start_worker("worker-1")
         ids = await _work(stack, 20)
         await wait_for(
-            lambda: _all_succeeded(stack, ids), what="the jobs to succeed", timeout_s=DEADLINE_S
+            lambda: all_succeeded(stack, ids), what="the jobs to succeed", timeout_s=DEADLINE_S
         )
-        await _trim(stack, await _committed(stack))
+        await stack.trim(await _committed(stack))
         more = await _work(stack, 10)
         await wait_for(
-            lambda: _all_succeeded(stack, more),
+            lambda: all_succeeded(stack, more),
             what="the later jobs to succeed",
             timeout_s=DEADLINE_S,
         )
@@ -233,7 +192,7 @@ async def test_rebuild_verify_and_new_replicas_on_a_trimmed_log_use_the_changelo
         await replica.start()
         try:
             await wait_for(
-                lambda: _replica_has(replica, [*ids, *more]),
+                lambda: all_succeeded(replica, [*ids, *more]),
                 what="the new replica to hold every job",
                 timeout_s=DEADLINE_S,
             )

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 from tests.conftest import unique_name
+from tests.integration.engine import wait_for
 
 from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.topics import TopicMisconfigured, TopicRefused, Topics, ensure_topics
@@ -89,7 +89,7 @@ async def described(admin: AIOKafkaAdminClient, topic: str) -> dict[str, Any]:
         found.update(answer)
         return bool(partitions) and all(p["leader"] >= 0 for p in partitions)
 
-    await _wait_for(visible, f"{topic}'s partitions in the metadata", timeout_s=60)
+    await wait_for(visible, what=f"{topic}'s partitions in the metadata", timeout_s=60)
     return found
 
 
@@ -194,15 +194,6 @@ async def test_acknowledged_writes_survive_a_killed_broker_and_it_rejoins(
     assert cluster.node(leader).status().pid not in {None, pid}
 
 
-async def _wait_for(
-    probe: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 120
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await probe():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        await asyncio.sleep(0.2)
-
-
 async def test_a_broker_frozen_past_its_session_timeout_is_fenced_then_rejoins(
     cluster: LocalCluster, admin: AIOKafkaAdminClient
 ) -> None:
@@ -232,7 +223,7 @@ async def test_a_broker_frozen_past_its_session_timeout_is_fenced_then_rejoins(
         os.kill(pid, signal.SIGSTOP)
         try:
             # Appends go on (to the new leaders) until the controller fences the frozen broker.
-            await _wait_for(fenced, "the frozen broker to be fenced", timeout_s=180)
+            await wait_for(fenced, what="the frozen broker to be fenced", timeout_s=180)
         finally:
             os.kill(pid, signal.SIGCONT)
 
@@ -243,7 +234,7 @@ async def test_a_broker_frozen_past_its_session_timeout_is_fenced_then_rejoins(
                 return False
             return all(len(p["isr"]) == 3 for p in topic["partitions"])
 
-        await _wait_for(rejoined, "the thawed broker to rejoin every ISR", timeout_s=180)
+        await wait_for(rejoined, what="the thawed broker to rejoin every ISR", timeout_s=180)
         await log.append(events, "job-after", b"after")
     finally:
         await log.close()

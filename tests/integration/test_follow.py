@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from tests.conftest import unique_name
-from tests.integration.engine import Stack, wait_for
+from tests.integration.engine import Stack, wait_for, wait_path
 from tests.integration.follow_app import make_app
 
 from evsched.adapters.topics import ensure_topics
@@ -82,11 +82,11 @@ async def assert_cancel_reached_the_handler(stack: Stack, job_id: str, steps: in
 async def test_a_cancel_cancels_a_running_async_handler(stack: Stack, tmp_path: Path) -> None:
     async with follow_app(stack) as app:
         job = await app.enqueue("f.count", str(tmp_path), 200)
-        await wait_for(lambda: _exists(tmp_path / "step-3"), what="three steps counted")
+        await wait_path(tmp_path / "step-3", what="three steps counted")
         await app.cancel(job, reason="stop counting")
     await stack.wait_status(job, Status.CANCELLED)
-    await wait_for(
-        lambda: _exists(tmp_path / "cancelled-True-current-False"),
+    await wait_path(
+        tmp_path / "cancelled-True-current-False",
         what="the handler to see its CancelledError with ctx.cancelled and not is_current()",
     )
     await assert_cancel_reached_the_handler(stack, job, 200)
@@ -95,11 +95,10 @@ async def test_a_cancel_cancels_a_running_async_handler(stack: Stack, tmp_path: 
 async def test_a_sync_handler_sees_ctx_cancelled(stack: Stack, tmp_path: Path) -> None:
     async with follow_app(stack) as app:
         job = await app.enqueue("f.count_sync", str(tmp_path), 200)
-        await wait_for(lambda: _exists(tmp_path / "step-3"), what="three steps counted")
+        await wait_path(tmp_path / "step-3", what="three steps counted")
         await app.cancel(job)
-    await wait_for(
-        lambda: _exists(tmp_path / "saw-cancelled-current-False"),
-        what="the sync handler to poll ctx.cancelled",
+    await wait_path(
+        tmp_path / "saw-cancelled-current-False", what="the sync handler to poll ctx.cancelled"
     )
     await assert_cancel_reached_the_handler(stack, job, 200)
 
@@ -148,7 +147,3 @@ async def test_a_succeeded_job_runs_again_only_when_asked(stack: Stack, tmp_path
         assert state.attempt == 1
     requeues = [e for e, _ in await events_of(stack, job) if isinstance(e, JobRequeued)]
     assert [r.rerun for r in requeues] == [False, True]
-
-
-async def _exists(path: Path) -> bool:
-    return await asyncio.to_thread(path.exists)

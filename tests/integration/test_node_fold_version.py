@@ -4,7 +4,6 @@ changelog, jobs keep running, and the rebuilt indexes equal what ``evsched rebui
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaProducer
 from tests.conftest import unique_name
-from tests.integration.engine import Proc, Stack, wait_for
+from tests.integration.engine import Stack, logged, wait_for
 from tests.prometheus import parse, value
 
 from evsched.adapters.index import IndexBatch, PartitionIndex
@@ -62,10 +61,6 @@ async def _foreign_changelog(stack: Stack, applied: dict[int, int]) -> None:
             await producer.send_and_wait(meta.topic, meta.value, key=meta.key, partition=partition)
     finally:
         await producer.stop()
-
-
-def logged(proc: Proc, event: str) -> list[dict[str, object]]:
-    return [json.loads(line) for line in proc.log().splitlines() if f'"event": "{event}"' in line]
 
 
 async def rebuilds_counted(port: int) -> float:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from tests.conftest import unique_name
-from tests.integration.engine import Proc, Stack, wait_for
+from tests.integration.engine import Proc, Stack, all_succeeded, wait_for
 from tests.integration.node_app import make_app
 from tests.prometheus import parse, total, value
 
@@ -60,10 +60,6 @@ async def enqueue(stack: Stack, task: str, count: int, *args: object) -> list[st
 async def statuses(stack: Stack, job_ids: list[str]) -> list[Status | None]:
     states = [await stack.job(j) for j in job_ids]
     return [None if s is None else s.status for s in states]
-
-
-async def all_succeeded(stack: Stack, job_ids: list[str]) -> bool:
-    return all(s is Status.SUCCEEDED for s in await statuses(stack, job_ids))
 
 
 def max_active(folded: Replay) -> int:

@@ -6,17 +6,16 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client import CollectorRegistry
+from tests.integration.engine import all_succeeded, wait_for
 from tests.integration.test_client_worker import read_to_end
 
 from evsched.adapters.avro import encode_dispatch
@@ -65,13 +64,6 @@ async def node(settings: Settings, data: Path, limits: PlannerLimits) -> AsyncIt
         await asyncio.wait_for(task, DEADLINE_S)
 
 
-async def until(probe: Any, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not await probe():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
-
-
 def skipped_total(registry: CollectorRegistry) -> float:
     return sum(
         s.value
@@ -108,7 +100,7 @@ async def test_a_backlog_behind_a_slow_worker_runs_no_stale_dispatch(
                 states = [await replica.job(j) for j in jobs]
                 return all(s is not None and s.status in TERMINAL_STATUSES for s in states)
 
-            await until(all_done, "every job to end")
+            await wait_for(all_done, what="every job to end", timeout_s=DEADLINE_S)
         states = {j: await replica.job(j) for j in jobs}
         starts = [
             (j, e.verdict) for j in jobs for e in replica.timeline(j) if e.kind == "AttemptStarted"
@@ -144,27 +136,34 @@ async def test_a_new_pool_does_not_rerun_finished_jobs_dispatches(
     ):
         async with running(kafka_worker(app, pool_a, dispatch_key=KEY)):
             finished = [await note.enqueue() for _ in range(8)]
-            await until(lambda: _succeeded(replica, finished), "pool a's jobs to succeed")
+            await wait_for(
+                lambda: all_succeeded(replica, finished),
+                what="pool a's jobs to succeed",
+                timeout_s=DEADLINE_S,
+            )
         dispatched = await read_to_end(settings, f"{fresh_namespace}.dispatch.default")
         newest = max(r.timestamp for r in dispatched)
 
         async def older_than_lookback() -> bool:
             return now_ms() > newest + lookback_ms
 
-        await until(older_than_lookback, "the old dispatches to leave pool b's lookback")
+        await wait_for(
+            older_than_lookback,
+            what="the old dispatches to leave pool b's lookback",
+            timeout_s=DEADLINE_S,
+        )
         worker_b = kafka_worker(app, pool_b, WorkerInstruments(registry), KEY)
         async with running(worker_b):
             marker = await note.enqueue()
-            await until(lambda: _succeeded(replica, [marker]), "pool b's own job")
+            await wait_for(
+                lambda: all_succeeded(replica, [marker]),
+                what="pool b's own job",
+                timeout_s=DEADLINE_S,
+            )
 
     assert sorted(j for w, j in ran if w == "wa") == sorted(finished)
     assert [j for w, j in ran if w == "wb"] == [marker]
     assert skipped_total(registry) == 0, "pool b read records from before its start"
-
-
-async def _succeeded(replica: Replica, jobs: list[str]) -> bool:
-    states = [await replica.job(j) for j in jobs]
-    return all(s is not None and s.status is Status.SUCCEEDED for s in states)
 
 
 async def test_a_worker_runs_only_dispatch_records_signed_with_the_namespace_key(
@@ -221,7 +220,7 @@ async def test_a_worker_runs_only_dispatch_records_signed_with_the_namespace_key
         async def all_taken() -> bool:
             return bool(ran) and skipped_total(registry) == 2
 
-        await until(all_taken, "the three records handled")
+        await wait_for(all_taken, what="the three records handled", timeout_s=DEADLINE_S)
 
     assert ran == [3]
     reasons = {
