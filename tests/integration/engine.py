@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import typer
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.records_to_delete import RecordsToDelete
+from typer.testing import CliRunner
 
 from evsched.adapters import avro, kafka
 from evsched.adapters.signing import DispatchKey
@@ -28,6 +30,7 @@ from evsched.core.events import AttemptSucceeded, Event, Position
 from evsched.core.invariants import Replay, replay
 from evsched.core.state import TERMINAL_STATUSES, JobState, Status, TimelineEntry, Verdict
 from evsched.errors import DecodeError
+from evsched.operator import register
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings
 
@@ -338,6 +341,31 @@ class Stack:
             }
             assert not stuck, f"jobs not terminal: {stuck}"
         return folded
+
+
+class Operator:
+    """``evsched`` operator commands on ``stack``'s namespace, run in a thread (each runs its own
+    event loop), with a local replica of their own."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.app = typer.Typer()
+        register(self.app)
+        self.env = {
+            "EVSCHED_KAFKA_BOOTSTRAP": stack.bootstrap,
+            "EVSCHED_NAMESPACE": stack.namespace,
+            "EVSCHED_EVENT_PARTITIONS": str(stack.partitions),
+            "EVSCHED_REPLICA_DATA_DIR": str(stack.tmp / "operator-replica"),
+            "COLUMNS": "200",
+        }
+
+    async def run(self, *args: str) -> tuple[int, str]:
+        result = await asyncio.to_thread(CliRunner().invoke, self.app, list(args), env=self.env)
+        return result.exit_code, result.output
+
+    async def json(self, *args: str, code: int = 0) -> Any:
+        exit_code, output = await self.run(*args, "--json")
+        assert exit_code == code, output
+        return json.loads(output)
 
 
 def effect_id(record: Any) -> tuple[str, int, int]:

@@ -4,22 +4,16 @@ reproducible, and a rebuild of the log matches the live node's index digest."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
-import typer
 from tests.conftest import unique_name
-from tests.integration.engine import Stack
-from typer.testing import CliRunner
+from tests.integration.engine import Operator, Stack
 
 from evsched.adapters.topics import ensure_topics
 from evsched.core.state import Status
-from evsched.operator import register
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -35,30 +29,6 @@ async def stack(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Stack]:
         yield engine
     finally:
         await engine.close()
-
-
-class Operator:
-    """``evsched`` operator commands run in a thread (each runs its own event loop)."""
-
-    def __init__(self, stack: Stack) -> None:
-        self.app = typer.Typer()
-        register(self.app)
-        self.env = {
-            "EVSCHED_KAFKA_BOOTSTRAP": stack.bootstrap,
-            "EVSCHED_NAMESPACE": stack.namespace,
-            "EVSCHED_EVENT_PARTITIONS": str(stack.partitions),
-            "EVSCHED_REPLICA_DATA_DIR": str(stack.tmp / "operator-replica"),
-            "COLUMNS": "200",
-        }
-
-    async def run(self, *args: str) -> tuple[int, str]:
-        result = await asyncio.to_thread(CliRunner().invoke, self.app, list(args), env=self.env)
-        return result.exit_code, result.output
-
-    async def json(self, *args: str, code: int = 0) -> Any:
-        exit_code, output = await self.run(*args, "--json")
-        assert exit_code == code, output
-        return json.loads(output)
 
 
 async def test_writes_report_verdicts_and_reads_see_them(stack: Stack) -> None:

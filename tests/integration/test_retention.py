@@ -4,22 +4,17 @@ idempotency key makes a duplicate inside its window and a new run of the job id 
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-import typer
 from tests.conftest import unique_name
-from tests.integration.engine import Stack, wait_for
-from typer.testing import CliRunner
+from tests.integration.engine import Operator, Stack, wait_for
 
 from evsched.adapters.topics import ensure_topics
 from evsched.core.state import Status, TimelineEntry, Verdict
-from evsched.operator import register
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -53,22 +48,6 @@ async def applied(stack: Stack, job_id: str, kind: str, count: int = 1) -> list[
     return await wait_for(enough, what=f"{count} applied {kind} of {job_id}", timeout_s=DEADLINE_S)
 
 
-async def audit_json(stack: Stack, job_id: str) -> dict[str, object]:
-    app = typer.Typer()
-    register(app)
-    env = {
-        "EVSCHED_KAFKA_BOOTSTRAP": stack.bootstrap,
-        "EVSCHED_NAMESPACE": stack.namespace,
-        "EVSCHED_EVENT_PARTITIONS": str(stack.partitions),
-        "EVSCHED_REPLICA_DATA_DIR": str(stack.tmp / "operator-replica"),
-        "COLUMNS": "200",
-    }
-    result = await asyncio.to_thread(CliRunner().invoke, app, ["audit", job_id, "--json"], env=env)
-    assert result.exit_code == 0, result.output
-    found: dict[str, object] = json.loads(result.output)
-    return found
-
-
 async def test_a_finished_job_is_purged_after_its_retention_and_audited(stack: Stack) -> None:
     async with stack.app() as app:
         job_id = await app.get_task("s.effect").options(retention=2).enqueue("kept for 2 s")
@@ -79,7 +58,7 @@ async def test_a_finished_job_is_purged_after_its_retention_and_audited(stack: S
     assert purge.source.startswith("node-") and purge.log_at >= succeeded.log_at + 2_000
     assert await stack.job(job_id) is None
     assert [e.kind for e in await stack.timeline(job_id)] == ["JobPurged"]
-    found = await audit_json(stack, job_id)
+    found: dict[str, object] = await Operator(stack).json("audit", job_id)
     assert found["state"] is None
     marked = found["purged"]
     assert isinstance(marked, dict) and marked["offset"] == purge.offset
