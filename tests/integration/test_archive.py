@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,19 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
-from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.records_to_delete import RecordsToDelete
+from aiokafka import AIOKafkaProducer
 from tests.conftest import TEST_EVENT_PARTITIONS
-from tests.integration.engine import wait_for
-from typer.testing import CliRunner
+from tests.integration.engine import REPO, Operator, Proc, Stack, wait_for
 
 from evsched.adapters.archive_files import listed, partition_events
 from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.topics import Topics
 from evsched.client import App
-from evsched.operator import register
 from evsched.ports import Record
 from evsched.settings import Settings
 
@@ -36,34 +30,28 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(600)]
 PARTITIONS = range(TEST_EVENT_PARTITIONS)
 
 
-def env_for(bootstrap: str, namespace: str, tmp: Path) -> dict[str, str]:
-    return {
-        "EVSCHED_KAFKA_BOOTSTRAP": bootstrap,
-        "EVSCHED_NAMESPACE": namespace,
-        "EVSCHED_EVENT_PARTITIONS": str(TEST_EVENT_PARTITIONS),
-        "EVSCHED_REPLICA_DATA_DIR": str(tmp / "replica"),
-        "COLUMNS": "200",
-    }
+def archive_stack(bootstrap: str, namespace: str, tmp: Path) -> Stack:
+    """The namespace's harness for its processes' environment: no node or worker runs."""
+    return Stack(bootstrap, namespace, tmp, partitions=TEST_EVENT_PARTITIONS)
 
 
-def spawn_archiver(env: dict[str, str], root: Path, *args: str) -> subprocess.Popen[bytes]:
-    with (root.parent / f"{root.name}.log").open("ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "evsched", "archive", "--to", str(root), *args],
-            env={**os.environ, **env},
-            stdout=log,
-            stderr=log,
-        )
+def spawn_archiver(stack: Stack, root: Path, *args: str) -> Proc:
+    return stack._spawn(root.name, ["archive", "--to", str(root), *args])
 
 
-def archive_once(env: dict[str, str], root: Path, *args: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "evsched", "archive", "--to", str(root), "--once", "--json", *args],
-        env={**os.environ, **env},
+def archive_run(stack: Stack, root: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "evsched", "archive", "--to", str(root), "--once", *args],
+        cwd=REPO,
+        env=stack.env(),
         capture_output=True,
         timeout=180,
         check=False,
     )
+
+
+def archive_once(stack: Stack, root: Path, *args: str) -> dict[str, Any]:
+    done = archive_run(stack, root, "--json", *args)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     document: dict[str, Any] = json.loads(done.stdout)
     return document
@@ -133,10 +121,8 @@ def check_exactly_once(root: Path, records: Sequence[Record]) -> None:
 async def test_a_killed_archiver_resumes_without_gap_or_duplicate(
     kafka_bootstrap: str, namespace: str, tmp_path: Path
 ) -> None:
-    settings = Settings(
-        bootstrap=kafka_bootstrap, namespace=namespace, event_partitions=TEST_EVENT_PARTITIONS
-    )
-    env = env_for(kafka_bootstrap, namespace, tmp_path)
+    stack = archive_stack(kafka_bootstrap, namespace, tmp_path)
+    settings = stack.settings
     topic = Topics(namespace).events
     app = App(settings, name="archive-kill")
     app.task(name="t.archive")(lambda i: None)
@@ -145,43 +131,47 @@ async def test_a_killed_archiver_resumes_without_gap_or_duplicate(
     async with app:
         await enqueue_many(app, "t.archive", 300)
         await transactions(kafka_bootstrap, topic, 6)
-        archiver = spawn_archiver(env, root, *roll, "--tail-s", "0.5", "--log-console")
-        try:
+        archiver = spawn_archiver(stack, root, *roll, "--tail-s", "0.5", "--log-console")
+        produced = 300
+
+        async def sealed_a_few() -> bool:
             # Records keep coming while it runs; it is killed once it has sealed a few files.
-            produced = 300
-            while sum(1 for _ in root.rglob("*-*.avro")) < 15:
-                assert archiver.poll() is None, (root.parent / "archive.log").read_text()
-                await enqueue_many(app, "t.archive", 50, produced)
-                produced += 50
-                await asyncio.sleep(0.05)
+            nonlocal produced
+            assert archiver.popen.poll() is None, archiver.log()
+            if sum(1 for _ in root.rglob("*-*.avro")) >= 15:
+                return True
+            await enqueue_many(app, "t.archive", 50, produced)
+            produced += 50
+            return False
+
+        try:
+            await wait_for(sealed_a_few, what="the archiver to seal 15 files", timeout_s=300)
             await enqueue_many(app, "t.archive", 100, produced)
-            archiver.send_signal(signal.SIGKILL)
-            assert archiver.wait(timeout=30) == -signal.SIGKILL
+            archiver.signal(signal.SIGKILL)
+            assert archiver.popen.wait(timeout=30) == -signal.SIGKILL
         finally:
-            if archiver.poll() is None:
-                archiver.kill()
-                archiver.wait()
+            archiver.kill()
         await transactions(kafka_bootstrap, topic, 3)
         await enqueue_many(app, "t.archive", 100, 10_000)
 
-    resumed = await asyncio.to_thread(archive_once, env, root, *roll)
+    resumed = await asyncio.to_thread(archive_once, stack, root, *roll)
     assert any(row["resumed_at"] > 0 for row in resumed["partitions"]), resumed
     assert not list(root.rglob("*.partial"))
     records = await committed_records(settings)
     assert sum(1 for r in records if r.value and r.value.startswith(b"junk")) == 2 * 3 * 3
     check_exactly_once(root, records)
     fresh = tmp_path / "fresh"
-    await asyncio.to_thread(archive_once, env, fresh, *roll)
+    await asyncio.to_thread(archive_once, stack, fresh, *roll)
     assert tree(root) == tree(fresh)
     # Another run with nothing new changes nothing.
-    again = await asyncio.to_thread(archive_once, env, root, *roll)
+    again = await asyncio.to_thread(archive_once, stack, root, *roll)
     assert all(row["files"] == [] for row in again["partitions"]), again
     assert tree(root) == tree(fresh)
 
     # A running archiver shows new records in tails, and SIGTERM stops it cleanly.
     async with app:
         await enqueue_many(app, "t.archive", 7, 20_000)
-    running = spawn_archiver(env, root, *roll, "--tail-s", "0.5", "--log-console")
+    running = spawn_archiver(stack, root, *roll, "--tail-s", "0.5", "--log-console")
     try:
         records = await committed_records(settings)
         last = {p: max(r.offset for r in records if r.partition == p) for p in PARTITIONS}
@@ -192,56 +182,22 @@ async def test_a_killed_archiver_resumes_without_gap_or_duplicate(
             )
 
         await wait_for(caught_up, what="tails of the newest records", timeout_s=120)
-        running.send_signal(signal.SIGTERM)
-        assert running.wait(timeout=60) == 0
+        running.signal(signal.SIGTERM)
+        assert running.popen.wait(timeout=60) == 0
     finally:
-        if running.poll() is None:
-            running.kill()
-            running.wait()
+        running.kill()
     check_exactly_once(root, records)
     fresh_again = tmp_path / "fresh-again"
-    await asyncio.to_thread(archive_once, env, fresh_again, *roll)
+    await asyncio.to_thread(archive_once, stack, fresh_again, *roll)
     assert tree(root) == tree(fresh_again)
-
-
-class Operator:
-    def __init__(self, env: dict[str, str]) -> None:
-        self.app = typer.Typer()
-        register(self.app)
-        self.env = env
-
-    async def run(self, *args: str) -> tuple[int, str]:
-        result = await asyncio.to_thread(CliRunner().invoke, self.app, list(args), env=self.env)
-        return result.exit_code, result.output
-
-    async def json(self, *args: str, code: int = 0) -> Any:
-        exit_code, output = await self.run(*args, "--json")
-        assert exit_code == code, output
-        return json.loads(output)
-
-
-async def trim_all(bootstrap: str, topic: str, ends: dict[int, int]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.delete_records(
-            {
-                TopicPartition(topic, p): RecordsToDelete(before_offset=end)
-                for p, end in ends.items()
-            }
-        )
-    finally:
-        await admin.close()
 
 
 async def test_replay_audit_and_rebuild_read_the_archive_of_a_trimmed_log(
     kafka_bootstrap: str, namespace: str, tmp_path: Path
 ) -> None:
-    settings = Settings(
-        bootstrap=kafka_bootstrap, namespace=namespace, event_partitions=TEST_EVENT_PARTITIONS
-    )
-    env = env_for(kafka_bootstrap, namespace, tmp_path)
-    op = Operator(env)
+    stack = archive_stack(kafka_bootstrap, namespace, tmp_path)
+    settings = stack.settings
+    op = Operator(stack)
     app = App(settings, name="archive-read")
     app.task(name="t.read")(lambda i: None)
     async with app:
@@ -252,7 +208,7 @@ async def test_replay_audit_and_rebuild_read_the_archive_of_a_trimmed_log(
             await app.requeue(job)
         await app.cancel(jobs[3], reason="again")  # rejected: it is cancelled already
     root = tmp_path / "archive"
-    await asyncio.to_thread(archive_once, env, root, "--roll-records", "25")
+    await asyncio.to_thread(archive_once, stack, root, "--roll-records", "25")
 
     # Replay: the archive folds to the outcome recorded from an export of the same log.
     export = tmp_path / "all.history.avro"
@@ -273,7 +229,7 @@ async def test_replay_audit_and_rebuild_read_the_archive_of_a_trimmed_log(
     topic = Topics(namespace).events
     async with KafkaPartitionLog(settings, topic, PARTITIONS, client_id="archive-test") as log:
         ends = await log.end_offsets(PARTITIONS)
-    await trim_all(kafka_bootstrap, topic, ends)
+    await stack.trim(ends)
     assert await committed_records(settings) == []
     rebuilt = await op.json(
         "rebuild", "--archive", str(root), "--data-dir", str(tmp_path / "r2"), "--processes", "1"
@@ -308,32 +264,23 @@ async def test_replay_audit_and_rebuild_read_the_archive_of_a_trimmed_log(
 async def test_an_archiver_refuses_a_log_trimmed_past_it(
     kafka_bootstrap: str, namespace: str, tmp_path: Path
 ) -> None:
-    settings = Settings(
-        bootstrap=kafka_bootstrap, namespace=namespace, event_partitions=TEST_EVENT_PARTITIONS
-    )
-    env = env_for(kafka_bootstrap, namespace, tmp_path)
+    stack = archive_stack(kafka_bootstrap, namespace, tmp_path)
+    settings = stack.settings
     app = App(settings, name="archive-gap")
     app.task(name="t.gap")(lambda i: None)
     root = tmp_path / "archive"
     async with app:
         await enqueue_many(app, "t.gap", 30)
-        await asyncio.to_thread(archive_once, env, root, "--roll-records", "5")
+        await asyncio.to_thread(archive_once, stack, root, "--roll-records", "5")
         await enqueue_many(app, "t.gap", 30, 100)
     topic = Topics(namespace).events
     async with KafkaPartitionLog(settings, topic, PARTITIONS, client_id="archive-test") as log:
         ends = await log.end_offsets(PARTITIONS)
-    await trim_all(kafka_bootstrap, topic, ends)
+    await stack.trim(ends)
 
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "evsched", "archive", "--to", str(root), "--once"],
-        env={**os.environ, **env},
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
+    done = await asyncio.to_thread(archive_run, stack, root)
     assert done.returncode == 1, done.stderr.decode()
     assert "--accept-gap" in done.stderr.decode()
-    accepted = await asyncio.to_thread(archive_once, env, root, "--accept-gap")
+    accepted = await asyncio.to_thread(archive_once, stack, root, "--accept-gap")
     for row in accepted["partitions"]:
         assert row["resumed_at"] == ends[row["partition"]]
