@@ -6,7 +6,9 @@ test_controls.py`` runs it and judges the log.
 
 from __future__ import annotations
 
-from replay.scenarios import _logged, produce_raw, until_status
+from collections.abc import Iterable
+
+from replay.scenarios import _logged, _until_node_past_the_end, produce_raw, until_status
 from tests.integration.engine import Stack, wait_for, wait_path
 
 from evsched.adapters import avro
@@ -14,7 +16,7 @@ from evsched.adapters.clock import now_ms
 from evsched.client import App
 from evsched.core.events import JobEnqueued, JobLeased, ScheduleFired
 from evsched.core.invariants import Replay, replay
-from evsched.core.state import Status, Verdict
+from evsched.core.state import Status, TimelineEntry, Verdict
 
 EVERY_2S = "* * * * * */2"
 
@@ -36,9 +38,9 @@ async def controls(stack: Stack) -> None:
         await app.pause_queue("default")  # already paused: rejected on every partition
         (marks / "go").touch()  # the running job finishes while the queue is paused
         await until_status(stack, [running], Status.SUCCEEDED)
-        await _settled(stack)
+        await _until_node_past_the_end(stack)
         await produce_raw(stack, [_zombie_lease(waiting[0])])
-        await _settled(stack)
+        await _until_node_past_the_end(stack)
         folded = await _folded(stack)
         for job_id in waiting:  # not one lease applied, the zombie's included
             state = folded.jobs[job_id]
@@ -47,7 +49,7 @@ async def controls(stack: Stack) -> None:
         await until_status(stack, waiting, Status.SUCCEEDED)
         await app.resume_queue("default")  # not paused: rejected
         await _schedule(stack, app)
-    await _settled(stack)
+    await _until_node_past_the_end(stack)
 
 
 async def _schedule(stack: Stack, app: App) -> None:
@@ -59,16 +61,16 @@ async def _schedule(stack: Stack, app: App) -> None:
     await wait_for(
         lambda: _after(paused_at + 5_000), what="slots to pass while paused", timeout_s=30
     )
-    await _settled(stack)
+    await _until_node_past_the_end(stack)
     before = await _fires(stack)
     slot = now_ms() // 2_000 * 2_000
     await produce_raw(stack, [_zombie_fire(slot)])
-    await _settled(stack)
+    await _until_node_past_the_end(stack)
     assert await _fires(stack) == before, "a paused schedule fired"
     await app.resume_schedule("every-2s")
     await _fired(stack, len(before) + 1)
     await app.delete_schedule("every-2s")
-    await _settled(stack)
+    await _until_node_past_the_end(stack)
     events, _ = await stack.history()
     fired = sorted({e.job_id for e, _ in events if isinstance(e, JobEnqueued) and e.schedule_id})
     await until_status(stack, fired)
@@ -83,28 +85,25 @@ async def _folded(stack: Stack) -> Replay:
     return replay(events)
 
 
-async def _fires(stack: Stack) -> list[int]:
-    """Offsets of the schedule's applied fires, as the fold judges the log."""
-    timeline = (await _folded(stack)).schedule_timelines.get("every-2s", [])
+def _applied_fires(timeline: Iterable[TimelineEntry]) -> list[int]:
     return [
         e.offset for e in timeline if e.kind == "ScheduleFired" and e.verdict is Verdict.APPLIED
     ]
 
 
+async def _fires(stack: Stack) -> list[int]:
+    """Offsets of the schedule's applied fires, as the fold judges the whole log now."""
+    return _applied_fires((await _folded(stack)).schedule_timelines.get("every-2s", []))
+
+
 async def _fired(stack: Stack, count: int) -> None:
+    """Until ``count`` fires are applied: the probe reads the replica's timeline of the schedule,
+    which trails the log but never shows a fire the log's fold would not apply."""
+
     async def enough() -> bool:
-        return len(await _fires(stack)) >= count
+        return len(_applied_fires(await stack.timeline("every-2s"))) >= count
 
     await wait_for(enough, what=f"{count} applied fires", timeout_s=60)
-
-
-async def _settled(stack: Stack) -> None:
-    """Until the node has folded everything written so far, on every partition."""
-    end = await stack.read_topic(stack.topics.events)
-    for partition in range(stack.partitions):
-        offsets = [r.offset for r in end if r.partition == partition]
-        if offsets:
-            await stack.wait_node_past(partition, max(offsets))
 
 
 def _zombie_lease(job_id: str) -> tuple[bytes, bytes]:
