@@ -83,7 +83,7 @@ def test_a_worker_started_while_the_broker_is_down_retries_and_says_so(tmp_path:
         )
     try:
         deadline = time.monotonic() + 60
-        while log_path.read_text().count("broker_unreachable") < 2:
+        while log_path.read_text().count("broker_unavailable") < 2:
             assert worker.poll() is None, log_path.read_text()
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.1)
@@ -94,5 +94,5 @@ def test_a_worker_started_while_the_broker_is_down_retries_and_says_so(tmp_path:
             worker.kill()
             worker.wait()
     text = log_path.read_text()
-    assert '"retry_in_s": 1.0' in text and '"attempt": 2' in text
+    assert '"retry_in_s": 1.0' in text and '"tries": 2' in text
     assert "Traceback" not in text

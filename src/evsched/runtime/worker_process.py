@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import signal
 
 import structlog
@@ -12,19 +11,11 @@ from evsched.adapters.kafka_feed import KafkaDispatchFeed
 from evsched.adapters.kafka_follow import KafkaJobFeed
 from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.signing import DispatchKey
-from evsched.adapters.topics import (
-    TopicMisconfigured,
-    TopicProvisioningError,
-    ensure_namespace_topics,
-)
+from evsched.adapters.topics import ensure_namespace_topics
 from evsched.client.app import App
 from evsched.metrics import WorkerInstruments
-from evsched.runtime.worker import (
-    Worker,
-    WorkerConfig,
-    serve,
-    wait_set,
-)
+from evsched.runtime.startup import until_broker
+from evsched.runtime.worker import Worker, WorkerConfig, serve
 
 log = structlog.get_logger("evsched.worker")
 # While the broker is unreachable at start: the first retry after this, doubling up to the max.
@@ -72,35 +63,6 @@ async def ensure_worker_topics(app: App, config: WorkerConfig, timeout_s: float 
     await ensure_namespace_topics(app.settings, queues=config.queues, timeout_s=timeout_s)
 
 
-async def wait_for_broker(app: App, config: WorkerConfig, stop: asyncio.Event) -> bool:
-    """Provision the pool's topics, retrying with backoff while the broker is unreachable.
-
-    False when ``stop`` was set first. A misconfigured topic is not retried: TopicMisconfigured.
-    """
-    delay_s = BROKER_RETRY_FIRST_S
-    for attempt in itertools.count(1):
-        try:
-            await ensure_worker_topics(app, config, timeout_s=BROKER_TRY_S)
-        except TopicMisconfigured:
-            raise
-        except TopicProvisioningError as exc:
-            log.warning(
-                "broker_unreachable",
-                bootstrap=app.settings.bootstrap,
-                attempt=attempt,
-                retry_in_s=delay_s,
-                error=str(exc),
-            )
-            if await wait_set(stop, delay_s):
-                return False
-            delay_s = min(delay_s * 2, BROKER_RETRY_MAX_S)
-            continue
-        if attempt > 1:
-            log.info("broker_reachable", bootstrap=app.settings.bootstrap, attempts=attempt)
-        return True
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
 async def serve_when_reachable(worker: Worker) -> None:
     """Wait for the broker (and the pool's topics), then serve; SIGTERM or SIGINT stop either."""
     stop = asyncio.Event()
@@ -108,9 +70,21 @@ async def serve_when_reachable(worker: Worker) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
-        reachable = await wait_for_broker(worker.app, worker.config, stop)
+        reachable = await until_broker(
+            lambda: _provisioned(worker),
+            what="the pool's topics",
+            stop=stop,
+            first_s=BROKER_RETRY_FIRST_S,
+            max_s=BROKER_RETRY_MAX_S,
+        )
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
     if reachable:
         await serve(worker)
+
+
+async def _provisioned(worker: Worker) -> bool:
+    """The pool's topics, waited for by until_broker (None would read as stopped)."""
+    await ensure_worker_topics(worker.app, worker.config, timeout_s=BROKER_TRY_S)
+    return True
