@@ -27,6 +27,8 @@ SEPARATOR = b"\x00"
 
 # Records read per fetch while restoring, and how long one read waits.
 FETCH_RECORDS = 20_000
+# Consumer options of a restore's readers: it reads whole partitions, so large fetches.
+RESTORE_FETCH = {"max_partition_fetch_bytes": 16 << 20, "fetch_max_bytes": 64 << 20}
 READ_WAIT_S = 0.5
 # The first look back from the end for the newest meta record (a transaction's last record).
 LOOK_BACK = 64

@@ -21,7 +21,7 @@ from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.core.fold import FOLD_VERSION
 from evsched.errors import IndexVersionMismatch, RestoreRefused
 from evsched.ports import PartitionLog
-from evsched.runtime.changelog import Meta, latest_meta
+from evsched.runtime.changelog import RESTORE_FETCH, Meta, latest_meta
 from evsched.runtime.changelog_restore import (
     Action,
     LocalIndex,
@@ -49,8 +49,6 @@ class Committed(Protocol):
     async def start_offsets(self, partitions: Collection[int]) -> dict[int, int]: ...
 
 
-# A restore reads whole partitions: large fetches (a take-over waits for it).
-RESTORE_FETCH = {"max_partition_fetch_bytes": 16 << 20, "fetch_max_bytes": 64 << 20}
 # What a finished restore logs.
 Details = dict[str, Any]
 

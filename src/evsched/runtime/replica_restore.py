@@ -20,7 +20,7 @@ from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.topics import Topics, partition_count
 from evsched.core.fold import FOLD_VERSION
 from evsched.ports import PartitionLog
-from evsched.runtime.changelog import latest_meta
+from evsched.runtime.changelog import RESTORE_FETCH, latest_meta
 from evsched.runtime.changelog_restore import (
     RESTORE_AHEAD_RECORDS,
     Action,
@@ -33,9 +33,6 @@ from evsched.runtime.changelog_restore import (
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.replica")
-
-# A restore reads whole changelog partitions: large fetches.
-FETCH_OPTIONS = {"max_partition_fetch_bytes": 16 << 20, "fetch_max_bytes": 64 << 20}
 
 
 @dataclass(slots=True)
@@ -77,7 +74,7 @@ async def prepare_indexes(
                 done.refused[partition] = refusal(locals_[partition], starts[partition], None)
         return done
     async with KafkaPartitionLog(
-        settings, topics.state, every, client_id=f"{client_id}-restore", **FETCH_OPTIONS
+        settings, topics.state, every, client_id=f"{client_id}-restore", **RESTORE_FETCH
     ) as state:
         for partition in every:
             local = locals_[partition]
