@@ -21,6 +21,7 @@ from evsched.core.fold import FOLD_VERSION
 from evsched.errors import RestoreRefused
 from evsched.ports import Holdback, Outgoing, PartitionLog, PartitionOutbox
 from evsched.runtime.changelog import ChangelogWriter, Meta, changelog_keys, restore_into
+from evsched.runtime.restore import index_path, swap_in
 
 # An index (an empty one too) more records than this behind the changelog's snapshot is restored
 # rather than folded forward: a restore costs the live keys, a fold the records in between.
@@ -53,7 +54,7 @@ class LocalIndex:
 
 def local_index(data_dir: Path, partition: int) -> LocalIndex:
     """What the partition's index under ``data_dir`` says of itself, without creating one."""
-    path = data_dir / f"p{partition:04d}"
+    path = index_path(data_dir, partition)
     if not path.is_dir():
         return LocalIndex()
     index = PartitionIndex(path, partition)
@@ -138,17 +139,6 @@ async def restore_partition(
         raise RestoreRefused(partition, refusal(local, log_start, meta))
     swap_in(data_dir, partition, scratch)
     return meta
-
-
-def swap_in(data_dir: Path, partition: int, fresh: Path) -> None:
-    """Put ``fresh`` in the place of the partition's index by renames: a crash leaves one whole."""
-    live = data_dir / f"p{partition:04d}"
-    old = data_dir / f".p{partition:04d}.replaced"
-    shutil.rmtree(old, ignore_errors=True)
-    if live.exists():
-        live.rename(old)
-    fresh.rename(live)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 async def seed(

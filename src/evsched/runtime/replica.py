@@ -23,7 +23,7 @@ from evsched.errors import BrokerUnavailable, EvschedError
 from evsched.ports import PartitionLog
 from evsched.runtime.projector import CommitHook, Projector
 from evsched.runtime.replica_restore import prepare_indexes
-from evsched.runtime.restore import Restorer
+from evsched.runtime.restore import Restorer, index_path
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.replica")
@@ -75,7 +75,7 @@ class Replica:
         log = KafkaPartitionLog(self.settings, self.topic, range(count), client_id=self.client_id)
         await log.start()
         for partition in range(count):
-            index = PartitionIndex(self.data_dir / f"p{partition:04d}", partition)
+            index = PartitionIndex(index_path(self.data_dir, partition), partition)
             self.projectors[partition] = Projector(index, on_commit=self.on_commit)
         self._task = self.follow(log)
         for partition, reason in prepared.refused.items():

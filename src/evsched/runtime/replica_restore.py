@@ -30,6 +30,7 @@ from evsched.runtime.changelog_restore import (
     refusal,
     restore_partition,
 )
+from evsched.runtime.restore import index_path
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.replica")
@@ -91,7 +92,7 @@ async def prepare_indexes(
                     applied_offset=restored.applied_offset,
                 )
             elif plan.action is Action.REBUILD:
-                shutil.rmtree(data_dir / f"p{partition:04d}")
+                shutil.rmtree(index_path(data_dir, partition))
                 done.reset.append(partition)
                 log.info("replica_partition_reset", partition=partition, reason="fold_version")
             elif plan.action is Action.REFUSE:

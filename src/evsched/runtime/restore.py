@@ -35,6 +35,17 @@ def index_path(data_dir: Path, partition: int) -> Path:
     return data_dir / f"p{partition:04d}"
 
 
+def swap_in(data_dir: Path, partition: int, fresh: Path) -> None:
+    """Put ``fresh`` in the place of the partition's index by renames: a crash leaves one whole."""
+    live = index_path(data_dir, partition)
+    old = data_dir / f".p{partition:04d}.replaced"
+    shutil.rmtree(old, ignore_errors=True)
+    if live.exists():
+        live.rename(old)
+    fresh.rename(live)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def open_index(data_dir: Path, partition: int) -> PartitionIndex:
     """The partition's index under ``data_dir``; IndexVersionMismatch for another fold version."""
     index = PartitionIndex(index_path(data_dir, partition), partition)
@@ -185,7 +196,7 @@ async def rebuild_index(
             f"its log starts at offset {first} (retention deleted what came before), so a "
             f"rebuild of its index for fold version {mismatch.expected} would lose history",
         )
-    live, scratch = index_path(data_dir, partition), data_dir / f".p{partition:04d}.rebuilding"
+    scratch = data_dir / f".p{partition:04d}.rebuilding"
     shutil.rmtree(scratch, ignore_errors=True)  # a crashed rebuild's leftovers
     index = PartitionIndex(scratch, partition)
     try:
@@ -193,11 +204,7 @@ async def rebuild_index(
         applied = index.applied_offset()
     finally:
         index.close()
-    old = data_dir / f".p{partition:04d}.fold-v{mismatch.found}"
-    shutil.rmtree(old, ignore_errors=True)
-    live.rename(old)
-    scratch.rename(live)
-    shutil.rmtree(old)
+    swap_in(data_dir, partition, scratch)
     return Rebuilt(
         partition=partition,
         old_version=mismatch.found,
