@@ -86,14 +86,7 @@ def _far_behind(applied: int, meta: Meta) -> bool:
 
 def _covered(applied: int, meta: Meta | None) -> bool:
     """Whether the changelog holds every change of a local index at ``applied``."""
-    if applied < 0:
-        return True
-    return (
-        meta is not None
-        and meta.complete
-        and meta.fold_version == FOLD_VERSION
-        and meta.applied_offset >= applied
-    )
+    return applied < 0 or (meta is not None and meta.covers(FOLD_VERSION, applied + 1))
 
 
 def refusal(local: LocalIndex, log_start: int, meta: Meta | None) -> str:
