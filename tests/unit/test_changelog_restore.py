@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index import IndexBatch, PartitionIndex
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.planner import PlannerLimits
 from evsched.runtime.changelog import ChangelogWriter, Meta, latest_meta, restore_into
@@ -19,11 +19,13 @@ from evsched.runtime.changelog_restore import (
     RESTORE_AHEAD_RECORDS,
     Action,
     LocalIndex,
+    local_index,
     plan_open,
     seed,
 )
 from evsched.runtime.lifecycle import Phase
 from evsched.runtime.node import Node
+from evsched.runtime.replica_restore import prepare_partitions
 from evsched.testing import MemoryPartitionLog, NodeDriver
 from tests.unit.node_driver_events import enqueued, started, succeeded
 from tests.unit.test_node_lifecycle import node_over
@@ -154,3 +156,22 @@ async def test_seeding_writes_the_whole_index_and_deletes_what_it_does_not_hold(
             index.close()
     finally:
         driver.close()
+
+
+def _foreign_index(data_dir: Path, partition: int, applied: int) -> None:
+    index = PartitionIndex(data_dir / f"p{partition:04d}", partition)
+    index.write(IndexBatch(), applied, V + 1)
+    index.close()
+
+
+async def test_a_replica_without_a_changelog_plans_as_with_one(tmp_path: Path) -> None:
+    """No <ns>.state yet: another fold version's index over a whole log is reset (refolded), as
+    with a changelog; one behind a trimmed log is refused; one that reaches the log is kept."""
+    _foreign_index(tmp_path, 0, applied=5)  # a whole log: refolded from offset 0
+    _foreign_index(tmp_path, 1, applied=5)  # a trimmed log: refused
+    locals_ = {p: local_index(tmp_path, p) for p in range(3)}
+    starts = {0: 0, 1: 3, 2: 0}
+    prepared = await prepare_partitions(None, tmp_path, locals_, starts)
+    assert list(prepared.refused) == [1]
+    assert not (tmp_path / "p0000").exists()
+    assert local_index(tmp_path, 1) == locals_[1]

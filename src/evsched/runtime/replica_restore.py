@@ -11,6 +11,7 @@ holds its history. Replicas never write the changelog.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,6 @@ from evsched.runtime.changelog_restore import (
     LocalIndex,
     local_index,
     plan_open,
-    refusal,
     restore_partition,
 )
 from evsched.runtime.restore import index_path
@@ -38,10 +38,8 @@ log = structlog.get_logger("evsched.replica")
 
 @dataclass(slots=True)
 class Prepared:
-    """What preparing a replica's indexes did: partitions restored, reset, and refused (why)."""
+    """What preparing a replica's indexes found: the partitions refused, and why."""
 
-    restored: dict[int, int] = field(default_factory=dict)  # partition -> applied offset
-    reset: list[int] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)
 
 
@@ -58,7 +56,6 @@ async def prepare_indexes(
     ``events``: a started reader of the events topic to ask for its offsets (else one is opened).
     """
     topics = Topics(settings.namespace)
-    done = Prepared()
     every = range(partitions)
     if events is None:
         async with KafkaPartitionLog(settings, topics.events, every, client_id=client_id) as own:
@@ -67,37 +64,43 @@ async def prepare_indexes(
         starts, ends = await events.start_offsets(every), await events.end_offsets(every)
     locals_ = {p: local_index(data_dir, p) for p in every}
     if not any(_worth_a_look(locals_[p], starts[p], ends[p]) for p in every):
-        return done  # every index reaches the log's start and is close to its end: fold on
+        return Prepared()  # every index reaches the log's start and is close to its end: fold on
     if not await _has_changelog(settings, topics.state):
-        # A namespace no node of this version provisioned yet: nothing to restore from.
-        for partition in every:
-            if starts[partition] > locals_[partition].applied_offset + 1:
-                done.refused[partition] = refusal(locals_[partition], starts[partition], None)
-        return done
+        # A namespace no node of this version provisioned yet: no snapshot to restore from.
+        return await prepare_partitions(None, data_dir, locals_, starts)
     async with KafkaPartitionLog(
         settings, topics.state, every, client_id=f"{client_id}-restore", **RESTORE_FETCH
     ) as state:
-        for partition in every:
-            local = locals_[partition]
-            meta = await latest_meta(state, partition)
-            plan = plan_open(local, log_start=starts[partition], meta=meta)
-            if plan.action is Action.RESTORE:
-                restored = await restore_partition(
-                    state, data_dir, partition, log_start=starts[partition]
-                )
-                done.restored[partition] = restored.applied_offset
-                log.info(
-                    "replica_partition_restored",
-                    partition=partition,
-                    applied_offset=restored.applied_offset,
-                )
-            elif plan.action is Action.REBUILD:
-                shutil.rmtree(index_path(data_dir, partition))
-                done.reset.append(partition)
-                log.info("replica_partition_reset", partition=partition, reason="fold_version")
-            elif plan.action is Action.REFUSE:
-                done.refused[partition] = plan.reason
-                log.error("replica_partition_refused", partition=partition, reason=plan.reason)
+        return await prepare_partitions(state, data_dir, locals_, starts)
+
+
+async def prepare_partitions(
+    state: PartitionLog | None,
+    data_dir: Path,
+    locals_: Mapping[int, LocalIndex],
+    starts: Mapping[int, int],
+) -> Prepared:
+    """Each partition's ``plan_open`` carried out; ``state`` reads the changelog (None: none)."""
+    done = Prepared()
+    for partition, local in locals_.items():
+        meta = None if state is None else await latest_meta(state, partition)
+        plan = plan_open(local, log_start=starts[partition], meta=meta)
+        if plan.action is Action.RESTORE:
+            assert state is not None  # a plan restores only from a snapshot it saw
+            restored = await restore_partition(
+                state, data_dir, partition, log_start=starts[partition]
+            )
+            log.info(
+                "replica_partition_restored",
+                partition=partition,
+                applied_offset=restored.applied_offset,
+            )
+        elif plan.action is Action.REBUILD:
+            shutil.rmtree(index_path(data_dir, partition))
+            log.info("replica_partition_reset", partition=partition, reason="fold_version")
+        elif plan.action is Action.REFUSE:
+            done.refused[partition] = plan.reason
+            log.error("replica_partition_refused", partition=partition, reason=plan.reason)
     return done
 
 
