@@ -5,6 +5,7 @@ log without a snapshot refused loudly, and a changelog seeded with an index it d
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,13 @@ async def _restored_by_a_node(
     tmp_path: Path, events: MemoryPartitionLog, state: MemoryPartitionLog
 ) -> tuple[list[tuple[int, int | None, int]], Node, list[dict[str, Any]]]:
     node, _, opened = node_over(tmp_path, events, committed=None)
-    node.restores.open_state = lambda partition: state
+    readers: list[Collection[int]] = []
+
+    def open_state(partitions: Collection[int]) -> MemoryPartitionLog:
+        readers.append(partitions)
+        return state
+
+    node.restores.open_state = open_state
     node.health.assigned([0])
     node.health.move(0, Phase.OPENING)
     with capture_logs() as logs:
@@ -96,6 +103,8 @@ async def _restored_by_a_node(
         async with asyncio.timeout(10):
             while node.health.phase(0) in (Phase.OPENING, Phase.RESTORING):
                 await asyncio.sleep(0.01)
+    # One reader of the changelog both plans and restores; the restored index opens unplanned.
+    assert readers == [[0]]
     return opened, node, logs
 
 

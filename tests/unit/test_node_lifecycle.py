@@ -186,3 +186,20 @@ async def test_a_revoke_cancels_a_rebuild_under_way(tmp_path: Path) -> None:
     assert task.cancelled() and node.restores.tasks == {}
     assert node.health.phase(0) is Phase.CLOSED and opened == []
     assert node.health.readiness()[0] is True  # not ours any more: not a problem of this node
+
+
+async def test_an_assignment_plans_every_partition_with_one_changelog_reader(
+    tmp_path: Path,
+) -> None:
+    log = MemoryPartitionLog(partitions=3)
+    node, _, opened = node_over(tmp_path, log, committed=None)
+    readers: list[list[int]] = []
+
+    def open_state(partitions: Collection[int]) -> MemoryPartitionLog:
+        readers.append(sorted(partitions))
+        return MemoryPartitionLog("ns.state", partitions=3)  # empty
+
+    node.restores.open_state = open_state
+    await node.assign([0, 1, 2])
+    assert readers == [[0, 1, 2]]
+    assert sorted(p for p, _, _ in opened) == [0, 1, 2]

@@ -168,7 +168,10 @@ class Node:
             if partition not in self.owned and self.health.retry_due(partition):
                 await self._reopen(consumer, partition)
 
-    async def _reopen(self, consumer: KafkaGroupConsumer, partition: int) -> None:
+    async def _reopen(
+        self, consumer: KafkaGroupConsumer, partition: int, plan: OpenPlan | None = None
+    ) -> None:
+        """Open the partition again; by ``plan`` when one was just made, else planned anew."""
         self.health.move(partition, Phase.OPENING)
         try:
             index = self._seek_to_index(consumer, partition)
@@ -179,11 +182,8 @@ class Node:
             self._open_failed(partition, exc)
             return
         try:
-            [plan] = await self._plans(consumer, [index])
-            if isinstance(plan, BaseException):
-                index.close()
-                raise plan
-            await self._open(consumer, index, plan)
+            [planned] = [plan] if plan is not None else await self._plans(consumer, [index])
+            await self._open(consumer, index, planned)
         except Exception as exc:
             self._open_failed(partition, exc)
 
@@ -194,14 +194,20 @@ class Node:
             "partition_open_failed", partition=partition, error=repr(exc), failures=failures
         )
 
-    async def _run_partition(self, consumer: KafkaGroupConsumer, runner: PartitionRunner) -> None:
+    async def _run_partition(
+        self, consumer: KafkaGroupConsumer, runner: PartitionRunner, *, seed: bool = False
+    ) -> None:
         """Step one partition whenever it has records or its next wake time comes.
 
         Each owned partition runs on its own, so a due lease waits for its own partition's
-        transaction only, never for another partition's fold or round trips.
+        transaction only, never for another partition's fold or round trips. ``seed``: write the
+        index to the changelog first, here rather than in the rebalance, which must not wait for
+        it; no step runs before it is done (the records fetched meanwhile wait in the inbox).
         """
         owner = runner.owner
         try:
+            if seed:
+                await self.restores.seed(owner)
             while not runner.closing:
                 await runner.wait(self._wait_s(owner))
                 if runner.closing:
@@ -284,9 +290,6 @@ class Node:
         plans = await self._plans(consumer, indexes)
         for index, plan in zip(indexes, plans, strict=True):
             try:
-                if isinstance(plan, BaseException):
-                    index.close()
-                    raise plan
                 await self._open(consumer, index, plan)
             except Exception as exc:
                 self._open_failed(index.partition, exc)
@@ -294,16 +297,14 @@ class Node:
     async def _plans(
         self, consumer: KafkaGroupConsumer, indexes: list[PartitionIndex]
     ) -> list[OpenPlan | BaseException]:
-        """Each index's plan against the log's start and the changelog, asked all at once."""
+        """Each index's plan against the log's start and the changelog, or why none was made."""
         if not indexes:
             return []
         try:
             starts = await consumer.start_offsets([i.partition for i in indexes])
+            return await self.restores.plans(indexes, starts)
         except Exception as exc:
-            return [exc for _ in indexes]  # each index is closed by its caller
-        return await asyncio.gather(
-            *(self.restores.plan(i, starts[i.partition]) for i in indexes), return_exceptions=True
-        )
+            return [exc for _ in indexes]  # each index is closed by _open
 
     def _seek_to_index(self, consumer: KafkaGroupConsumer, partition: int) -> PartitionIndex:
         """Pause the partition's fetches, open its index and seek past it (no await)."""
@@ -316,11 +317,13 @@ class Node:
             raise
         return index
 
-    async def _restored(self, consumer: KafkaGroupConsumer, partition: int) -> None:
+    async def _restored(
+        self, consumer: KafkaGroupConsumer, partition: int, plan: OpenPlan | None
+    ) -> None:
         """The partition's index was rebuilt: open it, unless it was revoked meanwhile."""
         async with self._lock:
             if self.health.phase(partition) is Phase.RESTORING:
-                await self._reopen(consumer, partition)
+                await self._reopen(consumer, partition, plan)
 
     async def revoke(self, partitions: Iterable[int]) -> None:
         self._generation += 1
@@ -341,23 +344,24 @@ class Node:
             self.health.closed(partition)
 
     async def _open(
-        self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan
+        self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan | BaseException
     ) -> None:
+        """Run the partition on its (open) index as planned; ``plan`` may be why none was made."""
         partition = index.partition
         outbox: KafkaOutbox | None = None
         owner: OwnedPartition | None = None
         try:
+            if isinstance(plan, BaseException):
+                raise plan
             # Of another fold version, behind the log's start, or far behind the changelog.
             if plan.action is not Action.USE_LOCAL:
                 index.close()
-                self.restores.start(consumer, partition, f"index: {plan.action.value}")
+                self.restores.start(consumer, partition, f"index: {plan.action.value}", plan)
                 return
             outbox = await self._start_outbox(partition)
             committed = await consumer.committed(partition)
             end = (await consumer.end_offsets([partition]))[partition]
             owner = self._owner(index, outbox, committed, end)
-            if plan.seed:
-                await self.restores.seed(owner)
             runner = PartitionRunner(owner, consumer)
             owner.on_wake = runner.kick
             consumer.seek(partition, runner.fetched_to)
@@ -373,7 +377,7 @@ class Node:
             raise
         self.owned[partition] = runner
         self.health.move(partition, Phase.CATCHING_UP)
-        runner.start(self._run_partition(consumer, runner))
+        runner.start(self._run_partition(consumer, runner, seed=plan.seed))
         self.log.info(
             "partition_assigned",
             partition=partition,

@@ -11,7 +11,8 @@ history the restore is refused loudly and tried again only rarely: an operator h
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,7 +22,7 @@ from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.core.fold import FOLD_VERSION
 from evsched.errors import IndexVersionMismatch, RestoreRefused
 from evsched.ports import PartitionLog
-from evsched.runtime.changelog import RESTORE_FETCH, Meta, latest_meta
+from evsched.runtime.changelog import RESTORE_FETCH, latest_meta
 from evsched.runtime.changelog_restore import (
     Action,
     LocalIndex,
@@ -52,25 +53,35 @@ class Committed(Protocol):
 # What a finished restore logs.
 Details = dict[str, Any]
 
-# Called once a partition's index was rebuilt and swapped in.
-Done = Callable[[Any, int], Awaitable[None]]
-# A reader of one partition of the events topic, not started yet.
-OpenLog = Callable[[int], PartitionLog]
+# Called once a partition's index was rebuilt and swapped in, with the plan to open it by (None:
+# plan again).
+Done = Callable[[Any, int, OpenPlan | None], Awaitable[None]]
+# A reader of chosen partitions of a topic, not started yet.
+OpenLog = Callable[[Collection[int]], PartitionLog]
 
 
 def kafka_reader(settings: Settings, topic: str, client_id: str) -> OpenLog:
-    """Readers of one partition of ``topic`` each, named after the node's ``client_id``."""
+    """Readers of chosen partitions of ``topic``, named after the node's ``client_id``."""
 
-    def open_log(partition: int) -> PartitionLog:
+    def open_log(partitions: Collection[int]) -> PartitionLog:
         return KafkaPartitionLog(
             settings,
             topic,
-            [partition],
-            client_id=f"{client_id}-restore-p{partition}",
+            partitions,
+            client_id=f"{client_id}-restore-p{'-'.join(map(str, sorted(partitions)))}",
             **RESTORE_FETCH,
         )
 
     return open_log
+
+
+@contextlib.asynccontextmanager
+async def _reading(log: PartitionLog) -> AsyncIterator[PartitionLog]:
+    await log.start()
+    try:
+        yield log
+    finally:
+        await log.close()
 
 
 class IndexRestores:
@@ -87,8 +98,8 @@ class IndexRestores:
         log: Any,
         done: Done,
     ) -> None:
-        self.open_log = open_log  # a reader of one events partition
-        self.open_state = open_state  # a reader of one changelog partition
+        self.open_log = open_log  # a reader of events partitions
+        self.open_state = open_state  # a reader of changelog partitions
         self.data_dir = data_dir
         self.health = health
         self.counter = counter  # evsched_node_index_rebuilds, or None without metrics
@@ -96,29 +107,30 @@ class IndexRestores:
         self.done = done
         self.tasks: dict[int, asyncio.Task[None]] = {}
 
-    async def plan(self, index: PartitionIndex, log_start: int) -> OpenPlan:
-        """What an opening partition does with its (open) local index."""
-        local = LocalIndex(applied_offset=index.applied_offset(), fold_version=index.fold_version())
-        return await self._plan(index.partition, local, log_start)
-
-    async def _plan(self, partition: int, local: LocalIndex, log_start: int) -> OpenPlan:
-        state = self.open_state(partition)
-        await state.start()
-        try:
-            meta = await latest_meta(state, partition)
-        finally:
-            await state.close()
-        return plan_open(local, log_start=log_start, meta=meta)
+    async def plans(
+        self, indexes: Sequence[PartitionIndex], starts: Mapping[int, int]
+    ) -> list[OpenPlan | BaseException]:
+        """What each opening partition does with its (open) local index: one changelog reader
+        for all of them, each one's newest meta read in turn (an error is that index's plan)."""
+        plans: list[OpenPlan | BaseException] = []
+        async with _reading(self.open_state([i.partition for i in indexes])) as state:
+            for index in indexes:
+                local = LocalIndex(
+                    applied_offset=index.applied_offset(), fold_version=index.fold_version()
+                )
+                try:
+                    meta = await latest_meta(state, index.partition)
+                except Exception as exc:
+                    plans.append(exc)
+                    continue
+                plans.append(plan_open(local, log_start=starts[index.partition], meta=meta))
+        return plans
 
     async def seed(self, owner: OwnedPartition) -> None:
         """Write the owner's whole index to the changelog, which does not hold it yet."""
         assert owner.changelog is not None
-        state = self.open_state(owner.partition)
-        await state.start()
-        try:
+        async with _reading(self.open_state([owner.partition])) as state:
             sent = await seed(state, owner.outbox, owner.quarantine, owner.changelog, owner.index)
-        finally:
-            await state.close()
         self.log.info(
             "partition_changelog_seeded",
             partition=owner.partition,
@@ -126,11 +138,17 @@ class IndexRestores:
             applied_offset=owner.index.applied_offset(),
         )
 
-    def start(self, consumer: Committed, partition: int, why: str) -> None:
-        """Restore the partition's index in the background, then call ``done``."""
+    def start(
+        self, consumer: Committed, partition: int, why: str, plan: OpenPlan | None = None
+    ) -> None:
+        """Restore the partition's index in the background, then call ``done``.
+
+        ``plan``: what opening the partition just planned; None (an index of another fold
+        version, which does not open) plans against the changelog first.
+        """
         self.health.restoring(partition, why)
         self.tasks[partition] = asyncio.create_task(
-            self._run(consumer, partition), name=f"evsched-restore-{partition}"
+            self._run(consumer, partition, plan), name=f"evsched-restore-{partition}"
         )
 
     async def cancel(self, partition: int) -> None:
@@ -138,9 +156,9 @@ class IndexRestores:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    async def _run(self, consumer: Committed, partition: int) -> None:
+    async def _run(self, consumer: Committed, partition: int, plan: OpenPlan | None) -> None:
         try:
-            source, details = await self._restore(consumer, partition)
+            source, details = await self._restore(consumer, partition, plan)
         except RestoreRefused as exc:
             self._refused(exc)
             return
@@ -159,24 +177,36 @@ class IndexRestores:
             self.log.info(f"partition_index_{source}", partition=partition, **details)
             if self.counter is not None:
                 self.counter.labels("fold_version" if source == "rebuilt" else "changelog").inc()
-        await self.done(consumer, partition)
+        # A snapshot just loaded is what the changelog holds: open it as it is, nothing to seed.
+        await self.done(
+            consumer, partition, OpenPlan(Action.USE_LOCAL) if source == "restored" else None
+        )
 
-    async def _restore(self, consumer: Committed, partition: int) -> tuple[str | None, Details]:
+    async def _restore(
+        self, consumer: Committed, partition: int, plan: OpenPlan | None
+    ) -> tuple[str | None, Details]:
         """Restore as the plan says: ("restored" | "rebuilt" | None, what to log)."""
         started = monotonic_s()
         local = local_index(self.data_dir, partition)
         log_start = (await consumer.start_offsets([partition]))[partition]
-        plan = await self._plan(partition, local, log_start)
+        if plan is None or plan.action is Action.RESTORE:
+            # One changelog reader for the plan and the restore it may call for.
+            async with _reading(self.open_state([partition])) as state:
+                if plan is None:
+                    meta = await latest_meta(state, partition)
+                    plan = plan_open(local, log_start=log_start, meta=meta)
+                if plan.action is Action.RESTORE:
+                    meta = await restore_partition(
+                        state, self.data_dir, partition, log_start=log_start
+                    )
+                    return "restored", {
+                        "applied_offset": meta.applied_offset,
+                        "seconds": round(monotonic_s() - started, 3),
+                    }
         if plan.action is Action.REFUSE:
             raise RestoreRefused(partition, plan.reason)
         if plan.action is Action.USE_LOCAL:
             return None, {}
-        if plan.action is Action.RESTORE:
-            meta = await self._from_changelog(partition, log_start)
-            return "restored", {
-                "applied_offset": meta.applied_offset,
-                "seconds": round(monotonic_s() - started, 3),
-            }
         assert local.fold_version is not None
         mismatch = IndexVersionMismatch(partition, local.fold_version, FOLD_VERSION)
         rebuilt = await self._rebuild(consumer, mismatch)
@@ -188,25 +218,13 @@ class IndexRestores:
             "seconds": round(rebuilt.seconds, 3),
         }
 
-    async def _from_changelog(self, partition: int, log_start: int) -> Meta:
-        state = self.open_state(partition)
-        await state.start()
-        try:
-            return await restore_partition(state, self.data_dir, partition, log_start=log_start)
-        finally:
-            await state.close()
-
     async def _rebuild(self, consumer: Committed, mismatch: IndexVersionMismatch) -> Rebuilt:
         partition = mismatch.partition
         # Up to the group's offset, not the log's end: records past it may carry effects not
         # published yet, which the partition's owner must fold (and send) itself.
         until = await consumer.committed(partition) or 0
-        reader = self.open_log(partition)
-        await reader.start()
-        try:
+        async with _reading(self.open_log([partition])) as reader:
             return await rebuild_index(reader, self.data_dir, mismatch, until)
-        finally:
-            await reader.close()
 
     def _refused(self, exc: RestoreRefused) -> None:
         partition = exc.partition
