@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prometheus_client import CollectorRegistry
 
 from evsched.core.events import LeaseExpired
 from evsched.operator.audit import audit
-from evsched.runtime.waiting import WaitingForWorker
-from evsched.testing import NodeDriver
+from evsched.runtime.waiting import WITHOUT_WORKER_AFTER, WaitingForWorker
+from evsched.testing import MemoryPartitionLog, NodeDriver
 from tests.unit.node_driver_events import enqueued, started, succeeded
+from tests.unit.test_node_lifecycle import node_over
 
 
 def sample(registry: CollectorRegistry, name: str, queue: str) -> float | None:
@@ -53,3 +56,25 @@ async def test_a_queue_without_worker_is_told_apart_from_a_slow_one(driver: Node
 def test_a_job_that_ends_stops_waiting() -> None:
     waiting = WaitingForWorker(threshold=1)
     assert waiting.waiting() == {} and waiting.without_worker() == {}
+
+
+async def test_a_revoked_partitions_jobs_stop_waiting_on_this_node(
+    driver: NodeDriver, tmp_path: Path
+) -> None:
+    """Their starts and ends are folded by the partition's new owner now, never here."""
+    node, _, _ = node_over(tmp_path / "node", MemoryPartitionLog(), committed=None)
+    assert node.metrics is not None
+    registry = node.metrics.folded.registry
+    await driver.open()
+    driver.owner.projector.on_commit = node.metrics.waiting.observe
+    driver.append(enqueued("a", queue="mail"))
+    await driver.settle()
+    for _ in range(WITHOUT_WORKER_AFTER):
+        driver.advance(30)
+        await driver.settle()
+    assert sample(registry, "evsched_queue_without_worker", "mail") == 1
+    await node.revoke([driver.partition + 1])  # another partition's: still waits here
+    assert sample(registry, "evsched_jobs_waiting_for_worker", "mail") == 1
+    await node.revoke([driver.partition])
+    assert sample(registry, "evsched_jobs_waiting_for_worker", "mail") == 0
+    assert sample(registry, "evsched_queue_without_worker", "mail") == 0

@@ -342,6 +342,8 @@ class Node:
             )
         for partition in partitions:
             self.health.closed(partition)
+        if self.metrics is not None:  # their jobs' starts and ends are folded elsewhere now
+            self.metrics.waiting.forget(partitions)
 
     async def _open(
         self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan | BaseException
@@ -445,13 +447,15 @@ class NodeMetrics:
 
     folded: Metrics
     node: NodeInstruments
+    waiting: WaitingForWorker
 
     @classmethod
     def create(cls) -> NodeMetrics:
         # A node folds only the partitions it owns: no jobs-by-status gauge (the API has it).
         folded = Metrics(job_counts=False)
-        folded.followers.append(WaitingForWorker(folded.registry).observe)
-        return cls(folded=folded, node=NodeInstruments(folded.registry))
+        waiting = WaitingForWorker(folded.registry)
+        folded.followers.append(waiting.observe)
+        return cls(folded=folded, node=NodeInstruments(folded.registry), waiting=waiting)
 
 
 class _Rebalance:

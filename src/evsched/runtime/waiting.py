@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -31,7 +31,7 @@ class WaitingForWorker:
         self, registry: CollectorRegistry | None = None, *, threshold: int = WITHOUT_WORKER_AFTER
     ) -> None:
         self._lock = threading.Lock()
-        self._waiting: dict[str, str] = {}  # job id -> queue
+        self._waiting: dict[str, tuple[str, int]] = {}  # job id -> (queue, partition)
         self._streak: Counter[str] = Counter()  # queue -> unstarted expiries since a start
         self.threshold = threshold
         if registry is not None:
@@ -42,13 +42,20 @@ class WaitingForWorker:
             for folded in events:
                 self._one(folded)
 
+    def forget(self, partitions: Collection[int]) -> None:
+        """Partitions this process no longer folds (revoked): their jobs' news goes elsewhere."""
+        with self._lock:
+            for job, (_, partition) in list(self._waiting.items()):
+                if partition in partitions:
+                    del self._waiting[job]
+
     def _one(self, folded: FoldedEvent) -> None:
         entry, before, after = folded.entry, folded.before, folded.after
         if entry.verdict is not Verdict.APPLIED or after is None:
             return
         job, queue = after.job_id, after.queue
         if entry.kind == "LeaseExpired" and before is not None and before.status is Status.LEASED:
-            self._waiting[job] = queue
+            self._waiting[job] = (queue, entry.partition)
             self._streak[queue] += 1
         elif entry.kind == "AttemptStarted":
             self._waiting.pop(job, None)
@@ -56,21 +63,24 @@ class WaitingForWorker:
         elif after.status in TERMINAL_STATUSES:
             self._waiting.pop(job, None)
 
+    def _queues(self) -> dict[str, tuple[int, int, bool]]:
+        """Per queue seen to wait at some point: (jobs waiting, streak, without a worker)."""
+        with self._lock:
+            counts = Counter(queue for queue, _ in self._waiting.values())
+            streaks = dict(self._streak)
+        return {
+            queue: (counts[queue], streak, counts[queue] > 0 and streak >= self.threshold)
+            for queue, streak in sorted(streaks.items())
+        }
+
     def waiting(self) -> dict[str, int]:
         """Jobs waiting for a worker per queue (queues seen to wait at some point, zeros kept)."""
-        with self._lock:
-            counts = Counter(self._waiting.values())
-            return {queue: counts.get(queue, 0) for queue in sorted(self._streak)}
+        return {queue: count for queue, (count, _, _) in self._queues().items()}
 
     def without_worker(self) -> dict[str, bool]:
-        waiting = self.waiting()
-        with self._lock:
-            return {q: waiting[q] > 0 and self._streak[q] >= self.threshold for q in waiting}
+        return {queue: none for queue, (_, _, none) in self._queues().items()}
 
     def collect(self) -> Iterator[Metric]:
-        waiting = self.waiting()
-        with self._lock:
-            streaks = dict(self._streak)
         family = GaugeMetricFamily(
             "evsched_jobs_waiting_for_worker",
             "Jobs whose last lease expired before any worker started it, not started since.",
@@ -86,9 +96,8 @@ class WaitingForWorker:
             "1 while jobs of the queue wait and its last leases all expired unstarted.",
             labels=["queue"],
         )
-        for queue, count in waiting.items():
+        for queue, (count, expiries, workerless) in self._queues().items():
             family.add_metric([queue], count)
-            streak.add_metric([queue], streaks.get(queue, 0))
-            workerless = count > 0 and streaks.get(queue, 0) >= self.threshold
+            streak.add_metric([queue], expiries)
             none.add_metric([queue], 1 if workerless else 0)
         yield from (family, streak, none)
