@@ -10,11 +10,13 @@ import pytest
 
 from evsched.adapters import avro
 from evsched.adapters.index import IndexBatch, PartitionIndex
-from evsched.core.events import JobCancelled, JobEnqueued
+from evsched.core.controls import QUEUE
+from evsched.core.events import JobCancelled, JobEnqueued, QueuePaused
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Status
 from evsched.errors import BrokerUnavailable, IndexVersionMismatch, RestoreRefused
-from evsched.runtime.projector import Projector
+from evsched.ports import Record
+from evsched.runtime.projector import Folded, Projector
 from evsched.runtime.restore import Restorer, open_index, rebuild_index, restore
 from evsched.testing import MemoryPartitionLog
 
@@ -191,3 +193,37 @@ async def test_a_rebuild_that_would_lose_trimmed_history_is_refused(tmp_path: Pa
     rebuilt = await rebuild_index(log, data, mismatch, until=0)
     assert rebuilt.records == 0 and rebuilt.applied_offset == -1
     open_index(data, 0).close()
+
+
+async def test_a_rewound_batch_leaves_no_pause_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch dropped by a fold error is folded again from the index: a queue it paused is not
+    paused meanwhile (a lease before the pause would be refused on the second fold)."""
+    log = MemoryPartitionLog(partitions=1)
+    pause = QueuePaused(event_id="p", queue="q", emitted_at=0, source="t")
+    log.append(0, avro.encode_event(pause), key=b"q")
+    log.append(0, enqueue("j0"), key=b"j0")
+    await log.start()
+    projector = fresh(tmp_path, "a")
+    fold_one = projector._fold_one
+    failed: list[int] = []
+
+    def fails_once(record: Record, out: Folded) -> None:
+        if record.offset == 1 and not failed:
+            raise ValueError("boom")
+        fold_one(record, out)
+
+    monkeypatch.setattr(projector, "_fold_one", fails_once)
+    restorer = Restorer(
+        log, {0: projector}, batch_records=100, on_fold_error=lambda p, o, e: failed.append(o)
+    )
+    restorer.seek()
+    assert await restorer.read_once([0]) == 0
+    assert failed == [0] and projector.paused(QUEUE) == set()
+    restorer.seek()
+    assert await restorer.read_once([0]) == 2
+    assert projector.paused(QUEUE) == set()  # folded, not committed yet
+    restorer.flush()
+    assert projector.paused(QUEUE) == {"q"}
+    projector.index.close()

@@ -112,9 +112,9 @@ class IndexBatch:
     timeline: list[tuple[str, TimelineEntry, bytes]] = field(default_factory=list)
     undecodable: list[tuple[TimelineEntry, bytes]] = field(default_factory=list)
     controls: dict[bytes, ControlState] = field(default_factory=dict)
-    # Applied purges in log order, and the ids they left without a state in this batch.
+    # Applied purges in log order; a purged job is in ``before_jobs`` and, until enqueued again
+    # in the same batch, not in ``jobs``.
     purges: list[Purge] = field(default_factory=list)
-    gone: set[str] = field(default_factory=set)
 
     def __bool__(self) -> bool:
         return bool(

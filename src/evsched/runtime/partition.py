@@ -11,7 +11,7 @@ written, so the index never holds a decision, an effect or a change the log does
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -287,9 +287,11 @@ class OwnedPartition:
     def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
         # Held-back jobs (pending, or on an undeclared queue) must not fill the scan's window.
         horizon = now + self.limits.prelease_ms
-        ids = self.index.due_job_ids(horizon, self.scan_limit, skip=self._lease_skip)
+        paused = self.projector.paused(QUEUE, folded)
+        ids = self.index.due_job_ids(
+            horizon, self.scan_limit, skip=lambda job_id: self._lease_skip(job_id, paused)
+        )
         ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
-        paused = self.projector.paused[QUEUE]
         candidates = [
             s for s in self._jobs(ids, folded) if s.run_at <= horizon and s.queue not in paused
         ]
@@ -329,18 +331,14 @@ class OwnedPartition:
     def _held_back(self, entity: str) -> bool:
         return entity in self.pending.entities or self.quarantine.holds(entity)
 
-    def _lease_skip(self, job_id: str) -> bool:
+    def _lease_skip(self, job_id: str, paused: Set[str]) -> bool:
         """Held back, or on a paused queue: such due jobs must not fill the scan's window."""
         if self._held_back(job_id):
             return True
-        paused = self.projector.paused[QUEUE]
         if not paused:
             return False
         state = self.projector.job(job_id)
         return state is not None and state.queue in paused
-
-    def _schedule_skip(self, schedule_id: str) -> bool:
-        return self._held_back(schedule_id) or schedule_id in self.projector.paused[SCHEDULE]
 
     def _jobs(self, ids: Sequence[str], folded: Folded) -> list[JobState]:
         found: dict[str, JobState] = {}
@@ -353,7 +351,11 @@ class OwnedPartition:
         return list(found.values())
 
     def _due_schedules(self, folded: Folded, now: int) -> list[ScheduleState]:
-        skip = self._schedule_skip
+        paused = self.projector.paused(SCHEDULE, folded)
+
+        def skip(schedule_id: str) -> bool:
+            return self._held_back(schedule_id) or schedule_id in paused
+
         ids = self.index.due_schedule_ids(now, self.scan_limit, skip=skip)
         ids += list(folded.batch.schedules)
         found: dict[str, ScheduleState] = {}

@@ -6,7 +6,7 @@ bytes are recorded with their position and skipped; nothing here can crash on a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass, field
 
 from evsched.adapters import avro
@@ -101,11 +101,10 @@ class Projector:
         self.in_flight: dict[str, int] = {}
         self.unstarted: dict[str, int] = {}
         self._seed_counts()
-        # Paused queues and schedules of this partition (a handful): leases and fires skip them.
-        self.paused: dict[str, set[str]] = {QUEUE: set(), SCHEDULE: set()}
-        for control in index.controls():
-            if control.paused:
-                self.paused[control.target].add(control.name)
+        # Paused queues and schedules of this partition as the index holds them (a handful):
+        # leases and fires skip them. Changed on commit only, so a dropped batch leaves no trace.
+        self._paused: dict[str, set[str]] = {QUEUE: set(), SCHEDULE: set()}
+        self._paused_apply(index.controls())
         # Only ever what the index holds (filled on read and on commit), so reads stay exact.
         self._cache: dict[str, JobState] = {}
         self._cache_size = cache_size
@@ -141,15 +140,16 @@ class Projector:
                 self.index.apply(prepared)
             for state in folded.batch.jobs.values():
                 self._remember(state)
-            for job_id in folded.batch.gone - folded.batch.jobs.keys():
-                self._cache.pop(job_id, None)
+            self._paused_apply(folded.batch.controls.values())
+            for job_id in folded.batch.before_jobs.keys() - folded.batch.jobs.keys():
+                self._cache.pop(job_id, None)  # purged
         if self.on_commit is not None and folded.observed:
             self.on_commit(folded.observed)
 
     def job(self, job_id: str, folded: Folded | None = None) -> JobState | None:
         if folded is not None and job_id in folded.batch.jobs:
             return folded.batch.jobs[job_id]
-        if folded is not None and job_id in folded.batch.gone:
+        if folded is not None and job_id in folded.batch.before_jobs:
             return None  # purged earlier in this batch
         cached = self._cache.get(job_id)
         if cached is not None:
@@ -166,6 +166,23 @@ class Projector:
         cache[state.job_id] = state
         if len(cache) > self._cache_size:
             del cache[next(iter(cache))]
+
+    def paused(self, target: str, folded: Folded | None = None) -> Set[str]:
+        """The paused queues or schedules (``target``): the index's, as ``folded`` left them."""
+        committed = self._paused[target]
+        batch = () if folded is None else folded.batch.controls.values()
+        changed = [c for c in batch if c.target == target]
+        if not changed:
+            return committed
+        paused = set(committed)
+        for control in changed:
+            (paused.add if control.paused else paused.discard)(control.name)
+        return paused
+
+    def _paused_apply(self, controls: Iterable[ControlState]) -> None:
+        for control in controls:
+            paused = self._paused[control.target]
+            (paused.add if control.paused else paused.discard)(control.name)
 
     def schedule(self, schedule_id: str, folded: Folded | None = None) -> ScheduleState | None:
         if folded is not None and schedule_id in folded.batch.schedules:
@@ -205,7 +222,7 @@ class Projector:
             | ScheduleResumed,
         )
         before = self.job(event.job_id, out)
-        after, entry = fold_job(before, event, position, self.paused[QUEUE])
+        after, entry = fold_job(before, event, position, self.paused(QUEUE, out))
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.job_id, entry, raw))
         if self.on_commit is not None:
@@ -237,7 +254,6 @@ class Projector:
         batch.purges.append(purge)
         batch.before_jobs[job_id] = None
         batch.jobs.pop(job_id, None)
-        batch.gone.add(job_id)
 
     def _fold_schedule(
         self,
@@ -247,7 +263,7 @@ class Projector:
         raw: bytes,
     ) -> None:
         before = self.schedule(event.schedule_id, out)
-        paused = event.schedule_id in self.paused[SCHEDULE]
+        paused = event.schedule_id in self.paused(SCHEDULE, out)
         after, entry = fold_schedule_guarded(before, event, position, paused=paused)
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.schedule_id, entry, raw))
@@ -279,11 +295,6 @@ class Projector:
             out.observed.append(FoldedEvent(entry))
         if entry.verdict is Verdict.APPLIED and after is not None:
             out.batch.controls[control_key(target, name)] = after
-            paused = self.paused[target]
-            if after.paused:
-                paused.add(name)
-            else:
-                paused.discard(name)
 
     def _seed_counts(self) -> None:
         """Count live leases once, from the lease index (every active job has an entry there)."""
