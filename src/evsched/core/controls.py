@@ -53,6 +53,11 @@ def target_of(event: ControlEvent) -> tuple[Target, str]:
     return SCHEDULE, event.schedule_id
 
 
+def target_exists(target: Target, schedule: ScheduleState | None) -> bool:
+    """Whether a control's target exists: any queue does; a schedule if known and not deleted."""
+    return target == QUEUE or (schedule is not None and not schedule.deleted)
+
+
 def fold_control(
     state: ControlState | None, event: ControlEvent, position: Position, *, exists: bool = True
 ) -> tuple[ControlState | None, TimelineEntry]:

@@ -10,7 +10,7 @@ can pass a deliberately broken fold (``fold_job``) to prove it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass, field
 
 from evsched.core import retry
@@ -21,6 +21,7 @@ from evsched.core.controls import (
     fold_control,
     fold_job,
     fold_schedule_guarded,
+    target_exists,
     target_of,
 )
 from evsched.core.events import (
@@ -91,6 +92,8 @@ class Replay:
     controls: dict[tuple[int, str, str], ControlState] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
     _accounts: dict[str, _Account] = field(default_factory=dict)
+    # The names paused by (partition, target), kept with ``controls`` (every event reads them).
+    _paused: dict[tuple[int, str], set[str]] = field(default_factory=dict)
 
     def feed_all(self, history: History) -> Replay:
         for event, position in history:
@@ -135,13 +138,9 @@ class Replay:
         self.schedule_timelines.setdefault(key, []).append(entry)
         return entry
 
-    def paused(self, partition: int, target: str) -> set[str]:
+    def paused(self, partition: int, target: str) -> Set[str]:
         """The queues (or schedules) paused on ``partition`` as the history stands."""
-        return {
-            name
-            for (p, t, name), state in self.controls.items()
-            if p == partition and t == target and state.paused
-        }
+        return self._paused.get((partition, target), set())
 
     def _feed_control(
         self,
@@ -150,11 +149,12 @@ class Replay:
     ) -> TimelineEntry:
         target, name = target_of(event)
         key = (position.partition, target, name)
-        schedule = self.schedules.get(name)
-        exists = target == QUEUE or (schedule is not None and not schedule.deleted)
+        exists = target_exists(target, self.schedules.get(name))
         after, entry = fold_control(self.controls.get(key), event, position, exists=exists)
         if after is not None:
             self.controls[key] = after
+            paused = self._paused.setdefault((position.partition, target), set())
+            (paused.add if after.paused else paused.discard)(name)
         return entry
 
 

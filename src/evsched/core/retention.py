@@ -41,9 +41,9 @@ def purge_refusal(state: JobState, generation: int, log_at: int) -> str | None:
     """Why a purge of run ``generation`` at ``log_at`` must be rejected, or None."""
     if generation != state.generation:
         return f"cannot purge run {generation}: the job is at run {state.generation}"
-    if state.status not in TERMINAL_STATUSES:
+    due = purge_at(state)
+    if due is None:
         return f"cannot purge: job is {state.status}"
-    due = state.updated_at + retention_ms(state)
     if log_at < due:
         return f"cannot purge before its retention ends at {due} (log time {log_at})"
     return None

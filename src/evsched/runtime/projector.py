@@ -21,6 +21,7 @@ from evsched.core.controls import (
     fold_control,
     fold_job,
     fold_schedule_guarded,
+    target_exists,
     target_of,
 )
 from evsched.core.events import (
@@ -284,11 +285,8 @@ class Projector:
     ) -> None:
         target, name = target_of(event)
         before = self.control(target, name, out)
-        exists = True
-        if target == SCHEDULE:
-            schedule = self.schedule(name, out)
-            exists = schedule is not None and not schedule.deleted
-        after, entry = fold_control(before, event, position, exists=exists)
+        schedule = self.schedule(name, out) if target == SCHEDULE else None
+        after, entry = fold_control(before, event, position, exists=target_exists(target, schedule))
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((name, entry, raw))
         if self.on_commit is not None:
