@@ -4,15 +4,25 @@ with the offset, timelines keep every verdict, and two folds of one log have one
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index_keys import (
+    JOB_TIMELINE,
+    QUEUE_TIMELINE,
+    SCHEDULE_TIMELINE,
+    TIMELINE,
+    timeline_family,
+    timeline_key,
+)
+from evsched.adapters.index_purge import Purge, PurgeWriter
 from evsched.core import events as ev
 from evsched.core.fold import FOLD_VERSION
-from evsched.core.state import Status, Verdict
+from evsched.core.state import Status, TimelineEntry, Verdict
 from evsched.ports import Record
 from evsched.runtime.projector import Projector
 
@@ -194,3 +204,70 @@ def test_timeline_keeps_each_events_bytes_for_audits(index: PartitionIndex) -> N
     stored = index.timeline_events("a")
     assert [raw for _, raw in stored] == [r.value for r in log.records]
     assert [avro.decode_event(raw).event_id for _, raw in stored] == [e.event_id for e, _ in stored]
+
+
+class _PurgeTarget:
+    """Of the index, only what a PurgeWriter reads: an empty one."""
+
+    def h(self, name: str) -> str:
+        return name
+
+    def scan(
+        self, name: str, start: bytes = b"", end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        return iter(())
+
+    def delete_secondary(self, wb: object, state: object) -> None:
+        pass
+
+    def low(self, name: str) -> int:
+        return 0
+
+    def lower(self, name: str, at: int) -> None:
+        pass
+
+    def raise_low(self, name: str, at: int) -> None:
+        pass
+
+
+class _Deletes:
+    def __init__(self) -> None:
+        self.deleted: list[tuple[str, bytes]] = []
+
+    def put(self, key: bytes, value: bytes, handle: str) -> None:
+        pass
+
+    def delete(self, key: bytes, handle: str) -> None:
+        self.deleted.append((handle, key))
+
+
+def test_every_event_kind_has_its_timeline_family() -> None:
+    queue = {ev.QueuePaused, ev.QueueResumed}
+    schedule = {*ev.SCHEDULE_EVENT_TYPES, ev.SchedulePaused, ev.ScheduleResumed}
+    for cls in ev.EVENT_TYPES:
+        expected = QUEUE_TIMELINE if cls in queue else JOB_TIMELINE
+        expected = SCHEDULE_TIMELINE if cls in schedule else expected
+        assert timeline_family(cls.__name__) == expected, cls
+
+
+def test_a_purge_deletes_only_its_jobs_timeline_entries_of_the_batch() -> None:
+    """A queue or schedule sharing the job's id keeps its entries, and no tombstone is written
+    for a job entry that was never there (a queue's pause was taken for a job's entry)."""
+    entry = TimelineEntry(
+        partition=0,
+        offset=0,
+        log_at=0,
+        kind="",
+        event_id="e",
+        source="t",
+        verdict=Verdict.APPLIED,
+        reason="",
+    )
+    kinds = ["JobEnqueued", "QueuePaused", "SchedulePaused", "ScheduleUpserted", "QueueResumed"]
+    timeline = [
+        ("x", replace(entry, offset=offset, kind=kind), b"") for offset, kind in enumerate(kinds)
+    ]
+    wb = _Deletes()
+    purge = Purge(job_id="x", offset=9, log_at=100, stored=None, mark_until=10**6)
+    PurgeWriter(_PurgeTarget(), wb, [purge], timeline).write()
+    assert [key for handle, key in wb.deleted if handle == TIMELINE] == [timeline_key("x", 0)]

@@ -19,7 +19,6 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, Wri
 from evsched.adapters import avro
 from evsched.adapters.index_keys import (
     DUE,
-    JOB_TIMELINE,
     JOBS,
     KEYS,
     LEASES,
@@ -28,22 +27,17 @@ from evsched.adapters.index_keys import (
     QUEUE_TIMELINE,
     SCHEDULE_TIMELINE,
     TIMELINE,
+    U64,
     keys_key,
     prefix_end,
     time_key,
+    timeline_family,
     timeline_key,
 )
 from evsched.adapters.index_purge import Purge, PurgeWriter
 from evsched.adapters.index_writes import Change, PreparedWrite, Recorder
 from evsched.core import retention
 from evsched.core.controls import ControlState
-from evsched.core.events import (
-    SCHEDULE_EVENT_TYPES,
-    QueuePaused,
-    QueueResumed,
-    SchedulePaused,
-    ScheduleResumed,
-)
 from evsched.core.limits import id_refusal
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status, TimelineEntry
 from evsched.errors import StoreError
@@ -71,25 +65,12 @@ SKIP_READS = 10
 
 APPLIED_OFFSET = b"applied_offset"
 FOLD_VERSION = b"fold_version"
-_U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
-
-
-_SCHEDULE_KINDS = frozenset(
-    cls.__name__ for cls in (*SCHEDULE_EVENT_TYPES, SchedulePaused, ScheduleResumed)
-)
-_QUEUE_KINDS = frozenset(cls.__name__ for cls in (QueuePaused, QueueResumed))
 
 
 def control_key(target: str, name: str) -> bytes:
     """The ``controls`` key of a queue's or a schedule's pause switch: ``q`` or ``s``, the name."""
     return (QUEUE_TIMELINE if target == "queue" else SCHEDULE_TIMELINE) + name.encode()
-
-
-def _timeline_family(kind: str) -> bytes:
-    if kind in _SCHEDULE_KINDS:
-        return SCHEDULE_TIMELINE
-    return QUEUE_TIMELINE if kind in _QUEUE_KINDS else JOB_TIMELINE
 
 
 def keyable(entity_id: str) -> bool:
@@ -162,7 +143,7 @@ class PartitionIndex:
 
     def fold_version(self) -> int | None:
         raw = self._cf[META].get(FOLD_VERSION)
-        return None if raw is None else int(_U64.unpack(raw)[0])
+        return None if raw is None else int(U64.unpack(raw)[0])
 
     def job(self, job_id: str) -> JobState | None:
         raw = self._cf[JOBS].get(job_id.encode())
@@ -254,7 +235,7 @@ class PartitionIndex:
 
     def undecodable_records(self, after: int = -1) -> Iterator[tuple[TimelineEntry, bytes]]:
         """Undecodable records after offset ``after``, lazily in offset order, with their bytes."""
-        start = _U64.pack(after + 1) if after >= 0 else b""
+        start = U64.pack(after + 1) if after >= 0 else b""
         for _, value in self._scan(UNDECODABLE, start):
             entry, raw = _split_entry(value)
             yield avro.decode_timeline(entry), raw
@@ -290,7 +271,7 @@ class PartitionIndex:
         for name in DIGEST_FAMILIES:
             h.update(name.encode() + b"\x00")
             for key, value in self._scan(name):
-                h.update(_U64.pack(len(key)) + key + _U64.pack(len(value)) + value)
+                h.update(U64.pack(len(key)) + key + U64.pack(len(value)) + value)
         h.update(_I64.pack(self.applied_offset()))
         return h.hexdigest()
 
@@ -323,7 +304,7 @@ class PartitionIndex:
         """Write a prepared batch and its applied offset and fold version in one WriteBatch."""
         wb = prepared.recorder.batch
         wb.put(APPLIED_OFFSET, _I64.pack(prepared.applied_offset), self._h(META))
-        wb.put(FOLD_VERSION, _U64.pack(prepared.fold_version), self._h(META))
+        wb.put(FOLD_VERSION, U64.pack(prepared.fold_version), self._h(META))
         try:
             self._db.write(wb)
         except Exception as exc:
@@ -333,15 +314,15 @@ class PartitionIndex:
         for entity_id, entry, raw in batch.timeline:
             value = _join_entry(avro.encode_timeline(entry), raw)
             if keyable(entity_id):
-                key = timeline_key(entity_id, entry.offset, family=_timeline_family(entry.kind))
+                key = timeline_key(entity_id, entry.offset, family=timeline_family(entry.kind))
                 wb.put(key, value, self._h(TIMELINE))
             else:
-                wb.put(_U64.pack(entry.offset), value, self._h(REFUSED))
+                wb.put(U64.pack(entry.offset), value, self._h(REFUSED))
         for key, control in batch.controls.items():
             wb.put(key, avro.encode_state(control), self._h(CONTROLS))
         for entry, raw in batch.undecodable:
             value = _join_entry(avro.encode_timeline(entry), raw)
-            wb.put(_U64.pack(entry.offset), value, self._h(UNDECODABLE))
+            wb.put(U64.pack(entry.offset), value, self._h(UNDECODABLE))
 
     def delete_secondary(self, wb: Recorder, state: JobState) -> None:
         """Delete the due, lease and purge entries that ``state`` has in the index."""
@@ -377,7 +358,7 @@ class PartitionIndex:
             self._lower(DUE, state.run_at)
         if state.lease_until is not None:
             key = time_key(state.lease_until, state.job_id)
-            wb.put(key, _U64.pack(state.token), self._h(LEASES))
+            wb.put(key, U64.pack(state.token), self._h(LEASES))
             self._lower(LEASES, state.lease_until)
 
     def _put_schedule(
@@ -461,10 +442,10 @@ class PartitionIndex:
             return []  # no RocksDB call at all while nothing is due
         found: list[str] = []
         first: int | None = None
-        scan = self._scan(name, _U64.pack(low), _U64.pack(now + 1))
+        scan = self._scan(name, U64.pack(low), U64.pack(now + 1))
         for reads, (key, _) in enumerate(scan, start=1):
             if first is None:
-                first = int(_U64.unpack(key[:8])[0])
+                first = int(U64.unpack(key[:8])[0])
             entity = key[8:].decode()
             if skip is None or not skip(entity):
                 found.append(entity)
@@ -476,8 +457,8 @@ class PartitionIndex:
     def _first_time(self, name: str, at_least: int) -> int | None:
         at_least = max(0, at_least)
         low = self._low[name]
-        for key, _ in self._scan(name, _U64.pack(max(at_least, low))):
-            first = int(_U64.unpack(key[:8])[0])
+        for key, _ in self._scan(name, U64.pack(max(at_least, low))):
+            first = int(U64.unpack(key[:8])[0])
             if at_least <= low:
                 self._low[name] = first
             return first
@@ -532,9 +513,9 @@ def _start_after(entity: str | None) -> bytes:
 
 def _join_entry(entry: bytes, raw: bytes) -> bytes:
     """A timeline entry and the record's bytes as written: 8-byte BE entry length, entry, raw."""
-    return _U64.pack(len(entry)) + entry + raw
+    return U64.pack(len(entry)) + entry + raw
 
 
 def _split_entry(value: bytes) -> tuple[bytes, bytes]:
-    size = int(_U64.unpack(value[:8])[0])
+    size = int(U64.unpack(value[:8])[0])
     return value[8 : 8 + size], value[8 + size :]

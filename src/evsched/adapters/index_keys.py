@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import struct
 
+from evsched.core.events import (
+    CONTROL_EVENT_TYPES,
+    SCHEDULE_EVENT_TYPES,
+    QueuePaused,
+    QueueResumed,
+)
 from evsched.core.state import JobState
 
 JOBS, DUE, LEASES, TIMELINE, KEYS = "jobs", "due", "leases", "timeline", "keys"
@@ -16,6 +22,17 @@ U64 = struct.Struct(">Q")
 
 # A job, a schedule and a queue may share an id: their timelines live under different first bytes.
 JOB_TIMELINE, SCHEDULE_TIMELINE, QUEUE_TIMELINE = b"j", b"s", b"q"
+_QUEUE_KINDS = frozenset(cls.__name__ for cls in (QueuePaused, QueueResumed))
+_SCHEDULE_KINDS = (
+    frozenset(cls.__name__ for cls in SCHEDULE_EVENT_TYPES + CONTROL_EVENT_TYPES) - _QUEUE_KINDS
+)
+
+
+def timeline_family(kind: str) -> bytes:
+    """Under which first byte a timeline entry of event ``kind`` is keyed (job, schedule, queue)."""
+    if kind in _SCHEDULE_KINDS:
+        return SCHEDULE_TIMELINE
+    return QUEUE_TIMELINE if kind in _QUEUE_KINDS else JOB_TIMELINE
 
 
 def _id(value: str) -> bytes:

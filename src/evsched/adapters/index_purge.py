@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from evsched.adapters.index_keys import (
+    JOB_TIMELINE,
     JOBS,
     KEYS,
     MARKS,
@@ -22,12 +23,10 @@ from evsched.adapters.index_keys import (
     U64,
     keys_key,
     time_key,
+    timeline_family,
     timeline_key,
 )
-from evsched.core.events import SCHEDULE_EVENT_TYPES
 from evsched.core.state import JobState, TimelineEntry
-
-_SCHEDULE_KINDS = frozenset(cls.__name__ for cls in SCHEDULE_EVENT_TYPES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +80,7 @@ class PurgeWriter:
         # This batch's own timeline entries per job: a purge deletes those below it too.
         self._offsets: dict[str, list[int]] = {}
         for entity_id, entry, _ in timeline:
-            if entry.kind not in _SCHEDULE_KINDS:
+            if timeline_family(entry.kind) == JOB_TIMELINE:
                 self._offsets.setdefault(entity_id, []).append(entry.offset)
 
     def write(self) -> None:
