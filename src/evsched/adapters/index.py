@@ -367,10 +367,13 @@ class PartitionIndex:
         sid = schedule.schedule_id
         if before is not None and before.next_fire_at is not None:
             wb.delete(time_key(before.next_fire_at, sid), self._h(CRON_DUE))
-        if schedule.next_fire_at is not None:
-            wb.put(time_key(schedule.next_fire_at, sid), b"", self._h(CRON_DUE))
-            self._lower(CRON_DUE, schedule.next_fire_at)
+        self._put_schedule_time(wb, schedule)
         wb.put(sid.encode(), avro.encode_state(schedule), self._h(SCHEDULES))
+
+    def _put_schedule_time(self, wb: Recorder, schedule: ScheduleState) -> None:
+        if schedule.next_fire_at is not None:
+            wb.put(time_key(schedule.next_fire_at, schedule.schedule_id), b"", self._h(CRON_DUE))
+            self._lower(CRON_DUE, schedule.next_fire_at)
 
     # --- a changelog's side ----------------------------------------------------------------
 
@@ -399,10 +402,7 @@ class PartitionIndex:
         for state in self.jobs():
             self._put_job_times(wb, state)
         for schedule in self.schedules():
-            if schedule.next_fire_at is not None:
-                key = time_key(schedule.next_fire_at, schedule.schedule_id)
-                wb.put(key, b"", self._h(CRON_DUE))
-                self._lower(CRON_DUE, schedule.next_fire_at)
+            self._put_schedule_time(wb, schedule)
         self.apply(PreparedWrite(wb, applied_offset, fold_version))
 
     def close(self) -> None:

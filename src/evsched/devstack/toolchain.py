@@ -83,6 +83,10 @@ class KafkaDist:
         """Formatted storage of an ``nodes``-voter cluster: ``node-<id>/`` each, one cluster id."""
         return self.home / f"storage-template-{nodes}"
 
+    def template(self, nodes: int) -> Path:
+        """The formatted storage of a cluster of ``nodes`` (one: ``storage_template``)."""
+        return self.storage_template if nodes == 1 else self.cluster_template(nodes)
+
 
 def _tail(text: str, lines: int = 20) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
@@ -211,7 +215,7 @@ def ensure_storage_template(dist: KafkaDist, java: str, nodes: int = 1) -> Path:
 
     One node: ``<template>/data``; a cluster: ``<template>/node-<id>`` for each voter.
     """
-    target = dist.storage_template if nodes == 1 else dist.cluster_template(nodes)
+    target = dist.template(nodes)
     if target.is_dir():
         return target
     staging = Path(tempfile.mkdtemp(prefix="storage.", dir=dist.home))
@@ -226,7 +230,7 @@ def copy_storage(dist: KafkaDist, log_dir: Path, node_id: int = 1, nodes: int = 
     if (log_dir / "meta.properties").exists():
         return
     shutil.rmtree(log_dir, ignore_errors=True)
-    template = dist.storage_template if nodes == 1 else dist.cluster_template(nodes)
+    template = dist.template(nodes)
     shutil.copytree(_node_dir(template, node_id, nodes), log_dir)
 
 
