@@ -10,7 +10,12 @@ temp RocksDB index, with an in-memory broker and a frozen clock), each with a re
 - ``index_bytes_per_finished_job``: key + value bytes of every index entry per finished job
   still within its retention (state, timeline with the events' bytes, key, purge time);
 - ``index_bytes_per_purge_mark``: what a purged job leaves until its mark expires;
-- ``index_bytes_after``: what is left once every retention and mark ran out (flat: 0 per job).
+- ``index_bytes_after``: what is left once every retention and mark ran out (flat: 0 per job);
+- ``changelog_written_bytes_per_job``: key + value bytes the node's transactions wrote to the
+  compacted ``<ns>.state`` topic per job, before compaction (what the brokers take in);
+- ``changelog_compacted_bytes_per_finished_job``, ``..._per_purge_mark``, ``changelog_bytes_after``:
+  what the topic holds once compacted (the newest non-tombstone record per key) at the same three
+  points (tombstones themselves go after the topic's ``delete.retention.ms``).
 
 Logical bytes (RocksDB's on-disk size adds block overhead and compression). Dispatch and
 effects records are not counted. Run: ``.venv/bin/python bench/retention_sizes.py --jobs 2000``.
@@ -28,6 +33,7 @@ from evsched.adapters import avro
 from evsched.adapters.index import DIGEST_FAMILIES, PartitionIndex
 from evsched.core.events import AttemptStarted, AttemptSucceeded, JobEnqueued
 from evsched.core.planner import PlannerLimits
+from evsched.ports import Record
 from evsched.testing import NodeDriver
 
 # Every job leased in one go, and no lease expiring while the clock jumps over the retention.
@@ -38,6 +44,14 @@ LIMITS = PlannerLimits(
 
 def index_bytes(index: PartitionIndex) -> int:
     return sum(len(k) + len(v) for name in DIGEST_FAMILIES for k, v in index.scan(name))
+
+
+def compacted_bytes(records: list[Record]) -> int:
+    """What a compacted topic keeps of ``records``: the newest value per key, tombstones gone."""
+    newest: dict[bytes | None, bytes | None] = {}
+    for record in records:
+        newest[record.key] = record.value
+    return sum(len(k or b"") + len(v) for k, v in newest.items() if v is not None)
 
 
 def enqueue(n: int, retention_ms: int) -> JobEnqueued:
@@ -63,9 +77,11 @@ async def measure(jobs: int, retention_ms: int, home: Path) -> dict[str, float]:
         await driver.settle()
         index = driver.owner.index
         finished = index_bytes(index) / jobs
+        changelog_finished = compacted_bytes(driver.changelog()) / jobs
         driver.advance(retention_ms / 1000)
         await driver.settle()
         marks = index_bytes(index) / jobs
+        changelog_marks = compacted_bytes(driver.changelog()) / jobs
         driver.append(enqueue(jobs, 0))  # one more job, purged later than every mark's time
         driver.advance(retention_ms / 1000)
         await driver.settle()
@@ -82,6 +98,7 @@ async def measure(jobs: int, retention_ms: int, home: Path) -> dict[str, float]:
             kind = type(avro.decode_event(record.value or b"")).__name__
             by_kind[kind] += len(record.value or b"") + len(record.key or b"")
         after = index_bytes(index)
+        changelog = driver.changelog()
     finally:
         driver.close()
     result = {f"log_{kind}": total / jobs for kind, total in sorted(by_kind.items())}
@@ -89,6 +106,12 @@ async def measure(jobs: int, retention_ms: int, home: Path) -> dict[str, float]:
     result["index_bytes_per_finished_job"] = finished
     result["index_bytes_per_purge_mark"] = marks
     result["index_bytes_after"] = after
+    result["changelog_written_bytes_per_job"] = (
+        sum(len(r.key or b"") + len(r.value or b"") for r in changelog) / jobs
+    )
+    result["changelog_compacted_bytes_per_finished_job"] = changelog_finished
+    result["changelog_compacted_bytes_per_purge_mark"] = changelog_marks
+    result["changelog_bytes_after"] = compacted_bytes(changelog)
     return result
 
 
