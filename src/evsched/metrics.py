@@ -320,6 +320,12 @@ class NodeInstruments:
             ["reason"],
             registry=registry,
         )
+        self.standby_lag = Gauge(
+            "evsched_node_standby_lag_records",
+            "Per standby partition (--standby): records between its warm index and the log's end.",
+            ["partition"],
+            registry=registry,
+        )
         self.index_rebuilds = PromCounter(
             "evsched_node_index_rebuilds",
             "Partition indexes the node rebuilt from the log on open, by reason: fold_version "

@@ -57,6 +57,15 @@ def node_command(
             "at run_at by its own timer (0: lease only due jobs).",
         ),
     ] = 1_000,
+    standby: Annotated[
+        bool,
+        typer.Option(
+            "--standby",
+            envvar="EVSCHED_NODE_STANDBY",
+            help="Also keep warm indexes of the partitions this node does not own (the disk "
+            "and CPU of a read replica), so taking one over folds a short tail only.",
+        ),
+    ] = False,
     metrics_port: Annotated[int | None, metrics_port_option("EVSCHED_NODE_METRICS_PORT")] = None,
     metrics_addr: MetricsAddr = "127.0.0.1",
     log_json: LogJson = True,
@@ -82,6 +91,7 @@ def node_command(
         metrics_port=metrics_port,
         metrics_addr=metrics_addr,
         dispatch_key=dispatch_key,
+        standby=standby,
     )
     try:
         asyncio.run(serve_node(config))

@@ -37,6 +37,7 @@ from evsched.runtime.node_restore import IndexRestores, kafka_reader
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.restore import open_index
 from evsched.runtime.runner import PartitionRunner
+from evsched.runtime.standby import Standby, kafka_standby, unowned
 from evsched.runtime.startup import until_broker
 from evsched.runtime.waiting import WaitingForWorker
 from evsched.settings import Settings
@@ -58,6 +59,7 @@ class NodeConfig:
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
     dispatch_key: DispatchKey | None = None  # None: dispatch records go out unsigned
+    standby: bool = False  # keep warm indexes of the partitions this node does not own
 
     @property
     def group_id(self) -> str:
@@ -83,6 +85,7 @@ class Node:
         self._generation = 0  # bumped on every assignment change
         self._rebalancing = False  # between the group's revoke and assign callbacks
         self.budget = QueueBudget()  # --max-in-flight and --max-unstarted hold per node
+        self.standby: Standby | None = None  # --standby: started with the consumer
         self.log = log.bind(node_id=config.node_id)
         self.health = NodeHealth(None if metrics is None else metrics.node.failing, logger=self.log)
         client_id = f"evsched-node-{config.node_id}"
@@ -102,6 +105,8 @@ class Node:
             return  # stopped before the broker answered
         self.log.info("node_started", group_id=self.config.group_id)
         try:
+            if self.config.standby:
+                await self._start_standby(consumer, stop)
             while not stop.is_set():
                 try:
                     await self._poll_once(consumer)
@@ -115,7 +120,31 @@ class Node:
             async with self._lock:
                 await self._close_all()
             await consumer.close()
+            if self.standby is not None:
+                await self.standby.stop()
             self.log.info("node_stopped")
+
+    async def _start_standby(self, consumer: KafkaGroupConsumer, stop: asyncio.Event) -> None:
+        """Hold every partition not assigned here as a standby copy (``runtime.standby``)."""
+        gauge = None if self.metrics is None else self.metrics.node.standby_lag
+
+        async def start() -> tuple[Standby, int]:
+            return await kafka_standby(
+                self.config.settings,
+                self.config.group_id,
+                self.config.data_dir,
+                client_id=f"evsched-node-{self.config.node_id}",
+                lag_gauge=gauge,
+                logger=self.log,
+            )
+
+        started = await until_broker(start, what="standby reader", stop=stop)
+        if started is None:
+            return
+        async with self._lock:  # not while the group assigns: its partitions are not ours
+            self.standby, count = started
+            mine = set(consumer.assignment()) | set(self.owned) | set(self.health.phases())
+            await self.standby.hold(unowned(count, mine))
 
     async def _start_consumer(self) -> KafkaGroupConsumer:
         consumer = KafkaGroupConsumer(
@@ -271,6 +300,8 @@ class Node:
         assert consumer is not None
         self._generation += 1
         partitions = list(partitions)
+        if self.standby is not None:  # closed before any of them opens as owned
+            self.standby.release(partitions)
         self.health.assigned(partitions)
         # Seek every partition to its index before anything awaits, and hold its fetches until
         # it is open: a fetch from the group's committed offset must never reach the fold first.
@@ -378,6 +409,8 @@ class Node:
                 await outbox.close()
             raise
         self.owned[partition] = runner
+        if self.standby is not None:
+            self.standby.took_over(partition, owner.resume_offset, end)
         self.health.move(partition, Phase.CATCHING_UP)
         runner.start(self._run_partition(consumer, runner, seed=plan.seed))
         self.log.info(
@@ -469,6 +502,8 @@ class _Rebalance:
         self.node._rebalancing = True
         async with self.node._lock:
             await self.node.revoke(partitions)
+            if self.node.standby is not None:  # followed again, as a standby copy
+                await self.node.standby.hold(partitions)
 
     async def assigned(self, partitions: list[int]) -> None:
         async with self.node._lock:

@@ -1,0 +1,210 @@
+"""Standby copies through the PartitionLog twin: folded below the group's offset only (a record
+past it may owe an effect), equal to a full fold at the same offset, released (index closed)
+before an owner opens it and held again after, skipped when unusable, and their lag and take-over
+reported."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge
+
+from evsched.adapters import avro
+from evsched.adapters.index import IndexBatch, PartitionIndex
+from evsched.adapters.topics import Topics
+from evsched.core.events import JobEnqueued
+from evsched.core.fold import FOLD_VERSION
+from evsched.runtime import standby as standby_module
+from evsched.runtime.projector import Projector
+from evsched.runtime.restore import index_path, open_index, restore
+from evsched.runtime.standby import Standby, unowned
+from evsched.testing import MemoryPartitionLog
+
+DEADLINE_S = 20.0
+
+
+def enqueue(job_id: str) -> bytes:
+    return avro.encode_event(
+        JobEnqueued(
+            event_id=f"e-{job_id}", job_id=job_id, emitted_at=0, source="t", task="t",
+            queue="q", args=b"[]",
+        )
+    )  # fmt: skip
+
+
+def add_jobs(log: MemoryPartitionLog, partition: int, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        log.append(partition, enqueue(f"p{partition}-j{i}"), key=f"j{i}".encode(), log_at=i)
+        log.mark(partition)  # each produce is a transaction: its marker takes an offset
+
+
+class Offsets:
+    """The owner group's committed offsets, as a test sets them."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[int, int] = {}
+        self.closed = False
+
+    async def committed(self) -> dict[int, int]:
+        return dict(self.offsets)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class Recorder:
+    """A logger that keeps every event it is given."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def info(self, event: str, **kw: Any) -> None:
+        self.events.append((event, kw))
+
+    warning = error = info
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [kw for name, kw in self.events if name == event]
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    async with asyncio.timeout(DEADLINE_S):
+        while not condition():
+            await asyncio.sleep(0.02)
+    assert condition(), what
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(standby_module, "REFRESH_S", 0.02)
+    monkeypatch.setattr(standby_module, "READ_WAIT_S", 0.02)
+
+
+@pytest.fixture
+async def setup(tmp_path: Path) -> AsyncIterator[tuple[MemoryPartitionLog, Offsets, Standby]]:
+    log = MemoryPartitionLog(topic=Topics("ns").events, partitions=2)
+    offsets = Offsets()
+    registry = CollectorRegistry()
+    gauge = Gauge("lag", "lag", ["partition"], registry=registry)
+    standby = Standby(log, offsets, tmp_path, lag_gauge=gauge, logger=Recorder())
+    await standby.start()
+    try:
+        yield log, offsets, standby
+    finally:
+        await standby.stop()
+
+
+def applied(standby: Standby, partition: int) -> int:
+    return standby.projectors[partition].index.applied_offset()
+
+
+async def test_folds_only_below_the_groups_offset_and_equals_a_full_fold(
+    setup: tuple[MemoryPartitionLog, Offsets, Standby], tmp_path: Path
+) -> None:
+    log, offsets, standby = setup
+    add_jobs(log, 0, 0, 10)  # offsets 0..19, a record then a marker
+    offsets.offsets[0] = 8  # the owner committed the first four jobs
+    await standby.hold([0])
+    await until(lambda: applied(standby, 0) == 6, "the standby folded up to the group's offset")
+    await until(lambda: standby.lag.get(0) == 20 - 7, "the lag is what the index misses")
+    index = standby.projectors[0].index
+    assert index.job("p0-j3") is not None and index.job("p0-j4") is None
+    offsets.offsets[0] = 20
+    await until(lambda: applied(standby, 0) == 18, "the standby follows the group's offset")
+    assert index.job("p0-j9") is not None
+    # The same log folded in one go, to the same offset: the same index.
+    full = Projector(PartitionIndex(tmp_path / "full", 0))
+    await restore(log, {0: full})
+    assert full.index.applied_offset() == 18
+    assert full.index.digest() == index.digest()
+    full.index.close()
+
+
+async def test_release_closes_the_index_for_the_owner_and_hold_follows_it_again(
+    setup: tuple[MemoryPartitionLog, Offsets, Standby], tmp_path: Path
+) -> None:
+    log, offsets, standby = setup
+    add_jobs(log, 1, 0, 5)
+    offsets.offsets[1] = 10
+    await standby.hold([1])
+    await until(lambda: applied(standby, 1) == 8, "the standby caught up")
+    standby.release([1])
+    assert 1 not in standby.projectors and standby.taken == {1: 9}
+    # The owner opens the same index (its RocksDB lock is free) and folds the tail itself.
+    owner = open_index(tmp_path, 1)
+    assert owner.applied_offset() == 8
+    add_jobs(log, 1, 5, 3)
+    offsets.offsets[1] = 16
+    standby.took_over(1, resume_offset=9, end_offset=16)
+    [takeover] = standby.log.named("standby_takeover")
+    assert takeover == {"partition": 1, "resume_offset": 9, "end_offset": 16, "tail_records": 7}
+    owner.close()
+    # Revoked: held again, from where the owner left the index.
+    await standby.hold([1])
+    await until(lambda: applied(standby, 1) == 14, "the standby follows again")
+    assert standby.taken == {}
+
+
+async def test_a_copy_restored_on_open_is_reported_unused(
+    setup: tuple[MemoryPartitionLog, Offsets, Standby],
+) -> None:
+    _log, _offsets, standby = setup
+    await standby.hold([0])
+    standby.release([0])
+    standby.took_over(0, resume_offset=500, end_offset=510)
+    assert standby.log.named("standby_takeover") == []
+    assert standby.log.named("standby_copy_unused") == [
+        {"partition": 0, "held_to": 0, "resume": 500}
+    ]
+    standby.took_over(0, resume_offset=0, end_offset=5)  # told once only
+    assert standby.log.named("standby_takeover") == []
+
+
+async def test_unusable_indexes_are_skipped_not_folded(
+    setup: tuple[MemoryPartitionLog, Offsets, Standby], tmp_path: Path
+) -> None:
+    log, _offsets, standby = setup
+    add_jobs(log, 0, 0, 3)
+    log.trim(0, 4)  # the log lost its start: an empty index would skip jobs
+    other = PartitionIndex(index_path(tmp_path, 1), 1)
+    other.write(IndexBatch(), 3, FOLD_VERSION + 1)  # built by another fold version
+    other.close()
+    await standby.hold([0, 1])
+    assert standby.projectors == {}
+    trimmed, foreign = standby.log.named("standby_partition_skipped")
+    assert trimmed["partition"] == 0 and "log starts at 4" in trimmed["reason"]
+    assert foreign["partition"] == 1 and f"fold version {FOLD_VERSION + 1}" in foreign["reason"]
+
+
+async def test_an_index_still_open_elsewhere_is_skipped(
+    setup: tuple[MemoryPartitionLog, Offsets, Standby], tmp_path: Path
+) -> None:
+    _, _, standby = setup
+    owner = open_index(tmp_path, 1)  # an owner still holds it: never two writers
+    try:
+        await standby.hold([1])
+    finally:
+        owner.close()
+    assert 1 not in standby.projectors
+    assert standby.log.named("standby_partition_skipped")[0]["partition"] == 1
+
+
+async def test_stop_releases_everything_and_closes_its_readers(
+    setup: tuple[MemoryPartitionLog, Offsets, Standby], tmp_path: Path
+) -> None:
+    log, offsets, standby = setup
+    await standby.hold([0, 1])
+    assert sorted(standby.projectors) == [0, 1]
+    await standby.stop()
+    assert standby.projectors == {} and offsets.closed and not log.started
+    await standby.hold([0])  # a late revoke during shutdown holds nothing
+    assert standby.projectors == {}
+    open_index(tmp_path, 0).close()
+
+
+def test_unowned_is_every_partition_not_excluded() -> None:
+    assert unowned(4, {1, 3}) == [0, 2]
