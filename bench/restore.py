@@ -11,7 +11,11 @@ interleaved ``--rounds`` times:
 - **restore**: the changelog partition loaded into a fresh index (``restore_partition``), then
   the log's last ``--tail`` records folded on top: a take-over's time to a caught-up index.
 
-Both must give the same digest. Reported: records/s of the restore, take-over seconds both ways
+With ``--standby``, each round also times a **standby** take-over (``evsched node --standby``):
+the index a standby keeps warm, ``--standby-lag`` records behind the end (a copy of the
+snapshot's index brought there untimed), opened as an owner opens it and the short tail folded.
+
+All must give the same digest. Reported: records/s of the restore, take-over seconds both ways
 and their ratio. Until finished jobs are purged (issue 11, item 1) the index keeps every job and
 every timeline entry, so the changelog holds about as many keys as the log has records: the
 restore wins by skipping decode and fold, not yet by reading less. The last line is
@@ -118,12 +122,38 @@ async def take_over(settings: Settings, end: int, data_dir: Path) -> dict[str, A
     }
 
 
+async def standby_take_over(
+    settings: Settings, end: int, lag: int, snapshot: Path, data_dir: Path
+) -> dict[str, Any]:
+    """A standby's warm copy, ``lag`` records behind ``end``: opened and the tail folded."""
+    shutil.copytree(snapshot, data_dir)
+    async with KafkaPartitionLog(
+        settings, f"{settings.namespace}.events", [0], client_id="bench-standby"
+    ) as events:
+        index = PartitionIndex(data_dir, 0)
+        try:  # what the standby folded before the owner died: not part of the take-over
+            await restore(events, {0: Projector(index)}, {0: max(0, end - lag)})
+        finally:
+            index.close()
+        started = time.perf_counter()
+        index = PartitionIndex(data_dir, 0)
+        try:
+            tail = await restore(events, {0: Projector(index)}, {0: end})
+            took = time.perf_counter() - started
+            digest = index.digest()
+        finally:
+            index.close()
+    return {"takeover_s": took, "tail": tail, "digest": digest}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=2_000_000)
     parser.add_argument("--tail", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--standby", action="store_true", help="Also time a standby take-over.")
+    parser.add_argument("--standby-lag", type=int, default=200, help="The standby copy's lag.")
     args = parser.parse_args()
     bootstrap = os.environ.get("EVSCHED_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
     jobs = max(1, round(args.events / EVENTS_PER_JOB))
@@ -147,7 +177,8 @@ def main() -> None:
         finally:
             index.close()
         print(f"log: {end} offsets, {live_jobs} jobs; changelog: {written} records")
-        pairs = measure(args.rounds, settings, end, work)
+        lag = args.standby_lag if args.standby else None
+        pairs = measure(args.rounds, settings, end, work, lag)
         pairs.update(events=end, live_jobs=live_jobs, changelog_records=written)
         pairs["restore_records_per_s"] = round(written / pairs["restore_s"])
         pairs["load_avg_1m"] = round(os.getloadavg()[0], 2)
@@ -156,15 +187,32 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def measure(rounds: int, settings: Settings, end: int, work: Path) -> dict[str, Any]:
-    """Refold and take-over, interleaved; the best of each (other load only slows them)."""
-    refolds, takeovers, restores, same = [], [], [], True
+def measure(
+    rounds: int, settings: Settings, end: int, work: Path, standby_lag: int | None = None
+) -> dict[str, Any]:
+    """Refold and take-over, interleaved; the best of each (other load only slows them).
+
+    ``standby_lag``: also a standby's take-over from a copy that many records behind the end.
+    """
+    refolds, takeovers, restores, standbys, same = [], [], [], [], True
     for round_ in range(rounds):
         refold_s, full = refold(
             settings.bootstrap, settings.namespace, end - 1, work / f"refold-{round_}"
         )
         taken = asyncio.run(take_over(settings, end, work / f"takeover-{round_}"))
         same = same and taken["digest"] == full
+        if standby_lag is not None:
+            warm = asyncio.run(
+                standby_take_over(
+                    settings, end, standby_lag, work / "snapshot", work / f"standby-{round_}"
+                )
+            )
+            same = same and warm["digest"] == full
+            standbys.append(warm["takeover_s"])
+            print(
+                f"round {round_ + 1}: standby take-over {warm['takeover_s']:.3f} s "
+                f"({warm['tail']} records of tail)"
+            )
         refolds.append(refold_s)
         takeovers.append(taken["takeover_s"])
         restores.append(taken["restore_s"])
@@ -172,7 +220,12 @@ def measure(rounds: int, settings: Settings, end: int, work: Path) -> dict[str, 
             f"round {round_ + 1}: refold {refold_s:.1f} s, take-over {taken['takeover_s']:.1f} s "
             f"(restore {taken['restore_s']:.1f} s, then {taken['tail']} records of tail)"
         )
+    found: dict[str, Any] = {}
+    if standbys:
+        found["standby_takeover_s"] = round(min(standbys), 3)
+        found["standby_speedup"] = round(min(refolds) / min(standbys), 1)
     return {
+        **found,
         "refold_s": round(min(refolds), 2),
         "takeover_s": round(min(takeovers), 2),
         "restore_s": round(min(restores), 2),
