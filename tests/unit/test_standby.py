@@ -208,3 +208,30 @@ async def test_stop_releases_everything_and_closes_its_readers(
 
 def test_unowned_is_every_partition_not_excluded() -> None:
     assert unowned(4, {1, 3}) == [0, 2]
+
+
+async def test_a_failed_fold_or_read_waits_then_folds_again_from_the_index(
+    setup: tuple[MemoryPartitionLog, Offsets, Standby], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log, offsets, standby = setup
+    monkeypatch.setattr(standby_module, "RETRY_S", 0.05)
+    add_jobs(log, 0, 0, 4)
+    offsets.offsets[0] = 8
+    await standby.hold([0])
+    projector = standby.projectors[0]
+    real_fold = projector.fold
+    calls = 0
+
+    def failing_once(*args: Any, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug in the fold")
+        return real_fold(*args, **kw)
+
+    monkeypatch.setattr(projector, "fold", failing_once)
+    log.fail_next = True  # and the broker fails once too
+    await until(lambda: applied(standby, 0) == 6, "the standby folded after the failures")
+    assert calls >= 2
+    names = [name for name, _ in standby.log.events]
+    assert "standby_fold_failed" in names and "standby_read_failed" in names
