@@ -126,6 +126,13 @@ class EnqueueRequest(_Request):
     key_window_s: Delay | None = Field(
         None, description="Seconds after the job ends its Idempotency-Key still returns it."
     )
+    unique: Literal["queued", "active", "period"] | None = Field(
+        None,
+        description="Another enqueue of the same task and args (or Idempotency-Key) gets this "
+        "job (200, Evsched-Verdict: duplicate) while it is queued, queued or running, or for "
+        "unique_period_s from its enqueue. Default: the task's.",
+    )
+    unique_period_s: Delay | None = Field(None, description='The period of unique "period".')
 
 
 class CancelRequest(_Request):

@@ -23,6 +23,7 @@ from evsched.client.app import App
 from evsched.commands import (
     EnqueueOptions,
     TaskSpec,
+    Unique,
     args_bytes,
     build_enqueue,
     build_schedule,
@@ -154,7 +155,7 @@ def _spec(
     base = defined.spec if defined is not None else TaskSpec(name=task)
     if defined is not None and queue is not None and queue != base.queue:
         raise InvalidEnqueue("queue", f"task {task!r} runs on queue {base.queue!r}")
-    return task_spec(
+    spec = task_spec(
         task,
         queue=base.queue if queue is None else queue,
         max_attempts=base.max_attempts if max_attempts is None else max_attempts,
@@ -164,6 +165,18 @@ def _spec(
         retry_on=base.retry_on,
         permanent_on=base.permanent_on,
     )
+    return replace(spec, unique=base.unique, unique_period_ms=base.unique_period_ms)
+
+
+def _unique_option(body: EnqueueRequest) -> Unique | None:
+    """The body's uniqueness option as the client takes it, or InvalidEnqueue naming the field."""
+    if body.unique == "period":
+        if body.unique_period_s is None:
+            raise InvalidEnqueue("unique_period_s", "is required with unique 'period'")
+        return body.unique_period_s
+    if body.unique_period_s is not None:
+        raise InvalidEnqueue("unique_period_s", "is only for unique 'period'")
+    return body.unique
 
 
 def _check_call(client: App, body: EnqueueRequest | ScheduleRequest) -> None:
@@ -192,6 +205,7 @@ def enqueue_event(
         labels=body.labels,
         retention=body.retention_s,
         key_window=body.key_window_s,
+        unique=_unique_option(body),
     )
     event = build_enqueue(
         spec,

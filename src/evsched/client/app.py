@@ -22,6 +22,7 @@ from evsched.client.task import Categories, EnqueueCall, Handler, Task, checked_
 from evsched.commands import (
     SOURCE,
     Delay,
+    Unique,
     build_schedule,
     check_id,
     encode_checked,
@@ -155,6 +156,7 @@ class App:
         retry_on: Sequence[type[BaseException]] = (Exception,),
         permanent_on: Sequence[type[BaseException]] = (),
         categories: Categories | None = None,
+        unique: Unique | None = None,
     ) -> Callable[[Handler], Task]: ...
 
     def task(
@@ -171,6 +173,7 @@ class App:
         retry_on: Sequence[type[BaseException]] = (Exception,),
         permanent_on: Sequence[type[BaseException]] = (),
         categories: Categories | None = None,
+        unique: Unique | None = None,
     ) -> Task | Callable[[Handler], Task]:
         """Define a task; its name defaults to ``module.function_name``.
 
@@ -178,7 +181,10 @@ class App:
         ``permanent_on``) is retried while attempts are left; any other is permanent.
         ``categories`` maps exception classes to the failure category (snake_case) their
         failures are reported under, before the app's ``failure_categories``; unmapped ones are
-        ``transient`` or ``permanent``.
+        ``transient`` or ``permanent``. ``unique`` makes an enqueue of the same task and args
+        (or idempotency key) a duplicate that gets the existing job: ``"queued"`` while it has
+        not started, ``"active"`` while queued or running, or a timedelta (or seconds) from its
+        enqueue.
         """
 
         def define(handler: Handler) -> Task:
@@ -191,6 +197,7 @@ class App:
                 priority=priority,
                 retry_on=retry_on,
                 permanent_on=permanent_on,
+                unique=unique,
             )
             if spec.name in self._tasks:
                 raise EvschedError(f"task {spec.name!r} is defined twice")

@@ -77,6 +77,9 @@ class JobEnqueued:
     # None: the fold's defaults (core.retention); see docs/job-lifecycle.md, "Retention".
     retention_ms: int | None = None
     key_window_ms: int | None = None
+    # Fold version 4: a uniqueness scope ("queued", "active" or "period", see core.unique).
+    unique: str | None = None
+    unique_period_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 
+from evsched.core import unique
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
@@ -150,6 +151,7 @@ def _enqueued_refusal(event: JobEnqueued) -> str | None:
         _optional_time("fire_at", event.fire_at),
         _optional_duration("retention_ms", event.retention_ms),
         _optional_duration("key_window_ms", event.key_window_ms),
+        unique.refusal(event.unique, event.unique_period_ms, MAX_DURATION_MS),
     )
 
 

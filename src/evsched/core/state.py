@@ -83,6 +83,11 @@ class JobState:
     first_offset: int = 0
     retention_ms: int | None = None
     key_window_ms: int | None = None
+    # Uniqueness (core.unique): the scope, its period, and the run_at of an enqueue held until
+    # this run ends.
+    unique: str | None = None
+    unique_period_ms: int | None = None
+    unique_held_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

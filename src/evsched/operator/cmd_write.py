@@ -45,6 +45,7 @@ from evsched.operator.writes import (
     resolve_spec,
     schedule_event,
     template_for,
+    unique_option,
 )
 from evsched.settings import Settings, SettingsError
 
@@ -164,6 +165,15 @@ def enqueue(
             help="Seconds after the job ends that its key still returns it (default: 24 h).",
         ),
     ] = None,
+    unique: Annotated[
+        str | None,
+        typer.Option(
+            "--unique",
+            help="queued, active, or a period in seconds: another enqueue of the same task and "
+            "args (or key) is a duplicate while the job is queued, queued or running, or for the "
+            "period (default: the task's).",
+        ),
+    ] = None,
     app_ref: AppRef = None,
     wait: Wait = True,
     data_dir: DataDir = DEFAULT_DATA_DIR,
@@ -183,6 +193,7 @@ def enqueue(
         priority=priority,
         retention=retention_s,
         key_window=key_window_s,
+        unique=unique_option(unique),
     )
     event = enqueue_event(spec, args, kwargs, options, now_ms(), defaults=app.settings)
     replica_options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)

@@ -21,6 +21,7 @@ from evsched.client import App
 from evsched.commands import (
     EnqueueOptions,
     TaskSpec,
+    Unique,
     args_bytes,
     build_enqueue,
     build_schedule,
@@ -47,6 +48,7 @@ PARAMETERS = {
     "run_at": "--run-at",
     "delay": "--delay-s",
     "idempotency_key": "--idempotency-key",
+    "unique": "--unique",
     "labels": "--label",
     "job_id": "JOB",
     "schedule_id": "SCHEDULE_ID",
@@ -103,6 +105,16 @@ class TaskChoice:
     queue: str | None = None
     max_attempts: int | None = None
     timeout_s: float | None = None
+
+
+def unique_option(value: str | None) -> Unique | None:
+    """``--unique``: a scope's name, or else a period in seconds."""
+    if value is None or value in ("queued", "active"):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise bad("unique", f"must be queued, active or seconds, not {value!r}") from None
 
 
 def resolve_spec(choice: TaskChoice, app: App | None, args: Sequence[Any], kwargs: Any) -> TaskSpec:
