@@ -350,8 +350,14 @@ def build_schedule(
     *,
     now_ms: int,
     event_id: str,
+    catchup_window: Delay | None = None,
+    max_jitter: Delay | None = None,
 ) -> ScheduleUpserted:
-    """A ScheduleUpserted, after checking the cron expression and the time zone on their own."""
+    """A ScheduleUpserted, after checking the cron expression and the time zone on their own.
+
+    ``catchup_window`` and ``max_jitter`` (timedelta or seconds) are its cron policies
+    (``core.cron_policy``); None keeps the original rules.
+    """
     check_id("schedule_id", schedule_id)
     # Checked one at a time, so the error names the field that is wrong.
     for what, expression, zone in (
@@ -371,6 +377,8 @@ def build_schedule(
             cron=cron_expression,
             timezone=timezone,
             template=template,
+            catchup_window_ms=_window_ms("catchup_window", catchup_window, None),
+            max_jitter_ms=_window_ms("max_jitter", max_jitter, None),
         )
     )
 

@@ -21,6 +21,8 @@ from evsched.core.events import (
     AttemptFailed,
     JobEnqueued,
     RetryPolicy,
+    ScheduleFired,
+    ScheduleUpserted,
     TraceContext,
 )
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
@@ -346,3 +348,27 @@ def test_v3_job_enqueued_decodes_without_a_unique_scope(event: JobEnqueued) -> N
     decoded = avro.decode_event(MAGIC + writer.fingerprint + body.getvalue())
 
     assert decoded == dataclasses.replace(event, unique=None, unique_period_ms=None)
+
+
+@pytest.mark.parametrize(
+    ("kind", "dropped"),
+    [
+        (ScheduleUpserted, ("catchup_window_ms", "max_jitter_ms")),
+        (ScheduleFired, ("decision", "run_at")),
+    ],
+)
+@given(data=st.data())
+def test_v1_schedule_events_decode_without_cron_policies(
+    kind: type[ScheduleUpserted | ScheduleFired], dropped: tuple[str, ...], data: st.DataObject
+) -> None:
+    event = data.draw(records(kind))
+    (writer,) = (w for w in REGISTRY.writers() if w.origin == f"history/{kind.__name__}.v1.avsc")
+    record = mapper_for(kind).to_avro(event)
+    for name in dropped:
+        del record[name]
+    body = io.BytesIO()
+    schemaless_writer(body, writer.schema, record)
+
+    decoded = avro.decode_event(MAGIC + writer.fingerprint + body.getvalue())
+
+    assert decoded == dataclasses.replace(event, **dict.fromkeys(dropped))  # type: ignore[arg-type]

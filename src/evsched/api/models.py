@@ -166,6 +166,14 @@ class ScheduleRequest(_Request):
     max_attempts: Attempts | None = None
     timeout_s: Seconds | None = None
     labels: Labels = Field(default_factory=dict)
+    catchup_window_s: Delay | None = Field(
+        None,
+        description="Missed slots within this many seconds fire one by one, older ones are "
+        "skipped; default: missed slots collapse into one fire.",
+    )
+    max_jitter_s: Delay | None = Field(
+        None, description="Each job runs up to this many seconds after its slot (deterministic)."
+    )
 
 
 # --- views --------------------------------------------------------------------------------------
@@ -353,6 +361,8 @@ class Schedule(BaseModel):
     next_fire_at: datetime | None
     last_fire_at: datetime | None
     last_job_id: str | None
+    catchup_window_s: float | None = None
+    max_jitter_s: float | None = None
 
     @classmethod
     def of(cls, state: ScheduleState) -> Schedule:
@@ -375,7 +385,13 @@ class Schedule(BaseModel):
             next_fire_at=_maybe_at(state.next_fire_at),
             last_fire_at=_maybe_at(state.last_fire_at),
             last_job_id=state.last_job_id,
+            catchup_window_s=_seconds(state.catchup_window_ms),
+            max_jitter_s=_seconds(state.max_jitter_ms),
         )
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
 
 
 class SchedulePage(BaseModel):

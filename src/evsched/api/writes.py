@@ -255,7 +255,14 @@ def schedule_event(
         spec, body.args, body.kwargs, priority=body.priority, labels=body.labels
     )
     event = build_schedule(
-        schedule_id, body.cron, body.timezone, template, now_ms=now_ms, event_id=new_id()
+        schedule_id,
+        body.cron,
+        body.timezone,
+        template,
+        now_ms=now_ms,
+        event_id=new_id(),
+        catchup_window=body.catchup_window_s,
+        max_jitter=body.max_jitter_s,
     )
     return replace(event, source=SOURCE)
 

@@ -282,8 +282,16 @@ class App:
         kwargs: Mapping[str, Any] | None = None,
         priority: int | None = None,
         labels: Mapping[str, str] | None = None,
+        catchup_window: Delay | None = None,
+        max_jitter: Delay | None = None,
     ) -> None:
-        """Create or replace a cron schedule that enqueues ``task`` at each slot."""
+        """Create or replace a cron schedule that enqueues ``task`` at each slot.
+
+        ``catchup_window`` (timedelta or seconds): slots missed while no node ran (or while
+        paused) fire one by one if within it, older ones are skipped; by default missed slots
+        collapse into one fire. ``max_jitter``: each job runs up to this long after its slot, by
+        an offset derived from (schedule, slot).
+        """
         defined = task if isinstance(task, Task) else self.get_task(task)
         template = defined.template(args, kwargs or {}, priority=priority, labels=labels)
         event = build_schedule(
@@ -293,6 +301,8 @@ class App:
             template,
             now_ms=self.clock.now_ms(),
             event_id=new_id(),
+            catchup_window=catchup_window,
+            max_jitter=max_jitter,
         )
         await self.publish(event)
 

@@ -59,6 +59,8 @@ MAX_TIME_MS = 253_402_300_799_999
 # Durations (lease_ms, timeout_ms, backoffs): at most 3,653 days, so an instant plus a duration
 # stays far inside a signed 64-bit long (and the index's unsigned 8-byte time keys).
 MAX_DURATION_MS = 3653 * 86_400_000
+# A ScheduleFired's decisions besides an ordinary fire (core.cron_policy).
+FIRE_DECISIONS = ("caught_up", "missed", "backfilled")
 # Tokens: the next lease's `token + 1` must still be exact in a signed 64-bit long and in a
 # double (JSON readers in any language); attempts match the API's bound.
 MAX_TOKEN = 2**53 - 1
@@ -164,12 +166,16 @@ def _schedule_refusal(event: ScheduleUpserted | ScheduleDeleted | ScheduleFired)
                 _text("timezone", event.timezone, MAX_TIMEZONE_BYTES),
                 random_cron_refusal(event.cron),
                 _job_shape_refusal(event.template, "template."),
+                _optional_duration("catchup_window_ms", event.catchup_window_ms),
+                _optional_duration("max_jitter_ms", event.max_jitter_ms),
             )
         case ScheduleFired():
             return _first(
                 id_refusal("schedule_id", event.schedule_id),
                 _bounded("fire_at", event.fire_at, 0, MAX_TIME_MS),
                 id_refusal("job_id", event.job_id),
+                _optional_time("run_at", event.run_at),
+                _decision_refusal(event.decision),
             )
         case _:
             return id_refusal("schedule_id", event.schedule_id)
@@ -256,6 +262,12 @@ def _text(field: str, value: str, limit: int, *, empty: bool = False) -> str | N
     if not size and not empty:
         return f"{field} must not be empty"
     return None
+
+
+def _decision_refusal(decision: str | None) -> str | None:
+    if decision is None or decision in FIRE_DECISIONS:
+        return None
+    return f"decision {_show(decision)} is not one of {', '.join(FIRE_DECISIONS)}"
 
 
 def _bounded(field: str, value: int, low: int, high: int) -> str | None:

@@ -105,6 +105,9 @@ class ScheduleState:
     last_job_id: str | None = None
     deleted: bool = False
     recent_event_ids: tuple[str, ...] = ()
+    # Cron policies (core.cron_policy), from the upsert.
+    catchup_window_ms: int | None = None
+    max_jitter_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -349,6 +349,23 @@ def schedules_upsert(
     priority: Priority = None,
     max_attempts: MaxAttempts = None,
     job_timeout_s: JobTimeout = None,
+    catchup_window_s: Annotated[
+        float | None,
+        typer.Option(
+            "--catchup-window-s",
+            min=0,
+            help="Missed slots within this many seconds fire one by one, older ones are "
+            "skipped (default: missed slots collapse into one fire).",
+        ),
+    ] = None,
+    max_jitter_s: Annotated[
+        float | None,
+        typer.Option(
+            "--max-jitter-s",
+            min=0,
+            help="Each job runs up to this many seconds after its slot (deterministic offset).",
+        ),
+    ] = None,
     app_ref: AppRef = None,
     wait: Wait = True,
     data_dir: DataDir = DEFAULT_DATA_DIR,
@@ -361,7 +378,8 @@ def schedules_upsert(
     choice = TaskChoice(name=task, queue=queue, max_attempts=max_attempts, timeout_s=job_timeout_s)
     spec = resolve_spec(choice, app if app_ref else None, args, kwargs)
     template = template_for(spec, args, kwargs, priority)
-    event = schedule_event(schedule_id, cron, timezone, template, now_ms())
+    policies = {"catchup_window": catchup_window_s, "max_jitter": max_jitter_s}
+    event = schedule_event(schedule_id, cron, timezone, template, now_ms(), policies=policies)
     options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
 
     async def main() -> ExitCode:

@@ -48,6 +48,8 @@ PARAMETERS = {
     "run_at": "--run-at",
     "delay": "--delay-s",
     "idempotency_key": "--idempotency-key",
+    "catchup_window": "--catchup-window-s",
+    "max_jitter": "--max-jitter-s",
     "unique": "--unique",
     "labels": "--label",
     "job_id": "JOB",
@@ -174,11 +176,24 @@ def enqueue_event(
 
 
 def schedule_event(
-    schedule_id: str, cron: str, timezone: str, template: JobTemplate, now_ms: int
+    schedule_id: str,
+    cron: str,
+    timezone: str,
+    template: JobTemplate,
+    now_ms: int,
+    *,
+    policies: Mapping[str, float | None] | None = None,
 ) -> ScheduleUpserted:
+    """``policies``: ``catchup_window`` and ``max_jitter`` in seconds (None: not set)."""
     try:
         return build_schedule(
-            schedule_id, cron, timezone, template, now_ms=now_ms, event_id=new_id()
+            schedule_id,
+            cron,
+            timezone,
+            template,
+            now_ms=now_ms,
+            event_id=new_id(),
+            **(policies or {}),
         )
     except InvalidEnqueue as exc:
         raise bad(exc.field, exc.reason) from None
