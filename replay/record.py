@@ -136,8 +136,9 @@ SCENARIOS = {
             "running) run again after it ended; a schedule every 2 s with a 5 s catch-up window "
             "and 1.5 s of jitter whose only node is stopped for 12 s, then another node fires "
             "one missed fire for the slots before the window and catches up the rest; a "
-            "backfill by the CLI, repeated (its jobs duplicates), and a hostile backfill of a "
-            "future slot (rejected).",
+            "schedule every 2 s with overlap skip whose job runs until told (the fires meanwhile "
+            "are duplicates of its one job id, then a new run); a backfill by the CLI, repeated "
+            "(its jobs duplicates), and a hostile backfill of a future slot (rejected).",
             scenario_policies.policies,
         ),
     )

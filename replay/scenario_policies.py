@@ -27,6 +27,7 @@ from evsched.core.state import ScheduleState, Status, Verdict
 
 EVERY_2S = "* * * * * */2"
 CATCH_UP = "catch-up"
+SKIP = "skip"
 BACKFILL = "backfill"
 UNIQUE_TAG = "unique"
 
@@ -34,13 +35,15 @@ UNIQUE_TAG = "unique"
 async def policies(stack: Stack) -> None:
     """A unique job enqueued again while queued (duplicate), while running (held, then its next
     run) and after it ended; a schedule with a catch-up window and jitter whose only node is
-    stopped for longer than the window, then another node started; a backfill by the CLI,
+    stopped for longer than the window, then another node started; a schedule with overlap
+    skip and a slow job (its fires while the job runs are duplicates); a backfill by the CLI,
     repeated (no second job), and a hostile one of a slot still to come (rejected)."""
     node = stack.start_node("node-1")
     stack.start_worker("worker-1", "--lease-s", "3")
     await wait_for(lambda: _logged(node, "partition_assigned"), what="node up")
     async with stack.app() as app:
         await _unique(stack, app)
+        await _skip(stack, app)
         await _catch_up(stack, app)
         await _backfill(stack, app)
     await _settled(stack)
@@ -63,6 +66,22 @@ async def _unique(stack: Stack, app: App) -> None:
     await until_status(stack, [done], Status.SUCCEEDED)
     await active.enqueue()  # the run ended: a new run of the id
     await _until(stack, done, generation=1, status=Status.SUCCEEDED)
+
+
+async def _skip(stack: Stack, app: App) -> None:
+    """A schedule every 2 s with overlap skip and a job that runs until told: its fires while
+    the job runs are duplicates of it; once it ends, the next fire is a new run."""
+    marks = stack.tmp / "skip"
+    marks.mkdir()
+    await app.upsert_schedule(
+        SKIP, EVERY_2S, "UTC", "s.gated", args=[str(marks), SKIP], overlap="skip"
+    )
+    await _wait_path(marks / "started-1-1")
+    await _fires(stack, SKIP, 3)  # two slots at least pass while the job runs
+    (marks / "go").touch()
+    await _until(stack, ids.job_id_for_runs(SKIP), generation=1, status=Status.SUCCEEDED)
+    await app.delete_schedule(SKIP)
+    await _settled(stack)
 
 
 async def _catch_up(stack: Stack, app: App) -> None:

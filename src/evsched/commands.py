@@ -352,12 +352,15 @@ def build_schedule(
     event_id: str,
     catchup_window: Delay | None = None,
     max_jitter: Delay | None = None,
+    overlap: str | None = None,
 ) -> ScheduleUpserted:
     """A ScheduleUpserted, after checking the cron expression and the time zone on their own.
 
-    ``catchup_window`` and ``max_jitter`` (timedelta or seconds) are its cron policies
-    (``core.cron_policy``); None keeps the original rules.
+    ``catchup_window`` and ``max_jitter`` (timedelta or seconds) and ``overlap`` (allow, skip or
+    buffer) are its cron policies (``core.cron_policy``); None keeps the original rules.
     """
+    if overlap is not None and overlap not in limits.OVERLAPS:
+        raise InvalidEnqueue("overlap", f"must be one of {', '.join(limits.OVERLAPS)}")
     check_id("schedule_id", schedule_id)
     # Checked one at a time, so the error names the field that is wrong.
     for what, expression, zone in (
@@ -379,6 +382,7 @@ def build_schedule(
             template=template,
             catchup_window_ms=_window_ms("catchup_window", catchup_window, None),
             max_jitter_ms=_window_ms("max_jitter", max_jitter, None),
+            overlap=overlap,
         )
     )
 

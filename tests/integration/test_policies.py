@@ -12,11 +12,11 @@ import os
 
 import pytest
 import pytest_asyncio
-from replay.scenario_policies import BACKFILL, CATCH_UP, UNIQUE_TAG, policies
+from replay.scenario_policies import BACKFILL, CATCH_UP, SKIP, UNIQUE_TAG, policies
 from tests.integration.engine import Stack
 
 from evsched.adapters.topics import ensure_topics
-from evsched.core import cron_policy
+from evsched.core import cron_policy, ids
 from evsched.core.events import Event, JobEnqueued, Position, ScheduleFired
 from evsched.core.invariants import Replay, replay
 from evsched.core.state import Status, Verdict
@@ -69,6 +69,27 @@ async def test_a_unique_job_is_one_run_at_a_time_and_its_held_enqueue_runs_next(
     assert successes[0].reason.endswith("; the held enqueue starts run 1")
     state = done.jobs[job_id]
     assert (state.generation, state.status, state.token) == (1, Status.SUCCEEDED, 2)
+
+
+async def test_a_skip_policy_runs_nothing_more_while_its_slow_job_runs(
+    judged: tuple[History, Replay],
+) -> None:
+    _, done = judged
+    job_id = ids.job_id_for_runs(SKIP)
+    timeline = done.job_timelines[job_id]
+    started = next(i for i, e in enumerate(timeline) if e.kind == "AttemptStarted")
+    ended = next(i for i, e in enumerate(timeline) if e.kind == "AttemptSucceeded")
+    meanwhile = [e for e in timeline[started:ended] if e.kind == "JobEnqueued"]
+    assert len(meanwhile) >= 2
+    assert {(e.verdict, e.reason) for e in meanwhile} == {
+        (Verdict.DUPLICATE, "unique while queued or running: run 0 is running")
+    }
+    after = [
+        e for e in timeline[ended:] if e.kind == "JobEnqueued" and e.verdict is Verdict.APPLIED
+    ]
+    assert after and "(run 1: unique while queued or running: run 0 ended" in after[0].reason
+    fires = [e for e in done.schedule_timelines[SKIP] if e.kind == "ScheduleFired"]
+    assert all("(overlap skip:" in e.reason for e in fires if e.verdict is Verdict.APPLIED)
 
 
 async def test_after_a_stopped_node_missed_slots_are_skipped_and_the_window_s_caught_up(

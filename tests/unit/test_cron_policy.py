@@ -10,10 +10,20 @@ from datetime import UTC, datetime
 import pytest
 
 from evsched.core import cron_policy, ids, limits
-from evsched.core.events import JobTemplate, Position, ScheduleFired, ScheduleUpserted
+from evsched.core.events import (
+    AttemptStarted,
+    AttemptSucceeded,
+    JobEvent,
+    JobLeased,
+    JobTemplate,
+    Position,
+    ScheduleFired,
+    ScheduleUpserted,
+)
+from evsched.core.fold import fold
 from evsched.core.planner import fire, plan_fires
 from evsched.core.schedules import fold_schedule
-from evsched.core.state import ScheduleState, TimelineEntry, Verdict
+from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
 MINUTE = 60_000
 T0 = int(datetime(2025, 1, 1, tzinfo=UTC).timestamp() * 1000)  # a slot of every minute
@@ -175,3 +185,88 @@ def test_the_limits_of_the_new_fields() -> None:
     )  # fmt: skip
     assert limits.refusal(upsert) == "catchup_window_ms -1 is outside [0, 315619200000]"
     assert limits.refusal(replace(upsert, catchup_window_ms=None, max_jitter_ms=-5)) is not None
+
+
+def _fire_and_enqueue(
+    state: ScheduleState, job: JobState | None, slot: int
+) -> tuple[ScheduleState, JobState | None, TimelineEntry]:
+    """Fire ``slot`` as a node would, and fold its enqueue into the job."""
+    [(event, enqueued)] = plan_fires([state], now=slot, source="node-1")
+    assert event.fire_at == slot and enqueued is not None
+    state, _ = judged(state, event, slot + 1)
+    job, entry = fold(job, enqueued, Position(partition=1, offset=next(_offsets), log_at=slot + 2))
+    return state, job, entry
+
+
+def _run(job: JobState | None, at: int, *events: JobEvent) -> JobState | None:
+    for event in events:
+        job, _ = fold(job, event, Position(partition=1, offset=next(_offsets), log_at=at))
+    return job
+
+
+def _lease_and_start(job_id: str, token: int) -> tuple[JobEvent, JobEvent]:
+    meta = {"job_id": job_id, "emitted_at": 0, "source": "x", "token": token}
+    return (
+        JobLeased(event_id=f"l{token}", attempt=1, lease_ms=MINUTE, **meta),  # type: ignore[arg-type]
+        AttemptStarted(event_id=f"s{token}", worker_id="w", lease_ms=9 * MINUTE, **meta),  # type: ignore[arg-type]
+    )
+
+
+def _succeed(job_id: str, token: int) -> JobEvent:
+    return AttemptSucceeded(
+        event_id=f"o{token}", job_id=job_id, emitted_at=0, source="x", token=token, result=b"1"
+    )
+
+
+@pytest.mark.parametrize(
+    ("overlap", "verdicts"),
+    [
+        # skip: the fires while run 0 is active are duplicates; after it ends, a new run
+        (
+            cron_policy.SKIP,
+            [Verdict.APPLIED, Verdict.DUPLICATE, Verdict.DUPLICATE, Verdict.APPLIED],
+        ),
+        # buffer: one fire waits while run 0 runs, a further one is a duplicate
+        (
+            cron_policy.BUFFER,
+            [Verdict.APPLIED, Verdict.APPLIED, Verdict.DUPLICATE, Verdict.DUPLICATE],
+        ),
+    ],
+)
+def test_an_overlap_policy_makes_every_fire_a_run_of_one_unique_job(
+    overlap: str, verdicts: list[Verdict]
+) -> None:
+    state = created(overlap=overlap)  # type: ignore[arg-type]
+    job_id = ids.job_id_for_runs("s")
+    state, job, first = _fire_and_enqueue(state, None, T0)
+    job = _run(job, T0 + 3, *_lease_and_start(job_id, 1))
+    state, job, second = _fire_and_enqueue(state, job, T0 + MINUTE)  # while running
+    state, job, third = _fire_and_enqueue(state, job, T0 + 2 * MINUTE)
+    job = _run(job, T0 + 2 * MINUTE + 5, _succeed(job_id, 1))
+    state, job, fourth = _fire_and_enqueue(state, job, T0 + 3 * MINUTE)
+
+    assert [e.verdict for e in (first, second, third, fourth)] == verdicts
+    assert job is not None and job.job_id == job_id and job.generation == 1
+    assert state.last_job_id == job_id
+    if overlap == cron_policy.BUFFER:  # the held fire became run 1 when run 0 ended
+        assert (job.status, job.run_at) == (Status.SCHEDULED, T0 + 2 * MINUTE + 5)
+        assert fourth.reason == "unique while queued: run 1 is scheduled"
+    else:
+        assert third.reason == "unique while queued or running: run 0 is running"
+
+
+def test_without_an_overlap_policy_every_slot_has_its_own_job() -> None:
+    assert cron_policy.fired_job("s", T0, None) == (ids.job_id_for_fire("s", T0), None)
+    assert cron_policy.fired_job("s", T0, "allow") == (ids.job_id_for_fire("s", T0), None)
+    assert cron_policy.fired_job("s", T0, "skip") == (ids.job_id_for_runs("s"), "active")
+
+
+def test_a_changed_template_starts_the_next_run_with_its_body() -> None:
+    state = created(overlap=cron_policy.SKIP)  # type: ignore[arg-type]
+    state, job, _ = _fire_and_enqueue(state, None, T0)
+    job_id = ids.job_id_for_runs("s")
+    job = _run(job, T0 + 3, *_lease_and_start(job_id, 1), _succeed(job_id, 1))
+    other = replace(state, template=replace(TEMPLATE, args=b'{"v": 2}'))
+    _, job, entry = _fire_and_enqueue(other, job, T0 + MINUTE)
+
+    assert entry.verdict is Verdict.APPLIED and job is not None and job.args == b'{"v": 2}'

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from evsched.core import cron_policy
+from evsched.core import cron_policy, ids
 from evsched.core.events import JobEnqueued, ScheduleFired, SchedulePaused, ScheduleResumed
 from evsched.core.planner import PlannerLimits
-from evsched.core.state import Verdict
+from evsched.core.state import Status, Verdict
 from evsched.testing import NodeDriver
-from tests.unit.node_driver_events import every_minute
+from tests.unit.node_driver_events import every_minute, started, succeeded
 
 MINUTE = 60_000
 
@@ -80,3 +80,27 @@ async def test_a_jittered_fire_enqueues_its_job_at_the_derived_time(driver: Node
     assert reasons(driver, "j")[0].endswith(f"(+{offset} ms)") or offset == 0
     state = driver.job(job.job_id)
     assert state is not None and state.run_at == fired.fire_at + offset
+
+
+async def test_a_skip_policy_fires_nothing_while_the_previous_job_runs(driver: NodeDriver) -> None:
+    driver.append(replace(every_minute("k"), overlap="skip"))
+    await driver.settle()
+    driver.advance(60)
+    await driver.settle()
+    [first] = driver.dispatched()
+    driver.append(started(first, lease_ms=600_000))  # a slow job
+    await driver.settle()
+
+    driver.advance(60)  # the next slot while the job runs
+    await driver.settle()
+    job_id = ids.job_id_for_runs("k")
+    assert first.job_id == job_id
+    assert driver.job_timeline(job_id)[-1].verdict is Verdict.DUPLICATE
+    assert len(driver.dispatched()) == 1
+
+    driver.append(succeeded(first))
+    driver.advance(60)
+    await driver.settle()
+    state = driver.job(job_id)
+    assert state is not None and (state.generation, state.status) == (1, Status.LEASED)
+    assert [f.job_id for f in driver.decisions(ScheduleFired)] == [job_id] * 3

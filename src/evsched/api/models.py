@@ -174,6 +174,11 @@ class ScheduleRequest(_Request):
     max_jitter_s: Delay | None = Field(
         None, description="Each job runs up to this many seconds after its slot (deterministic)."
     )
+    overlap: Literal["allow", "skip", "buffer"] | None = Field(
+        None,
+        description="While the previous fire's job is queued or running: allow (default) runs "
+        "every fire, skip fires nothing, buffer runs one fire after it ends.",
+    )
 
 
 # --- views --------------------------------------------------------------------------------------
@@ -363,6 +368,7 @@ class Schedule(BaseModel):
     last_job_id: str | None
     catchup_window_s: float | None = None
     max_jitter_s: float | None = None
+    overlap: str | None = None
 
     @classmethod
     def of(cls, state: ScheduleState) -> Schedule:
@@ -387,6 +393,7 @@ class Schedule(BaseModel):
             last_job_id=state.last_job_id,
             catchup_window_s=_seconds(state.catchup_window_ms),
             max_jitter_s=_seconds(state.max_jitter_ms),
+            overlap=state.overlap,
         )
 
 

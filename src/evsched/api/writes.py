@@ -263,6 +263,7 @@ def schedule_event(
         event_id=new_id(),
         catchup_window=body.catchup_window_s,
         max_jitter=body.max_jitter_s,
+        overlap=body.overlap,
     )
     return replace(event, source=SOURCE)
 

@@ -284,13 +284,16 @@ class App:
         labels: Mapping[str, str] | None = None,
         catchup_window: Delay | None = None,
         max_jitter: Delay | None = None,
+        overlap: str | None = None,
     ) -> None:
         """Create or replace a cron schedule that enqueues ``task`` at each slot.
 
         ``catchup_window`` (timedelta or seconds): slots missed while no node ran (or while
         paused) fire one by one if within it, older ones are skipped; by default missed slots
         collapse into one fire. ``max_jitter``: each job runs up to this long after its slot, by
-        an offset derived from (schedule, slot).
+        an offset derived from (schedule, slot). ``overlap``: ``"skip"`` fires nothing while
+        the previous fire's job is queued or running, ``"buffer"`` runs one fire after it
+        ends, ``"allow"`` (the default) runs them all.
         """
         defined = task if isinstance(task, Task) else self.get_task(task)
         template = defined.template(args, kwargs or {}, priority=priority, labels=labels)
@@ -303,6 +306,7 @@ class App:
             event_id=new_id(),
             catchup_window=catchup_window,
             max_jitter=max_jitter,
+            overlap=overlap,
         )
         await self.publish(event)
 

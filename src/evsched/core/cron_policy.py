@@ -13,13 +13,31 @@ from __future__ import annotations
 
 import hashlib
 
-from evsched.core import cron, limits
+from evsched.core import cron, ids, limits
 from evsched.core.events import ScheduleFired
 from evsched.core.state import ScheduleState
 
 DECISIONS = limits.FIRE_DECISIONS
 CAUGHT_UP, MISSED, BACKFILLED = DECISIONS
+ALLOW, SKIP, BUFFER = limits.OVERLAPS
+# An overlap policy is a uniqueness scope of the one job id all fires share (core.unique).
+_SCOPES = {SKIP: "active", BUFFER: "queued"}
 MAX_BACKFILL_SLOTS = 1_000
+
+
+def fired_job(schedule_id: str, slot: int, overlap: str | None) -> tuple[str, str | None]:
+    """The job id a fire of ``slot`` enqueues and its uniqueness scope.
+
+    Allowing overlaps (the default), each slot has its own job. With ``skip`` or ``buffer``
+    every fire enqueues the schedule's one job id, unique while queued or running (``skip``: a
+    fire while the previous run is active is a duplicate) or while queued (``buffer``: a fire
+    while it runs is held and runs next, a further one is a duplicate): the job's own fold
+    decides, on its partition, with no message between partitions.
+    """
+    scope = _SCOPES.get(overlap or ALLOW)
+    if scope is None:
+        return ids.job_id_for_fire(schedule_id, slot), None
+    return ids.job_id_for_runs(schedule_id), scope
 
 
 def jitter_ms(schedule_id: str, slot: int, max_jitter_ms: int | None) -> int:
@@ -85,4 +103,8 @@ def reading(state: ScheduleState, event: ScheduleFired, log_at: int) -> str:
         text += f" ({log_at - event.fire_at} ms late)"
     if event.run_at is not None and event.run_at != event.fire_at:
         text += f", jittered to {event.run_at} (+{event.run_at - event.fire_at} ms)"
+    if state.overlap in _SCOPES:
+        text += (
+            f" (overlap {state.overlap}: the job's timeline says if it ran, waits or was skipped)"
+        )
     return text

@@ -242,6 +242,7 @@ class ScheduleUpserted:
     # Fold version 4 (core.cron_policy): None keeps the original rules.
     catchup_window_ms: int | None = None
     max_jitter_ms: int | None = None
+    overlap: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -182,10 +182,13 @@ def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) ->
 def _unique_enqueued(
     state: JobState, event: JobEnqueued, position: Position, digest: bytes
 ) -> Step:
-    """An enqueue of a unique job's id: judged by the existing run's scope (``core.unique``)."""
-    if digest != state.body_digest:
-        return state, Verdict.CONFLICT, "job id already used by an enqueue with a different body"
+    """An enqueue of a unique job's id: judged by the existing run's scope (``core.unique``).
+
+    Another body may start a new run once the run ended (a schedule's template changed).
+    """
     outcome, why = unique.judge(state, position.log_at)
+    if digest != state.body_digest and outcome != unique.NEW_RUN:
+        return state, Verdict.CONFLICT, "job id already used by an enqueue with a different body"
     if outcome == unique.DUPLICATE:
         return state, Verdict.DUPLICATE, why
     if outcome == unique.HOLD:

@@ -61,6 +61,8 @@ MAX_TIME_MS = 253_402_300_799_999
 MAX_DURATION_MS = 3653 * 86_400_000
 # A ScheduleFired's decisions besides an ordinary fire (core.cron_policy).
 FIRE_DECISIONS = ("caught_up", "missed", "backfilled")
+# A schedule's overlap policies (core.cron_policy); None is "allow".
+OVERLAPS = ("allow", "skip", "buffer")
 # Tokens: the next lease's `token + 1` must still be exact in a signed 64-bit long and in a
 # double (JSON readers in any language); attempts match the API's bound.
 MAX_TOKEN = 2**53 - 1
@@ -168,6 +170,7 @@ def _schedule_refusal(event: ScheduleUpserted | ScheduleDeleted | ScheduleFired)
                 _job_shape_refusal(event.template, "template."),
                 _optional_duration("catchup_window_ms", event.catchup_window_ms),
                 _optional_duration("max_jitter_ms", event.max_jitter_ms),
+                _overlap_refusal(event.overlap),
             )
         case ScheduleFired():
             return _first(
@@ -262,6 +265,12 @@ def _text(field: str, value: str, limit: int, *, empty: bool = False) -> str | N
     if not size and not empty:
         return f"{field} must not be empty"
     return None
+
+
+def _overlap_refusal(overlap: str | None) -> str | None:
+    if overlap is None or overlap in OVERLAPS:
+        return None
+    return f"overlap {_show(overlap)} is not one of {', '.join(OVERLAPS)}"
 
 
 def _decision_refusal(decision: str | None) -> str | None:

@@ -168,7 +168,7 @@ def fire(
 
     Ids derive from (schedule, slot): a backfill of a slot that fired makes the same job.
     """
-    job_id = ids.job_id_for_fire(schedule.schedule_id, slot)
+    job_id, scope = cron_policy.fired_job(schedule.schedule_id, slot, schedule.overlap)
     template = schedule.template
     run_at = slot + cron_policy.jitter_ms(schedule.schedule_id, slot, schedule.max_jitter_ms)
     kind = "backfill" if decision == cron_policy.BACKFILLED else "fire"
@@ -197,9 +197,10 @@ def fire(
         max_attempts=template.max_attempts,
         retry=template.retry,
         timeout_ms=template.timeout_ms,
-        idempotency_key=ids.fire_idempotency_key(schedule.schedule_id, slot),
+        idempotency_key=None if scope else ids.fire_idempotency_key(schedule.schedule_id, slot),
         labels=template.labels,
         schedule_id=schedule.schedule_id,
         fire_at=slot,
+        unique=scope,
     )
     return fired, enqueued

@@ -89,6 +89,7 @@ def _upserted(state: ScheduleState | None, event: ScheduleUpserted, position: Po
         recent_event_ids=() if state is None else state.recent_event_ids,
         catchup_window_ms=event.catchup_window_ms,
         max_jitter_ms=event.max_jitter_ms,
+        overlap=event.overlap,
     )
     verb = "created" if state is None or state.deleted else "replaced"
     return upserted, Verdict.APPLIED, f"schedule {verb}: {event.cron} ({event.timezone})"

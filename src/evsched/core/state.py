@@ -108,6 +108,7 @@ class ScheduleState:
     # Cron policies (core.cron_policy), from the upsert.
     catchup_window_ms: int | None = None
     max_jitter_ms: int | None = None
+    overlap: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -366,6 +366,14 @@ def schedules_upsert(
             help="Each job runs up to this many seconds after its slot (deterministic offset).",
         ),
     ] = None,
+    overlap: Annotated[
+        str | None,
+        typer.Option(
+            "--overlap",
+            help="allow (default), skip or buffer: what a fire does while the previous fire's "
+            "job is queued or running.",
+        ),
+    ] = None,
     app_ref: AppRef = None,
     wait: Wait = True,
     data_dir: DataDir = DEFAULT_DATA_DIR,
@@ -378,7 +386,11 @@ def schedules_upsert(
     choice = TaskChoice(name=task, queue=queue, max_attempts=max_attempts, timeout_s=job_timeout_s)
     spec = resolve_spec(choice, app if app_ref else None, args, kwargs)
     template = template_for(spec, args, kwargs, priority)
-    policies = {"catchup_window": catchup_window_s, "max_jitter": max_jitter_s}
+    policies = {
+        "catchup_window": catchup_window_s,
+        "max_jitter": max_jitter_s,
+        "overlap": overlap,
+    }
     event = schedule_event(schedule_id, cron, timezone, template, now_ms(), policies=policies)
     options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
 

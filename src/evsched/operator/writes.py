@@ -50,6 +50,7 @@ PARAMETERS = {
     "idempotency_key": "--idempotency-key",
     "catchup_window": "--catchup-window-s",
     "max_jitter": "--max-jitter-s",
+    "overlap": "--overlap",
     "unique": "--unique",
     "labels": "--label",
     "job_id": "JOB",
@@ -182,9 +183,10 @@ def schedule_event(
     template: JobTemplate,
     now_ms: int,
     *,
-    policies: Mapping[str, float | None] | None = None,
+    policies: Mapping[str, Any] | None = None,
 ) -> ScheduleUpserted:
-    """``policies``: ``catchup_window`` and ``max_jitter`` in seconds (None: not set)."""
+    """``policies``: ``catchup_window`` and ``max_jitter`` in seconds, ``overlap`` (None: not
+    set)."""
     try:
         return build_schedule(
             schedule_id,
