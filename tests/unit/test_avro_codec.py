@@ -353,7 +353,7 @@ def test_v3_job_enqueued_decodes_without_a_unique_scope(event: JobEnqueued) -> N
 @pytest.mark.parametrize(
     ("kind", "dropped"),
     [
-        (ScheduleUpserted, ("catchup_window_ms", "max_jitter_ms")),
+        (ScheduleUpserted, ("catchup_window_ms", "max_jitter_ms", "overlap")),
         (ScheduleFired, ("decision", "run_at")),
     ],
 )

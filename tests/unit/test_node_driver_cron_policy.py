@@ -14,6 +14,7 @@ from evsched.core import cron_policy, ids
 from evsched.core.events import JobEnqueued, ScheduleFired, SchedulePaused, ScheduleResumed
 from evsched.core.planner import PlannerLimits
 from evsched.core.state import Status, Verdict
+from evsched.operator.audit import audit
 from evsched.testing import NodeDriver
 from tests.unit.node_driver_events import every_minute, started, succeeded
 
@@ -104,3 +105,19 @@ async def test_a_skip_policy_fires_nothing_while_the_previous_job_runs(driver: N
     state = driver.job(job_id)
     assert state is not None and (state.generation, state.status) == (1, Status.LEASED)
     assert [f.job_id for f in driver.decisions(ScheduleFired)] == [job_id] * 3
+
+
+async def test_the_audit_of_the_schedule_reads_each_decision(driver: NodeDriver) -> None:
+    driver.append(replace(every_minute("a"), catchup_window_ms=MINUTE, max_jitter_ms=5_000))
+    await driver.settle()
+    for _ in range(3):
+        driver.advance(60)
+    await driver.settle()
+
+    found = audit(driver.owner.index, "a")
+
+    assert found is not None
+    fires = [row.reading for row in found.rows if row.entry.kind == "ScheduleFired"]
+    assert fires[0].startswith("node-driver at slot ") and "catch-up window" in fires[0]
+    assert any(": caught up slot " in reading or ": fired slot " in reading for reading in fires)
+    assert all(row.refolded is row.entry.verdict for row in found.rows)
