@@ -37,7 +37,12 @@ from evsched.operator.export import LogRange, export_range  # noqa: E402
 from evsched.operator.live_index import ReadOnlyIndex  # noqa: E402
 from evsched.operator.replay import dump_expected, expected_document, fold_history  # noqa: E402
 from evsched.operator.replica_dir import LocalIndex, catch_up  # noqa: E402
-from replay import scenario_controls, scenarios, scenarios_failures  # noqa: E402
+from replay import (  # noqa: E402
+    scenario_controls,
+    scenario_policies,
+    scenarios,
+    scenarios_failures,
+)
 
 CORPUS = REPO / "replay"
 
@@ -122,6 +127,19 @@ SCENARIOS = {
             "unknown job, a purge before its time and one of an earlier run, each rejected.",
             scenarios.retention,
             all_terminal=False,  # a delayed job is left scheduled on purpose
+        ),
+        Scenario(
+            "policies",
+            "Fold version 4 (issue 13, items 7 and 8): a unique job (while queued) enqueued again "
+            "while queued (duplicate), while running (held; the held run starts when the run "
+            "ends) and once more (duplicate of the held one); a unique job (while queued or "
+            "running) run again after it ended; a schedule every 2 s with a 5 s catch-up window "
+            "and 1.5 s of jitter whose only node is stopped for 12 s, then another node fires "
+            "one missed fire for the slots before the window and catches up the rest; a "
+            "schedule every 2 s with overlap skip whose job runs until told (the fires meanwhile "
+            "are duplicates of its one job id, then a new run); a backfill by the CLI, repeated "
+            "(its jobs duplicates), and a hostile backfill of a future slot (rejected).",
+            scenario_policies.policies,
         ),
     )
 }

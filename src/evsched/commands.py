@@ -17,7 +17,7 @@ from evsched.adapters.avro import encode_event
 from evsched.adapters.payload import NotJson, encode_args
 from evsched.adapters.topics import Topics
 from evsched.adapters.tracing import InvalidTrace, check_trace
-from evsched.core import cron, ids, limits
+from evsched.core import cron, ids, limits, unique
 from evsched.core.events import (
     ControlEvent,
     Event,
@@ -41,6 +41,8 @@ MAX_REASON_CHARS = 1_000
 SOURCE = "client"
 
 Delay = timedelta | float | int
+# A uniqueness scope: "queued", "active", or a period (timedelta or seconds) for "period".
+Unique = str | Delay
 EventT = TypeVar("EventT", JobEnqueued, ScheduleUpserted)
 
 
@@ -56,6 +58,9 @@ class TaskSpec:
     priority: int = 0
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     permanent_on: tuple[type[BaseException], ...] = ()
+    # The uniqueness scope of its jobs (core.unique) and the period of "period".
+    unique: str | None = None
+    unique_period_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +77,8 @@ class EnqueueOptions:
     # (timedelta or seconds); None: the namespace's settings, else the defaults (7 days, 24 h).
     retention: Delay | None = None
     key_window: Delay | None = None
+    # "queued", "active", or a period (timedelta or seconds); None: the task's.
+    unique: Unique | None = None
 
 
 def task_spec(
@@ -84,6 +91,7 @@ def task_spec(
     priority: int,
     retry_on: Sequence[type[BaseException]],
     permanent_on: Sequence[type[BaseException]],
+    unique: Unique | None = None,
 ) -> TaskSpec:
     """A TaskSpec, or InvalidTask naming the first bad option."""
     if not isinstance(name, str) or not name:
@@ -119,7 +127,25 @@ def task_spec(
         priority=priority,
         retry_on=tuple(retry_on),
         permanent_on=tuple(permanent_on),
+        **_unique_fields(unique, InvalidTask),
     )
+
+
+def _unique_fields(value: Unique | None, error: type[InvalidTask | InvalidEnqueue]) -> Any:
+    """The JobEnqueued fields of a uniqueness option, or ``error`` naming what is wrong."""
+    if value is None:
+        return {"unique": None, "unique_period_ms": None}
+    if isinstance(value, str):
+        if value not in (unique.QUEUED, unique.ACTIVE):
+            raise error("unique", f"must be 'queued', 'active' or a period, not {value!r}")
+        return {"unique": value, "unique_period_ms": None}
+    try:
+        period_ms = _delay_ms(value, "unique")
+    except InvalidEnqueue as exc:
+        raise error("unique", f"a period {exc.reason}") from exc
+    if period_ms <= 0:
+        raise error("unique", "a period must be longer than 0 s")
+    return {"unique": unique.PERIOD, "unique_period_ms": period_ms}
 
 
 def _check_retry(retry: RetryPolicy) -> None:
@@ -272,7 +298,12 @@ def build_enqueue(
     key = options.idempotency_key
     if key is not None:
         check_id("idempotency_key", key)
-    job_id = new_id() if key is None else ids.job_id_for_key(spec.queue, key)
+    scoped = (
+        _unique_fields(options.unique, InvalidEnqueue)
+        if options.unique is not None
+        else {"unique": spec.unique, "unique_period_ms": spec.unique_period_ms}
+    )
+    job_id = _job_id(spec, args, key, scoped["unique"] is not None, new_id)
     retention_ms = None if defaults is None else defaults.retention_ms
     key_window_ms = None if defaults is None else defaults.key_window_ms
     return check_limits(
@@ -295,8 +326,18 @@ def build_enqueue(
             trace=checked_trace(options.trace),
             retention_ms=_window_ms("retention", options.retention, retention_ms),
             key_window_ms=_window_ms("key_window", options.key_window, key_window_ms),
+            **scoped,
         )
     )
+
+
+def _job_id(
+    spec: TaskSpec, args: bytes, key: str | None, unique: bool, new_id: Callable[[], str]
+) -> str:
+    """A keyed job's id derives from its key, a unique one's from its body: repeats meet."""
+    if key is not None:
+        return ids.job_id_for_key(spec.queue, key)
+    return ids.job_id_for_unique(spec.queue, spec.name, args) if unique else new_id()
 
 
 def build_schedule(
@@ -307,8 +348,17 @@ def build_schedule(
     *,
     now_ms: int,
     event_id: str,
+    catchup_window: Delay | None = None,
+    max_jitter: Delay | None = None,
+    overlap: str | None = None,
 ) -> ScheduleUpserted:
-    """A ScheduleUpserted, after checking the cron expression and the time zone on their own."""
+    """A ScheduleUpserted, after checking the cron expression and the time zone on their own.
+
+    ``catchup_window`` and ``max_jitter`` (timedelta or seconds) and ``overlap`` (allow, skip or
+    buffer) are its cron policies (``core.cron_policy``); None keeps the original rules.
+    """
+    if overlap is not None and overlap not in limits.OVERLAPS:
+        raise InvalidEnqueue("overlap", f"must be one of {', '.join(limits.OVERLAPS)}")
     check_id("schedule_id", schedule_id)
     # Checked one at a time, so the error names the field that is wrong.
     for what, expression, zone in (
@@ -328,6 +378,9 @@ def build_schedule(
             cron=cron_expression,
             timezone=timezone,
             template=template,
+            catchup_window_ms=_window_ms("catchup_window", catchup_window, None),
+            max_jitter_ms=_window_ms("max_jitter", max_jitter, None),
+            overlap=overlap,
         )
     )
 

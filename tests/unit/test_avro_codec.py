@@ -21,6 +21,8 @@ from evsched.core.events import (
     AttemptFailed,
     JobEnqueued,
     RetryPolicy,
+    ScheduleFired,
+    ScheduleUpserted,
     TraceContext,
 )
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
@@ -124,7 +126,13 @@ def test_v1_job_enqueued_decodes_to_the_current_type_with_defaults(event: JobEnq
     decoded = avro.decode_event(MAGIC + writer.fingerprint + body.getvalue())
 
     assert decoded == dataclasses.replace(
-        event, labels={}, trace=None, retention_ms=None, key_window_ms=None
+        event,
+        labels={},
+        trace=None,
+        retention_ms=None,
+        key_window_ms=None,
+        unique=None,
+        unique_period_ms=None,
     )
 
 
@@ -138,7 +146,9 @@ def test_v2_job_enqueued_decodes_with_the_default_windows(event: JobEnqueued) ->
 
     decoded = avro.decode_event(MAGIC + writer.fingerprint + body.getvalue())
 
-    assert decoded == dataclasses.replace(event, retention_ms=None, key_window_ms=None)
+    assert decoded == dataclasses.replace(
+        event, retention_ms=None, key_window_ms=None, unique=None, unique_period_ms=None
+    )
 
 
 def test_the_history_schema_is_a_distinct_writer_of_the_same_kind() -> None:
@@ -325,3 +335,40 @@ def test_fingerprints_ignore_docs_and_defaults_but_not_field_names() -> None:
     assert parse_schema(undocumented)
     assert schema_fingerprint(undocumented) != schema_fingerprint(renamed)
     assert schema_fingerprint({**schema, "doc": "other"}) == schema_fingerprint(schema)
+
+
+@given(event=records(JobEnqueued))
+def test_v3_job_enqueued_decodes_without_a_unique_scope(event: JobEnqueued) -> None:
+    (writer,) = (w for w in REGISTRY.writers() if w.origin == "history/JobEnqueued.v3.avsc")
+    record = mapper_for(JobEnqueued).to_avro(event)
+    del record["unique"], record["unique_period_ms"]
+    body = io.BytesIO()
+    schemaless_writer(body, writer.schema, record)
+
+    decoded = avro.decode_event(MAGIC + writer.fingerprint + body.getvalue())
+
+    assert decoded == dataclasses.replace(event, unique=None, unique_period_ms=None)
+
+
+@pytest.mark.parametrize(
+    ("kind", "dropped"),
+    [
+        (ScheduleUpserted, ("catchup_window_ms", "max_jitter_ms", "overlap")),
+        (ScheduleFired, ("decision", "run_at")),
+    ],
+)
+@given(data=st.data())
+def test_v1_schedule_events_decode_without_cron_policies(
+    kind: type[ScheduleUpserted | ScheduleFired], dropped: tuple[str, ...], data: st.DataObject
+) -> None:
+    event = data.draw(records(kind))
+    (writer,) = (w for w in REGISTRY.writers() if w.origin == f"history/{kind.__name__}.v1.avsc")
+    record = mapper_for(kind).to_avro(event)
+    for name in dropped:
+        del record[name]
+    body = io.BytesIO()
+    schemaless_writer(body, writer.schema, record)
+
+    decoded = avro.decode_event(MAGIC + writer.fingerprint + body.getvalue())
+
+    assert decoded == dataclasses.replace(event, **dict.fromkeys(dropped))  # type: ignore[arg-type]

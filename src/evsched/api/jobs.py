@@ -78,6 +78,7 @@ async def enqueue(
             field="Idempotency-Key",
         )
     state = _judged(ctx, event.job_id, entry)
+    response.headers["Evsched-Verdict"] = entry.verdict.value
     if entry.verdict is Verdict.APPLIED:
         response.headers["Location"] = f"/v1/jobs/{event.job_id}"
     else:

@@ -128,6 +128,13 @@ class EnqueueRequest(_Request):
     key_window_s: Delay | None = Field(
         None, description="Seconds after the job ends its Idempotency-Key still returns it."
     )
+    unique: Literal["queued", "active", "period"] | None = Field(
+        None,
+        description="Another enqueue of the same task and args (or Idempotency-Key) gets this "
+        "job (200, Evsched-Verdict: duplicate) while it is queued, queued or running, or for "
+        "unique_period_s from its enqueue. Default: the task's.",
+    )
+    unique_period_s: Delay | None = Field(None, description='The period of unique "period".')
 
 
 class CancelRequest(_Request):
@@ -161,6 +168,19 @@ class ScheduleRequest(_Request):
     max_attempts: Attempts | None = None
     timeout_s: Seconds | None = None
     labels: Labels = Field(default_factory=dict)
+    catchup_window_s: Delay | None = Field(
+        None,
+        description="Missed slots within this many seconds fire one by one, older ones are "
+        "skipped; default: missed slots collapse into one fire.",
+    )
+    max_jitter_s: Delay | None = Field(
+        None, description="Each job runs up to this many seconds after its slot (deterministic)."
+    )
+    overlap: Literal["allow", "skip", "buffer"] | None = Field(
+        None,
+        description="While the previous fire's job is queued or running: allow (default) runs "
+        "every fire, skip fires nothing, buffer runs one fire after it ends.",
+    )
 
 
 # --- views --------------------------------------------------------------------------------------
@@ -348,6 +368,9 @@ class Schedule(BaseModel):
     next_fire_at: datetime | None
     last_fire_at: datetime | None
     last_job_id: str | None
+    catchup_window_s: float | None = None
+    max_jitter_s: float | None = None
+    overlap: str | None = None
 
     @classmethod
     def of(cls, state: ScheduleState) -> Schedule:
@@ -370,7 +393,14 @@ class Schedule(BaseModel):
             next_fire_at=_maybe_at(state.next_fire_at),
             last_fire_at=_maybe_at(state.last_fire_at),
             last_job_id=state.last_job_id,
+            catchup_window_s=_seconds(state.catchup_window_ms),
+            max_jitter_s=_seconds(state.max_jitter_ms),
+            overlap=state.overlap,
         )
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
 
 
 class SchedulePage(BaseModel):

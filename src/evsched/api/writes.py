@@ -25,6 +25,7 @@ from evsched.client.app import App
 from evsched.commands import (
     EnqueueOptions,
     TaskSpec,
+    Unique,
     args_bytes,
     build_enqueue,
     build_schedule,
@@ -185,7 +186,7 @@ def _spec(
     base = defined.spec if defined is not None else TaskSpec(name=task)
     if defined is not None and queue is not None and queue != base.queue:
         raise InvalidEnqueue("queue", f"task {task!r} runs on queue {base.queue!r}")
-    return task_spec(
+    spec = task_spec(
         task,
         queue=base.queue if queue is None else queue,
         max_attempts=base.max_attempts if max_attempts is None else max_attempts,
@@ -195,6 +196,18 @@ def _spec(
         retry_on=base.retry_on,
         permanent_on=base.permanent_on,
     )
+    return replace(spec, unique=base.unique, unique_period_ms=base.unique_period_ms)
+
+
+def _unique_option(body: EnqueueRequest) -> Unique | None:
+    """The body's uniqueness option as the client takes it, or InvalidEnqueue naming the field."""
+    if body.unique == "period":
+        if body.unique_period_s is None:
+            raise InvalidEnqueue("unique_period_s", "is required with unique 'period'")
+        return body.unique_period_s
+    if body.unique_period_s is not None:
+        raise InvalidEnqueue("unique_period_s", "is only for unique 'period'")
+    return body.unique
 
 
 def _check_call(client: App, body: EnqueueRequest | ScheduleRequest) -> None:
@@ -223,6 +236,7 @@ def enqueue_event(
         labels=body.labels,
         retention=body.retention_s,
         key_window=body.key_window_s,
+        unique=_unique_option(body),
     )
     event = build_enqueue(
         spec,
@@ -272,7 +286,15 @@ def schedule_event(
         spec, body.args, body.kwargs, priority=body.priority, labels=body.labels
     )
     event = build_schedule(
-        schedule_id, body.cron, body.timezone, template, now_ms=now_ms, event_id=new_id()
+        schedule_id,
+        body.cron,
+        body.timezone,
+        template,
+        now_ms=now_ms,
+        event_id=new_id(),
+        catchup_window=body.catchup_window_s,
+        max_jitter=body.max_jitter_s,
+        overlap=body.overlap,
     )
     return replace(event, source=SOURCE)
 

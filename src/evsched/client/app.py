@@ -24,6 +24,7 @@ from evsched.client.task import Categories, EnqueueCall, Handler, Task, checked_
 from evsched.commands import (
     SOURCE,
     Delay,
+    Unique,
     build_schedule,
     check_id,
     encode_checked,
@@ -139,6 +140,7 @@ class App:
         retry_on: Sequence[type[BaseException]] = (Exception,),
         permanent_on: Sequence[type[BaseException]] = (),
         categories: Categories | None = None,
+        unique: Unique | None = None,
     ) -> Callable[[Handler], Task]: ...
 
     def task(
@@ -155,6 +157,7 @@ class App:
         retry_on: Sequence[type[BaseException]] = (Exception,),
         permanent_on: Sequence[type[BaseException]] = (),
         categories: Categories | None = None,
+        unique: Unique | None = None,
     ) -> Task | Callable[[Handler], Task]:
         """Define a task; its name defaults to ``module.function_name``.
 
@@ -162,7 +165,10 @@ class App:
         ``permanent_on``) is retried while attempts are left; any other is permanent.
         ``categories`` maps exception classes to the failure category (snake_case) their
         failures are reported under, before the app's ``failure_categories``; unmapped ones are
-        ``transient`` or ``permanent``.
+        ``transient`` or ``permanent``. ``unique`` makes an enqueue of the same task and args
+        (or idempotency key) a duplicate that gets the existing job: ``"queued"`` while it has
+        not started, ``"active"`` while queued or running, or a timedelta (or seconds) from its
+        enqueue.
         """
 
         def define(handler: Handler) -> Task:
@@ -175,6 +181,7 @@ class App:
                 priority=priority,
                 retry_on=retry_on,
                 permanent_on=permanent_on,
+                unique=unique,
             )
             if spec.name in self._tasks:
                 raise EvschedError(f"task {spec.name!r} is defined twice")
@@ -259,8 +266,19 @@ class App:
         kwargs: Mapping[str, Any] | None = None,
         priority: int | None = None,
         labels: Mapping[str, str] | None = None,
+        catchup_window: Delay | None = None,
+        max_jitter: Delay | None = None,
+        overlap: str | None = None,
     ) -> None:
-        """Create or replace a cron schedule that enqueues ``task`` at each slot."""
+        """Create or replace a cron schedule that enqueues ``task`` at each slot.
+
+        ``catchup_window`` (timedelta or seconds): slots missed while no node ran (or while
+        paused) fire one by one if within it, older ones are skipped; by default missed slots
+        collapse into one fire. ``max_jitter``: each job runs up to this long after its slot, by
+        an offset derived from (schedule, slot). ``overlap``: ``"skip"`` fires nothing while
+        the previous fire's job is queued or running, ``"buffer"`` runs one fire after it
+        ends, ``"allow"`` (the default) runs them all.
+        """
         defined = task if isinstance(task, Task) else self.get_task(task)
         template = defined.template(args, kwargs or {}, priority=priority, labels=labels)
         event = build_schedule(
@@ -270,6 +288,9 @@ class App:
             template,
             now_ms=self.clock.now_ms(),
             event_id=new_id(),
+            catchup_window=catchup_window,
+            max_jitter=max_jitter,
+            overlap=overlap,
         )
         await self.publish(event)
 

@@ -15,6 +15,7 @@ from evsched.commands import (
     Delay,
     EnqueueOptions,
     TaskSpec,
+    Unique,
     args_bytes,
     build_enqueue,
     job_template,
@@ -92,6 +93,7 @@ class Task:
         tracestate: str | None = None,
         retention: Delay | None = None,
         key_window: Delay | None = None,
+        unique: Unique | None = None,
     ) -> TaskOptions:
         """This task with per-call options: ``await task.options(delay=60).enqueue(x)``.
 
@@ -101,7 +103,8 @@ class Task:
         the W3C trace context the job carries to its worker; by default the active OpenTelemetry
         span's, when OpenTelemetry is installed and a span is active. ``retention`` (how long the
         finished job stays readable) and ``key_window`` (how long after it ends its key still
-        returns it) are timedeltas or seconds; by default the namespace's settings.
+        returns it) are timedeltas or seconds; by default the namespace's settings. ``unique``
+        overrides the task's uniqueness scope (see ``App.task``).
         """
         return TaskOptions(
             self,
@@ -114,6 +117,7 @@ class Task:
                 trace=_trace_option(trace, traceparent, tracestate),
                 retention=retention,
                 key_window=key_window,
+                unique=unique,
             ),
         )
 
@@ -217,7 +221,7 @@ class TaskOptions:
         appended = await app.publish(event)
         # A keyed job's first enqueue may be older than this one: its result is followed from
         # the partition's start.
-        keyed = event.idempotency_key is not None
+        keyed = event.idempotency_key is not None or event.unique is not None
         return JobHandle(
             event.job_id,
             app,

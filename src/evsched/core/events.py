@@ -77,6 +77,9 @@ class JobEnqueued:
     # None: the fold's defaults (core.retention); see docs/job-lifecycle.md, "Retention".
     retention_ms: int | None = None
     key_window_ms: int | None = None
+    # Fold version 4: a uniqueness scope ("queued", "active" or "period", see core.unique).
+    unique: str | None = None
+    unique_period_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,6 +239,10 @@ class ScheduleUpserted:
     timezone: str
     template: JobTemplate
     trace: TraceContext | None = None
+    # Fold version 4 (core.cron_policy): None keeps the original rules.
+    catchup_window_ms: int | None = None
+    max_jitter_ms: int | None = None
+    overlap: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,6 +265,10 @@ class ScheduleFired:
     fire_at: int
     job_id: str
     trace: TraceContext | None = None
+    # Fold version 4 (core.cron_policy): None for an ordinary fire, else caught_up, missed (no
+    # job) or backfilled; and the job's jittered run_at (None: the slot).
+    decision: str | None = None
+    run_at: int | None = None
 
 
 # --- controls: pause and resume (key = queue name, or schedule id) ----------------------------

@@ -8,9 +8,10 @@ and every replay reaches the same states and verdicts.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, assert_never
 
-from evsched.core import ids, limits, retention, retry
+from evsched.core import ids, limits, retention, retry, unique
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
@@ -38,7 +39,7 @@ from evsched.core.state import (
 )
 
 # Bump when a change to the fold could change any state or verdict: indexes then rebuild.
-FOLD_VERSION = 3
+FOLD_VERSION = 4
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
 # transition rules (they are rejected or stale), so a short window keeps state small.
@@ -73,6 +74,9 @@ def fold(
         new, verdict, reason = _step(state, event, position)
     if verdict is not Verdict.APPLIED:
         new = state
+    elif new is not None and new.unique_held_at is not None and new.status in TERMINAL_STATUSES:
+        new, started = unique.next_run(new, position)
+        reason += started
     return new, _entry(event, position, verdict, reason, new)
 
 
@@ -133,6 +137,8 @@ def _step(state: JobState | None, event: JobEvent, position: Position) -> Step:
 def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) -> Step:
     # Recomputed, never the producer's: a forged digest must not pass for another body.
     digest = ids.body_digest(event.task, event.queue, event.args)
+    if state is not None and state.unique is not None:
+        return _unique_enqueued(state, event, position, digest)
     if state is not None and not retention.key_window_passed(state, position.log_at):
         if digest == state.body_digest:
             return state, Verdict.DUPLICATE, "same job already enqueued with the same body"
@@ -166,9 +172,37 @@ def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) ->
         first_offset=position.offset if state is None else state.first_offset,
         retention_ms=event.retention_ms,
         key_window_ms=event.key_window_ms,
+        unique=event.unique,
+        unique_period_ms=event.unique_period_ms,
     )
     run = f" (run {generation}: the key window of run {generation - 1} ended)" if state else ""
     return created, Verdict.APPLIED, f"enqueued {event.task} on {event.queue}{run}"
+
+
+def _unique_enqueued(
+    state: JobState, event: JobEnqueued, position: Position, digest: bytes
+) -> Step:
+    """An enqueue of a unique job's id: judged by the existing run's scope (``core.unique``).
+
+    Another body may start a new run once the run ended (a schedule's template changed).
+    """
+    outcome, why = unique.judge(state, position.log_at)
+    if digest != state.body_digest and outcome != unique.NEW_RUN:
+        return state, Verdict.CONFLICT, "job id already used by an enqueue with a different body"
+    if outcome == unique.DUPLICATE:
+        return state, Verdict.DUPLICATE, why
+    if outcome == unique.HOLD:
+        run_at = position.log_at if event.run_at is None else event.run_at
+        return _applied(state, event, position, unique_held_at=run_at), Verdict.APPLIED, why
+    created, _, enqueued = _enqueued(None, event, position)
+    assert created is not None  # a first enqueue of a checked event always applies
+    created = replace(
+        created,
+        token=state.token,
+        generation=state.generation + 1,
+        first_offset=state.first_offset,
+    )
+    return created, Verdict.APPLIED, f"{enqueued} (run {created.generation}: {why})"
 
 
 def _purged(state: JobState | None, event: JobPurged, position: Position) -> Step:

@@ -16,6 +16,16 @@ def job_id_for_key(queue: str, idempotency_key: str) -> str:
     return str(uuid.uuid5(EVSCHED_NAMESPACE, f"job\x00{queue}\x00{idempotency_key}"))
 
 
+def job_id_for_unique(queue: str, task: str, args: bytes) -> str:
+    """The job id of a unique enqueue without a key: the same task, queue and args make one id."""
+    return str(uuid.uuid5(EVSCHED_NAMESPACE, f"unique\x00{body_digest(task, queue, args).hex()}"))
+
+
+def job_id_for_runs(schedule_id: str) -> str:
+    """The one job id of every fire of a schedule with an overlap policy: one run at a time."""
+    return str(uuid.uuid5(EVSCHED_NAMESPACE, f"runs\x00{schedule_id}"))
+
+
 def job_id_for_fire(schedule_id: str, fire_at: int) -> str:
     """The job id of one cron slot, so two nodes firing the same slot make one job."""
     return str(uuid.uuid5(EVSCHED_NAMESPACE, f"cron\x00{schedule_id}\x00{fire_at}"))

@@ -120,7 +120,7 @@ class Replay:
             self._accounts.pop(key, None)
         elif entry.verdict is Verdict.APPLIED:
             account = self._accounts.setdefault(key, _Account())
-            self.violations.extend(_audit(account, event, position, after))
+            self.violations.extend(_audit(account, before, event, position, after))
         return entry
 
     def _feed_schedule(
@@ -169,11 +169,29 @@ def check_history(history: History, *, fold_job: JobFold = fold) -> list[Violati
 
 
 def _audit(
-    account: _Account, event: JobEvent, position: Position, after: JobState | None
+    account: _Account,
+    before: JobState | None,
+    event: JobEvent,
+    position: Position,
+    after: JobState | None,
 ) -> list[Violation]:
     """Check one applied event against the account, then update the account with it."""
+    found = _audit_event(account, event, position, after)
+    if before is not None and after is not None and after.generation > before.generation:
+        # A new run of the id (a unique job's held enqueue starts when its run ends): it may
+        # run and succeed once more; its token goes on growing.
+        account.run_at, account.policy, account.successes = after.run_at, after.retry, 0
+        account.started = False
+    return found
+
+
+def _audit_event(
+    account: _Account, event: JobEvent, position: Position, after: JobState | None
+) -> list[Violation]:
     found: list[Violation] = []
     match event:
+        case JobEnqueued() if after is not None and after.unique_held_at is not None:
+            pass  # held for the next run: the running one is still this account's
         case JobEnqueued() | JobRequeued():
             _queued(account, event, position)
         case JobLeased():

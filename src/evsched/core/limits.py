@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 
+from evsched.core import unique
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
@@ -58,6 +59,10 @@ MAX_TIME_MS = 253_402_300_799_999
 # Durations (lease_ms, timeout_ms, backoffs): at most 3,653 days, so an instant plus a duration
 # stays far inside a signed 64-bit long (and the index's unsigned 8-byte time keys).
 MAX_DURATION_MS = 3653 * 86_400_000
+# A ScheduleFired's decisions besides an ordinary fire (core.cron_policy).
+FIRE_DECISIONS = ("caught_up", "missed", "backfilled")
+# A schedule's overlap policies (core.cron_policy); None is "allow".
+OVERLAPS = ("allow", "skip", "buffer")
 # Tokens: the next lease's `token + 1` must still be exact in a signed 64-bit long and in a
 # double (JSON readers in any language); attempts match the API's bound.
 MAX_TOKEN = 2**53 - 1
@@ -150,6 +155,7 @@ def _enqueued_refusal(event: JobEnqueued) -> str | None:
         _optional_time("fire_at", event.fire_at),
         _optional_duration("retention_ms", event.retention_ms),
         _optional_duration("key_window_ms", event.key_window_ms),
+        unique.refusal(event.unique, event.unique_period_ms, MAX_DURATION_MS),
     )
 
 
@@ -162,12 +168,17 @@ def _schedule_refusal(event: ScheduleUpserted | ScheduleDeleted | ScheduleFired)
                 _text("timezone", event.timezone, MAX_TIMEZONE_BYTES),
                 random_cron_refusal(event.cron),
                 _job_shape_refusal(event.template, "template."),
+                _optional_duration("catchup_window_ms", event.catchup_window_ms),
+                _optional_duration("max_jitter_ms", event.max_jitter_ms),
+                _overlap_refusal(event.overlap),
             )
         case ScheduleFired():
             return _first(
                 id_refusal("schedule_id", event.schedule_id),
                 _bounded("fire_at", event.fire_at, 0, MAX_TIME_MS),
                 id_refusal("job_id", event.job_id),
+                _optional_time("run_at", event.run_at),
+                _decision_refusal(event.decision),
             )
         case _:
             return id_refusal("schedule_id", event.schedule_id)
@@ -254,6 +265,18 @@ def _text(field: str, value: str, limit: int, *, empty: bool = False) -> str | N
     if not size and not empty:
         return f"{field} must not be empty"
     return None
+
+
+def _overlap_refusal(overlap: str | None) -> str | None:
+    if overlap is None or overlap in OVERLAPS:
+        return None
+    return f"overlap {_show(overlap)} is not one of {', '.join(OVERLAPS)}"
+
+
+def _decision_refusal(decision: str | None) -> str | None:
+    if decision is None or decision in FIRE_DECISIONS:
+        return None
+    return f"decision {_show(decision)} is not one of {', '.join(FIRE_DECISIONS)}"
 
 
 def _bounded(field: str, value: int, low: int, high: int) -> str | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from evsched.core import cron, ids, retention
+from evsched.core import cron_policy, ids, retention
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import JobEnqueued, JobLeased, JobPurged, LeaseExpired, ScheduleFired
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status
@@ -150,31 +150,40 @@ def plan_purges(candidates: Iterable[JobState], *, now: int, source: str) -> lis
 
 def plan_fires(
     schedules: Sequence[ScheduleState], *, now: int, source: str
-) -> list[tuple[ScheduleFired, JobEnqueued]]:
-    """Fire each schedule's newest due slot: a ScheduleFired and the job it enqueues."""
-    fires: list[tuple[ScheduleFired, JobEnqueued]] = []
+) -> list[tuple[ScheduleFired, JobEnqueued | None]]:
+    """Fire each schedule's due slot (``cron_policy.due``): a ScheduleFired and the job it
+    enqueues, which is None for slots skipped as missed."""
+    fires: list[tuple[ScheduleFired, JobEnqueued | None]] = []
     for schedule in schedules:
-        if schedule.deleted or schedule.next_fire_at is None:
-            continue
-        slot = cron.latest_due_slot(schedule.cron, schedule.timezone, schedule.next_fire_at, now)
-        if slot is not None:
-            fires.append(_fire(schedule, slot, now=now, source=source))
+        due = cron_policy.due(schedule, now)
+        if due is not None:
+            fires.append(fire(schedule, due[0], now=now, source=source, decision=due[1]))
     return fires
 
 
-def _fire(
-    schedule: ScheduleState, slot: int, *, now: int, source: str
-) -> tuple[ScheduleFired, JobEnqueued]:
-    job_id = ids.job_id_for_fire(schedule.schedule_id, slot)
+def fire(
+    schedule: ScheduleState, slot: int, *, now: int, source: str, decision: str | None = None
+) -> tuple[ScheduleFired, JobEnqueued | None]:
+    """The ScheduleFired of ``slot`` and its job's JobEnqueued (None when ``decision`` is missed).
+
+    Ids derive from (schedule, slot): a backfill of a slot that fired makes the same job.
+    """
+    job_id, scope = cron_policy.fired_job(schedule.schedule_id, slot, schedule.overlap)
     template = schedule.template
+    run_at = slot + cron_policy.jitter_ms(schedule.schedule_id, slot, schedule.max_jitter_ms)
+    kind = "backfill" if decision == cron_policy.BACKFILLED else "fire"
     fired = ScheduleFired(
-        event_id=ids.decision_event_id(schedule.schedule_id, "fire", slot),
+        event_id=ids.decision_event_id(schedule.schedule_id, kind, slot),
         schedule_id=schedule.schedule_id,
         emitted_at=now,
         source=source,
         fire_at=slot,
         job_id=job_id,
+        decision=decision,
+        run_at=None if run_at == slot else run_at,
     )
+    if decision == cron_policy.MISSED:
+        return fired, None
     enqueued = JobEnqueued(
         event_id=ids.decision_event_id(job_id, "enqueue", slot),
         job_id=job_id,
@@ -183,14 +192,15 @@ def _fire(
         task=template.task,
         queue=template.queue,
         args=template.args,
-        run_at=slot,
+        run_at=run_at,
         priority=template.priority,
         max_attempts=template.max_attempts,
         retry=template.retry,
         timeout_ms=template.timeout_ms,
-        idempotency_key=ids.fire_idempotency_key(schedule.schedule_id, slot),
+        idempotency_key=None if scope else ids.fire_idempotency_key(schedule.schedule_id, slot),
         labels=template.labels,
         schedule_id=schedule.schedule_id,
         fire_at=slot,
+        unique=scope,
     )
     return fired, enqueued

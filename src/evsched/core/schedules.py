@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import assert_never
 
-from evsched.core import cron, limits
+from evsched.core import cron, cron_policy, limits
 from evsched.core.events import (
     Position,
     ScheduleDeleted,
@@ -87,6 +87,9 @@ def _upserted(state: ScheduleState | None, event: ScheduleUpserted, position: Po
         last_fire_at=None if state is None else state.last_fire_at,
         last_job_id=None if state is None else state.last_job_id,
         recent_event_ids=() if state is None else state.recent_event_ids,
+        catchup_window_ms=event.catchup_window_ms,
+        max_jitter_ms=event.max_jitter_ms,
+        overlap=event.overlap,
     )
     verb = "created" if state is None or state.deleted else "replaced"
     return upserted, Verdict.APPLIED, f"schedule {verb}: {event.cron} ({event.timezone})"
@@ -97,15 +100,36 @@ def _fired(state: ScheduleState | None, event: ScheduleFired, position: Position
         return state, Verdict.REJECTED, "unknown or deleted schedule"
     if event.fire_at == state.last_fire_at:
         return state, Verdict.DUPLICATE, f"slot {event.fire_at} already fired"
-    refusal = _fire_refusal(state, event, position)
+    if event.decision == cron_policy.BACKFILLED:
+        return _backfilled(state, event, position)
+    refusal = _fire_refusal(state, event, position) or cron_policy.refusal(
+        state, event, position.log_at
+    )
     if refusal is not None:
         return state, Verdict.REJECTED, refusal
+    reason = cron_policy.reading(state, event, position.log_at)
     # None once the expression has no slot left: the schedule is exhausted and fires no more.
     next_fire = cron.next_fire_at(state.cron, state.timezone, event.fire_at)
+    if event.decision == cron_policy.MISSED:
+        return replace(state, next_fire_at=next_fire), Verdict.APPLIED, reason
     fired = replace(
         state, last_fire_at=event.fire_at, last_job_id=event.job_id, next_fire_at=next_fire
     )
-    return fired, Verdict.APPLIED, f"fired slot {event.fire_at} as job {event.job_id}"
+    return fired, Verdict.APPLIED, reason
+
+
+def _backfilled(state: ScheduleState, event: ScheduleFired, position: Position) -> Step:
+    """A past slot fired on request: the schedule's own slots stay as they are."""
+    refusal = cron_policy.refusal(state, event, position.log_at)
+    if event.fire_at > position.log_at:
+        refusal = f"slot {event.fire_at} is in the future: only past slots are backfilled"
+    elif state.next_fire_at is not None and event.fire_at >= state.next_fire_at:
+        refusal = f"slot {event.fire_at} is not before the next due slot {state.next_fire_at}"
+    elif not cron.is_slot(state.cron, state.timezone, event.fire_at):
+        refusal = f"{event.fire_at} is not a slot of {state.cron!r}"
+    if refusal is not None:
+        return state, Verdict.REJECTED, refusal
+    return state, Verdict.APPLIED, cron_policy.reading(state, event, position.log_at)
 
 
 def _fire_refusal(state: ScheduleState, event: ScheduleFired, position: Position) -> str | None:

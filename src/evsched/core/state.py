@@ -83,6 +83,11 @@ class JobState:
     first_offset: int = 0
     retention_ms: int | None = None
     key_window_ms: int | None = None
+    # Uniqueness (core.unique): the scope, its period, and the run_at of an enqueue held until
+    # this run ends.
+    unique: str | None = None
+    unique_period_ms: int | None = None
+    unique_held_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +105,10 @@ class ScheduleState:
     last_job_id: str | None = None
     deleted: bool = False
     recent_event_ids: tuple[str, ...] = ()
+    # Cron policies (core.cron_policy), from the upsert.
+    catchup_window_ms: int | None = None
+    max_jitter_ms: int | None = None
+    overlap: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

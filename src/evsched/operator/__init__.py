@@ -8,6 +8,7 @@ import typer
 # Modules only: the commands' names (export, rebuild, replay) are also names of submodules.
 from evsched.operator import (
     cmd_archive,
+    cmd_backfill,
     cmd_controls,
     cmd_export,
     cmd_read,
@@ -38,6 +39,7 @@ def schedules_app() -> typer.Typer:
     schedules.command("delete")(cmd_write.schedules_delete)
     schedules.command("pause")(cmd_controls.schedules_pause)
     schedules.command("resume")(cmd_controls.schedules_resume)
+    schedules.command("backfill")(cmd_backfill.schedules_backfill)
     return schedules
 
 

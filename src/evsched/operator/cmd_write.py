@@ -45,6 +45,7 @@ from evsched.operator.writes import (
     resolve_spec,
     schedule_event,
     template_for,
+    unique_option,
 )
 from evsched.settings import Settings, SettingsError
 
@@ -168,6 +169,15 @@ def enqueue(
             help="Seconds after the job ends that its key still returns it (default: 24 h).",
         ),
     ] = None,
+    unique: Annotated[
+        str | None,
+        typer.Option(
+            "--unique",
+            help="queued, active, or a period in seconds: another enqueue of the same task and "
+            "args (or key) is a duplicate while the job is queued, queued or running, or for the "
+            "period (default: the task's).",
+        ),
+    ] = None,
     app_ref: AppRef = None,
     wait: Wait = True,
     data_dir: DataDir = DEFAULT_DATA_DIR,
@@ -187,6 +197,7 @@ def enqueue(
         priority=priority,
         retention=retention_s,
         key_window=key_window_s,
+        unique=unique_option(unique),
     )
     event = enqueue_event(spec, args, kwargs, options, now_ms(), defaults=app.settings)
     replica_options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
@@ -342,6 +353,31 @@ def schedules_upsert(
     priority: Priority = None,
     max_attempts: MaxAttempts = None,
     job_timeout_s: JobTimeout = None,
+    catchup_window_s: Annotated[
+        float | None,
+        typer.Option(
+            "--catchup-window-s",
+            min=0,
+            help="Missed slots within this many seconds fire one by one, older ones are "
+            "skipped (default: missed slots collapse into one fire).",
+        ),
+    ] = None,
+    max_jitter_s: Annotated[
+        float | None,
+        typer.Option(
+            "--max-jitter-s",
+            min=0,
+            help="Each job runs up to this many seconds after its slot (deterministic offset).",
+        ),
+    ] = None,
+    overlap: Annotated[
+        str | None,
+        typer.Option(
+            "--overlap",
+            help="allow (default), skip or buffer: what a fire does while the previous fire's "
+            "job is queued or running.",
+        ),
+    ] = None,
     app_ref: AppRef = None,
     wait: Wait = True,
     data_dir: DataDir = DEFAULT_DATA_DIR,
@@ -354,7 +390,12 @@ def schedules_upsert(
     choice = TaskChoice(name=task, queue=queue, max_attempts=max_attempts, timeout_s=job_timeout_s)
     spec = resolve_spec(choice, app if app_ref else None, args, kwargs)
     template = template_for(spec, args, kwargs, priority)
-    event = schedule_event(schedule_id, cron, timezone, template, now_ms())
+    policies = {
+        "catchup_window": catchup_window_s,
+        "max_jitter": max_jitter_s,
+        "overlap": overlap,
+    }
+    event = schedule_event(schedule_id, cron, timezone, template, now_ms(), policies=policies)
     options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
 
     async def main() -> ExitCode:

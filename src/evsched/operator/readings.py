@@ -325,12 +325,19 @@ def schedule_reading(
             )
         case ScheduleDeleted() if applied:
             return f"schedule deleted by {event.source}"
+        case ScheduleFired() if applied and (event.decision or event.run_at or _overlaps(after)):
+            # A cron policy's decision (core.cron_policy): the fold's own reading names it.
+            return f"{event.source} at slot {iso(event.fire_at)}: {entry.reason}"
         case ScheduleFired() if applied:
             return f"{event.source} fired slot {iso(event.fire_at)} as job {event.job_id}"
         case ScheduleFired() if entry.verdict is Verdict.DUPLICATE:
             return f"{event.source} fired slot {iso(event.fire_at)} again: already fired, ignored"
         case _:
             return f"{_who(entry)} {entry.verdict}: {entry.reason}"
+
+
+def _overlaps(state: ScheduleState | None) -> bool:
+    return state is not None and state.overlap is not None
 
 
 # --- controls ---------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from evsched.client import App
 from evsched.commands import (
     EnqueueOptions,
     TaskSpec,
+    Unique,
     args_bytes,
     build_enqueue,
     build_schedule,
@@ -57,6 +58,10 @@ PARAMETERS = {
     "run_at": "--run-at",
     "delay": "--delay-s",
     "idempotency_key": "--idempotency-key",
+    "catchup_window": "--catchup-window-s",
+    "max_jitter": "--max-jitter-s",
+    "overlap": "--overlap",
+    "unique": "--unique",
     "labels": "--label",
     "job_id": "JOB",
     "schedule_id": "SCHEDULE_ID",
@@ -116,6 +121,16 @@ class TaskChoice:
     timeout_s: float | None = None
 
 
+def unique_option(value: str | None) -> Unique | None:
+    """``--unique``: a scope's name, or else a period in seconds."""
+    if value is None or value in ("queued", "active"):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise bad("unique", f"must be queued, active or seconds, not {value!r}") from None
+
+
 def resolve_spec(choice: TaskChoice, app: App | None, args: Sequence[Any], kwargs: Any) -> TaskSpec:
     """The task's spec: from ``app`` when given (arguments checked against the handler)."""
     try:
@@ -173,11 +188,25 @@ def enqueue_event(
 
 
 def schedule_event(
-    schedule_id: str, cron: str, timezone: str, template: JobTemplate, now_ms: int
+    schedule_id: str,
+    cron: str,
+    timezone: str,
+    template: JobTemplate,
+    now_ms: int,
+    *,
+    policies: Mapping[str, Any] | None = None,
 ) -> ScheduleUpserted:
+    """``policies``: ``catchup_window`` and ``max_jitter`` in seconds, ``overlap`` (None: not
+    set)."""
     try:
         return build_schedule(
-            schedule_id, cron, timezone, template, now_ms=now_ms, event_id=new_id()
+            schedule_id,
+            cron,
+            timezone,
+            template,
+            now_ms=now_ms,
+            event_id=new_id(),
+            **(policies or {}),
         )
     except InvalidEnqueue as exc:
         raise bad(exc.field, exc.reason) from None

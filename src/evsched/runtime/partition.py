@@ -253,7 +253,8 @@ class OwnedPartition:
                 self.pending.add(expiry.event_id, expiry.job_id, None, deadline)
         schedules = self._due_schedules(folded, now)
         for fired, enqueued in planner.plan_fires(schedules, now=now, source=self.source):
-            if records := self._encode(fired.schedule_id, self._events, fired, enqueued):
+            both = (fired,) if enqueued is None else (fired, enqueued)  # a missed slot: no job
+            if records := self._encode(fired.schedule_id, self._events, *both):
                 out += records
                 self.pending.add(fired.event_id, fired.schedule_id, None, deadline)
         for purge in planner.plan_purges(self._ended(folded, now), now=now, source=self.source):
