@@ -108,6 +108,14 @@ def test_unencodable_values_raise_encode_error() -> None:
 # --- schema evolution ---------------------------------------------------------------------------
 
 
+# What an enqueue written before fold version 4 waits on: nothing.
+NO_WORKFLOW: dict[str, Any] = {
+    "after": (),
+    "after_rule": "all_succeeded",
+    "results_to_args": "none",
+}
+
+
 def _v1_writer() -> Any:
     (writer,) = (w for w in REGISTRY.writers() if w.origin == "history/JobEnqueued.v1.avsc")
     return writer
@@ -124,7 +132,7 @@ def test_v1_job_enqueued_decodes_to_the_current_type_with_defaults(event: JobEnq
     decoded = avro.decode_event(MAGIC + writer.fingerprint + body.getvalue())
 
     assert decoded == dataclasses.replace(
-        event, labels={}, trace=None, retention_ms=None, key_window_ms=None
+        event, labels={}, trace=None, retention_ms=None, key_window_ms=None, **NO_WORKFLOW
     )
 
 
@@ -138,7 +146,22 @@ def test_v2_job_enqueued_decodes_with_the_default_windows(event: JobEnqueued) ->
 
     decoded = avro.decode_event(MAGIC + writer.fingerprint + body.getvalue())
 
-    assert decoded == dataclasses.replace(event, retention_ms=None, key_window_ms=None)
+    assert decoded == dataclasses.replace(
+        event, retention_ms=None, key_window_ms=None, **NO_WORKFLOW
+    )
+
+
+@given(event=records(JobEnqueued))
+def test_v3_job_enqueued_decodes_waiting_on_no_parents(event: JobEnqueued) -> None:
+    (writer,) = (w for w in REGISTRY.writers() if w.origin == "history/JobEnqueued.v3.avsc")
+    record = mapper_for(JobEnqueued).to_avro(event)
+    del record["after"], record["after_rule"], record["results_to_args"]
+    body = io.BytesIO()
+    schemaless_writer(body, writer.schema, record)
+
+    decoded = avro.decode_event(MAGIC + writer.fingerprint + body.getvalue())
+
+    assert decoded == dataclasses.replace(event, **NO_WORKFLOW)
 
 
 def test_the_history_schema_is_a_distinct_writer_of_the_same_kind() -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, assert_never
 
-from evsched.core import ids, limits, retention, retry
+from evsched.core import ids, limits, retention, retry, workflows
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
     AttemptStarted,
     AttemptSucceeded,
+    ChildRegistered,
     JobCancelled,
     JobEnqueued,
     JobEvent,
@@ -24,6 +25,7 @@ from evsched.core.events import (
     JobRequeued,
     LeaseExpired,
     LeaseRenewed,
+    ParentResolved,
     Position,
 )
 from evsched.core.slots import new_entry, new_state, state_replacer
@@ -38,7 +40,7 @@ from evsched.core.state import (
 )
 
 # Bump when a change to the fold could change any state or verdict: indexes then rebuild.
-FOLD_VERSION = 3
+FOLD_VERSION = 4
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
 # transition rules (they are rejected or stale), so a short window keeps state small.
@@ -115,8 +117,8 @@ def _step(state: JobState | None, event: JobEvent, position: Position) -> Step:
             return _requeued(state, event, position)
         case JobLeased():
             return _leased(state, event, position)
-        case JobPurged():
-            return _purged(state, event, position)
+        case JobPurged() | ChildRegistered() | ParentResolved():
+            return _purged_or_workflow(state, event, position)
         case (
             AttemptStarted()
             | LeaseRenewed()
@@ -142,7 +144,7 @@ def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) ->
     generation = 0 if state is None else state.generation + 1
     created = new_state(
         job_id=event.job_id,
-        status=Status.SCHEDULED,
+        status=Status.WAITING if event.after else Status.SCHEDULED,
         task=event.task,
         queue=event.queue,
         args=event.args,
@@ -166,9 +168,24 @@ def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) ->
         first_offset=position.offset if state is None else state.first_offset,
         retention_ms=event.retention_ms,
         key_window_ms=event.key_window_ms,
+        after=event.after,
+        after_rule=event.after_rule,
+        results_to_args=event.results_to_args,
     )
     run = f" (run {generation}: the key window of run {generation - 1} ended)" if state else ""
-    return created, Verdict.APPLIED, f"enqueued {event.task} on {event.queue}{run}"
+    waits = f", waiting on {len(event.after)} parents ({event.after_rule})" if event.after else ""
+    return created, Verdict.APPLIED, f"enqueued {event.task} on {event.queue}{run}{waits}"
+
+
+def _purged_or_workflow(
+    state: JobState | None, event: JobPurged | ChildRegistered | ParentResolved, position: Position
+) -> Step:
+    """Events outside a job's attempts: a purge, or a workflow's registration or resolution."""
+    if isinstance(event, JobPurged):
+        return _purged(state, event, position)
+    if isinstance(event, ChildRegistered):
+        return workflows.registered(state, event, position, _applied)
+    return workflows.resolved(state, event, position, _applied)
 
 
 def _purged(state: JobState | None, event: JobPurged, position: Position) -> Step:
