@@ -72,6 +72,10 @@ class EnqueueOptions:
     # (timedelta or seconds); None: the namespace's settings, else the defaults (7 days, 24 h).
     retention: Delay | None = None
     key_window: Delay | None = None
+    # Job ids this job waits on, and the rule that releases it (core.workflows); the client
+    # writes a ChildRegistered per parent in the enqueue's transaction (client.workflows).
+    after: Sequence[str] | None = None
+    after_rule: str | None = None
 
 
 def task_spec(
@@ -297,8 +301,18 @@ def build_enqueue(
             trace=checked_trace(options.trace),
             retention_ms=_window_ms("retention", options.retention, namespace.retention_ms),
             key_window_ms=_window_ms("key_window", options.key_window, namespace.key_window_ms),
+            after=_after(options.after),
+            after_rule=options.after_rule or "all_succeeded",
         )
     )
+
+
+def _after(after: Sequence[str] | None) -> tuple[str, ...]:
+    if after is None:
+        return ()
+    if isinstance(after, str) or not all(isinstance(p, str) for p in after):
+        raise InvalidEnqueue("after", "must be a list of job ids")
+    return tuple(after)
 
 
 def build_schedule(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from evsched.adapters.ids import new_id
 from evsched.adapters.tracing import InvalidTrace, current_trace, make_trace
 from evsched.client.results import JobHandle
+from evsched.client.workflows import registrations, write_atomically
 from evsched.commands import (
     Delay,
     EnqueueOptions,
@@ -92,6 +93,8 @@ class Task:
         tracestate: str | None = None,
         retention: Delay | None = None,
         key_window: Delay | None = None,
+        after: Sequence[str] | None = None,
+        after_rule: str | None = None,
     ) -> TaskOptions:
         """This task with per-call options: ``await task.options(delay=60).enqueue(x)``.
 
@@ -101,7 +104,9 @@ class Task:
         the W3C trace context the job carries to its worker; by default the active OpenTelemetry
         span's, when OpenTelemetry is installed and a span is active. ``retention`` (how long the
         finished job stays readable) and ``key_window`` (how long after it ends its key still
-        returns it) are timedeltas or seconds; by default the namespace's settings.
+        returns it) are timedeltas or seconds; by default the namespace's settings. ``after``
+        lists job ids the job waits on, ``after_rule`` (``all_succeeded``, ``all_finished``,
+        ``any_succeeded``) when they release it (docs/job-lifecycle.md, "Workflows").
         """
         return TaskOptions(
             self,
@@ -114,6 +119,8 @@ class Task:
                 trace=_trace_option(trace, traceparent, tracestate),
                 retention=retention,
                 key_window=key_window,
+                after=after,
+                after_rule=after_rule,
             ),
         )
 
@@ -129,6 +136,10 @@ class Task:
     def call(self, *args: Any, **kwargs: Any) -> EnqueueCall:
         """One call for ``app.enqueue_many``, with the task's defaults."""
         return TaskOptions(self, EnqueueOptions()).call(*args, **kwargs)
+
+    def s(self, *args: Any, **kwargs: Any) -> EnqueueCall:
+        """A step of a workflow (``chain``, ``group``): ``call`` under Celery's name."""
+        return self.call(*args, **kwargs)
 
     def is_retryable(self, exc: BaseException) -> bool:
         if isinstance(exc, self.spec.permanent_on):
@@ -209,7 +220,12 @@ class TaskOptions:
             new_id=new_id,
             defaults=app.settings,
         )
-        appended = await app.publish(event)
+        if event.after:  # its registrations with the parents go in the same transaction
+            appended = (
+                await write_atomically(app, [event, *registrations(event, event.emitted_at)])
+            )[0]
+        else:
+            appended = await app.publish(event)
         # A keyed job's first enqueue may be older than this one: its result is followed from
         # the partition's start.
         keyed = event.idempotency_key is not None
@@ -223,6 +239,10 @@ class TaskOptions:
     def call(self, *args: Any, **kwargs: Any) -> EnqueueCall:
         """One call for ``app.enqueue_many``, with these options."""
         return EnqueueCall(self, args, kwargs)
+
+    def s(self, *args: Any, **kwargs: Any) -> EnqueueCall:
+        """A step of a workflow, with these options."""
+        return self.call(*args, **kwargs)
 
     def enqueue_sync(self, *args: Any, **kwargs: Any) -> JobHandle:
         # The app's loop thread does not see this thread's OpenTelemetry context: take it here.
