@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from evsched.core.events import (
     Position,
 )
 from evsched.core.fold import fold
+from evsched.core.invariants import replay
 from evsched.core.state import JobState, Resolution, Status, Verdict
 
 T0 = 1_000_000
@@ -225,3 +227,67 @@ def test_only_the_transition_to_an_end_sends() -> None:
     )
     assert cancelled is not None and cancelled.status is Status.CANCELLED
     assert sends(cancelled, resolve("m", "b")) == []  # recorded on an ended job: sent already
+
+
+def _history(*events: JobEvent, partition: int = 0) -> list[tuple[JobEvent, Position]]:
+    return [
+        (e, Position(partition=partition, offset=i, log_at=T0 + i)) for i, e in enumerate(events)
+    ]
+
+
+def test_i8_holds_for_a_release_by_an_accepted_end() -> None:
+    parent = _parent_to("succeeded")
+    history = _history(*parent, partition=1)
+    [sent] = sends(run(*parent[:-1])[0], parent[-1], offset=4)
+    sent = replace(sent, parent_partition=1)
+    history += _history(enqueue("c", "p"), sent)
+    assert replay(history).violations == []
+
+
+def test_i8_catches_a_release_by_a_stale_end_or_a_second_one() -> None:
+    parent = _parent_to("succeeded")
+    stale = AttemptSucceeded(**_meta("p"), token=0, result=b"1")
+    history = _history(*parent[:-1], stale, partition=1)  # offset 4: the stale success
+    forged = replace(resolve("c", "p"), parent_partition=1, parent_offset=4)
+    history += _history(enqueue("c", "p"), forged)
+    [violation] = replay(history).violations
+    assert violation.invariant == "I8" and "not an accepted end" in violation.detail
+    nowhere = replace(resolve("c", "p"), parent_partition=7, parent_offset=0)
+    [violation] = replay(_history(enqueue("c", "p"), nowhere)).violations
+    assert "holds no record of parent p" in violation.detail
+
+
+def test_i8_does_not_trust_the_fold(monkeypatch: pytest.MonkeyPatch) -> None:
+    parent = _parent_to("dead")
+    history = _history(*parent, partition=1)
+    good = replace(resolve("c", "p", "dead", None), parent_partition=1, parent_offset=4)
+    wrong = replace(good, outcome="succeeded")
+    [violation] = replay([*history, *_history(enqueue("c", "p"), wrong)]).violations
+    assert "outcome succeeded, but the parent became dead" in violation.detail
+
+    def lenient(state: JobState | None, event: JobEvent, pos: Position) -> Any:
+        if isinstance(event, ParentResolved) and state is not None:
+            again = replace(state, resolutions=())  # a fold that forgets: a second release
+            return fold(again, event, pos)
+        return fold(state, event, pos)
+
+    twice = _history(enqueue("c", "p", "q"), good, replace(good, event_id="other"))
+    found = replay([*history, *twice], fold_job=lenient).violations
+    assert [v.detail for v in found] == ["ParentResolved: resolved by this parent again"]
+
+
+def test_i8_checks_the_answer_to_a_registration() -> None:
+    ended = _parent_to("succeeded")
+    late = register("p", "c2")
+    history = _history(*ended, late, partition=1)
+    answer = replace(resolve("c2", "p", result=b"1"), parent_partition=1, parent_offset=5)
+    assert replay([*history, *_history(enqueue("c2", "p"), answer)]).violations == []
+    other = replace(answer, job_id="d")
+    found = replay([*history, *_history(enqueue("d", "p"), other)]).violations
+    assert "registration at 1@5 is of another child" in found[0].detail
+    ghost = _history(register("ghost", "c"), partition=2)
+    unknown = replace(resolve("c", "ghost", "unknown", None), parent_partition=2, parent_offset=0)
+    assert replay([*ghost, *_history(enqueue("c", "ghost"), unknown)]).violations == []
+    lying = replace(unknown, outcome="dead")
+    found = replay([*ghost, *_history(enqueue("c", "ghost"), lying)]).violations
+    assert "does not answer the registration" in found[0].detail
