@@ -37,7 +37,12 @@ from evsched.operator.export import LogRange, export_range  # noqa: E402
 from evsched.operator.live_index import ReadOnlyIndex  # noqa: E402
 from evsched.operator.replay import dump_expected, expected_document, fold_history  # noqa: E402
 from evsched.operator.replica_dir import LocalIndex, catch_up  # noqa: E402
-from replay import scenario_controls, scenarios, scenarios_failures  # noqa: E402
+from replay import (  # noqa: E402
+    scenario_controls,
+    scenario_workflows,
+    scenarios,
+    scenarios_failures,
+)
 
 CORPUS = REPO / "replay"
 
@@ -122,6 +127,18 @@ SCENARIOS = {
             "unknown job, a purge before its time and one of an earlier run, each rejected.",
             scenarios.retention,
             all_terminal=False,  # a delayed job is left scheduled on purpose
+        ),
+        Scenario(
+            "workflows",
+            "Workflows (fold version 4): a chain of three whose middle step is retried once, a "
+            "group of twelve over the three partitions with a callback (its members' results in "
+            "order), a chain cut by a dead parent (the rest cancelled in turn), a zombie "
+            "parent's stale success that releases nothing, a registration after the parent "
+            "ended (answered at once) and one for an unknown parent (cancelled), and a hostile "
+            "producer's workflow events: a self-dependency, a resolution of an unknown child, "
+            "one from a parent the child does not wait on, and a repeated resolution (duplicate).",
+            scenario_workflows.workflows,
+            all_terminal=False,  # the forged self-waiter is never a job
         ),
     )
 }

@@ -8,6 +8,7 @@ once per parent, only by an accepted end).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -93,7 +94,7 @@ async def test_a_zombie_parents_stale_success_releases_nothing(
         child = await noop.options(after=[parent]).enqueue()
 
         async def started() -> bool:
-            return any(tmp_path.glob("started-*"))
+            return await asyncio.to_thread(lambda: any(tmp_path.glob("started-*")))
 
         await wait_for(started, what="the parent to start", timeout_s=60)
         running = await stack.wait_status(parent, Status.RUNNING)
