@@ -102,3 +102,16 @@ def test_empty_workflows_are_refused() -> None:
         chain()
     with pytest.raises(InvalidEnqueue):
         group([])
+
+
+async def test_a_group_alone_and_nested_steps(app_log: tuple[App, MemoryLog]) -> None:
+    app, log = app_log
+    add, total = app.get_task("t.add"), app.get_task("t.total")
+    alone = await app.enqueue_workflow(group([add.s(1), add.s(2)]))
+    assert alone.tails == alone.jobs and all(not w[0] for w in _waits(log).values())
+    # chain(a, group([b, chain(c, d)]), e): b and c wait on a; d on c; e gets [b, d]
+    flow = chain(add.s(1), group([add.s(2), chain(add.s(3), add.s(4))]), total.s())
+    a, b, c, d, e = (await app.enqueue_workflow(flow)).job_ids
+    waits = _waits(log)
+    assert waits[b] == ((a,), "append") and waits[c] == ((a,), "append")
+    assert waits[d] == ((c,), "append") and waits[e] == ((b, d), "list")
