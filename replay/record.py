@@ -40,6 +40,7 @@ from evsched.operator.replica_dir import LocalIndex, catch_up  # noqa: E402
 from replay import (  # noqa: E402
     scenario_controls,
     scenario_policies,
+    scenario_workflows,
     scenarios,
     scenarios_failures,
 )
@@ -140,6 +141,18 @@ SCENARIOS = {
             "are duplicates of its one job id, then a new run); a backfill by the CLI, repeated "
             "(its jobs duplicates), and a hostile backfill of a future slot (rejected).",
             scenario_policies.policies,
+        ),
+        Scenario(
+            "workflows",
+            "Workflows (fold version 4): a chain of three whose middle step is retried once, a "
+            "group of twelve over the three partitions with a callback (its members' results in "
+            "order), a chain cut by a dead parent (the rest cancelled in turn), a zombie "
+            "parent's stale success that releases nothing, a registration after the parent "
+            "ended (answered at once) and one for an unknown parent (cancelled), and a hostile "
+            "producer's workflow events: a self-dependency, a resolution of an unknown child, "
+            "one from a parent the child does not wait on, and a repeated resolution (duplicate).",
+            scenario_workflows.workflows,
+            all_terminal=False,  # the forged self-waiter is never a job
         ),
     )
 }

@@ -79,6 +79,10 @@ class EnqueueOptions:
     key_window: Delay | None = None
     # "queued", "active", or a period (timedelta or seconds); None: the task's.
     unique: Unique | None = None
+    # Job ids this job waits on, and the rule that releases it (core.workflows); the client
+    # writes a ChildRegistered per parent in the enqueue's transaction (client.workflows).
+    after: Sequence[str] | None = None
+    after_rule: str | None = None
 
 
 def task_spec(
@@ -327,6 +331,8 @@ def build_enqueue(
             retention_ms=_window_ms("retention", options.retention, retention_ms),
             key_window_ms=_window_ms("key_window", options.key_window, key_window_ms),
             **scoped,
+            after=_after(options.after),
+            after_rule=options.after_rule or "all_succeeded",
         )
     )
 
@@ -338,6 +344,14 @@ def _job_id(
     if key is not None:
         return ids.job_id_for_key(spec.queue, key)
     return ids.job_id_for_unique(spec.queue, spec.name, args) if unique else new_id()
+
+
+def _after(after: Sequence[str] | None) -> tuple[str, ...]:
+    if after is None:
+        return ()
+    if isinstance(after, str) or not all(isinstance(p, str) for p in after):
+        raise InvalidEnqueue("after", "must be a list of job ids")
+    return tuple(after)
 
 
 def build_schedule(

@@ -81,6 +81,18 @@ def make_app(settings: Settings | None = None) -> App:
         ctx.effect("counted", {"n": n})
         return n
 
+    @app.task(name="s.plus", max_attempts=4, retry=FAST_RETRY, retry_on=(ConnectionError,))
+    async def plus(ctx: Context, add: int, failures: int, previous: int = 0) -> int:
+        """A workflow step: ``previous`` (the parent's result, appended) plus ``add``."""
+        if ctx.attempt <= failures:
+            raise ConnectionError(f"attempt {ctx.attempt} fails on purpose")
+        return previous + add
+
+    @app.task(name="s.total")
+    async def total(results: list[int]) -> int:
+        """A group's callback: the sum of its members' results, checked to be in member order."""
+        return sum(results)
+
     return app
 
 

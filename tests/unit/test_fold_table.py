@@ -20,6 +20,7 @@ from evsched.core.events import (
     AttemptFailed,
     AttemptStarted,
     AttemptSucceeded,
+    ChildRegistered,
     JobCancelled,
     JobEnqueued,
     JobEvent,
@@ -28,6 +29,7 @@ from evsched.core.events import (
     JobRequeued,
     LeaseExpired,
     LeaseRenewed,
+    ParentResolved,
     Position,
 )
 from evsched.core.fold import fold
@@ -183,6 +185,50 @@ TABLE: dict[tuple[S | None, str, str], tuple[V, S | None]] = {
     (S.CANCELLED, "LeaseExpired", "stale"): (V.STALE, S.CANCELLED),
     (S.CANCELLED, "JobRequeued", "-"): (V.APPLIED, S.SCHEDULED),
     (S.CANCELLED, "JobPurged", "-"): (V.REJECTED, S.CANCELLED),
+    # workflows (fold version 4): registrations, resolutions, and a job waiting on parents
+    (None, "ChildRegistered", "-"): (V.REJECTED, None),
+    (None, "ParentResolved", "waited"): (V.REJECTED, None),
+    (None, "ParentResolved", "other"): (V.REJECTED, None),
+    (S.SCHEDULED, "ChildRegistered", "-"): (V.APPLIED, S.SCHEDULED),
+    (S.SCHEDULED, "ParentResolved", "waited"): (V.REJECTED, S.SCHEDULED),
+    (S.SCHEDULED, "ParentResolved", "other"): (V.REJECTED, S.SCHEDULED),
+    (S.LEASED, "ChildRegistered", "-"): (V.APPLIED, S.LEASED),
+    (S.LEASED, "ParentResolved", "waited"): (V.REJECTED, S.LEASED),
+    (S.LEASED, "ParentResolved", "other"): (V.REJECTED, S.LEASED),
+    (S.RUNNING, "ChildRegistered", "-"): (V.APPLIED, S.RUNNING),
+    (S.RUNNING, "ParentResolved", "waited"): (V.REJECTED, S.RUNNING),
+    (S.RUNNING, "ParentResolved", "other"): (V.REJECTED, S.RUNNING),
+    (S.SUCCEEDED, "ChildRegistered", "-"): (V.APPLIED, S.SUCCEEDED),
+    (S.SUCCEEDED, "ParentResolved", "waited"): (V.REJECTED, S.SUCCEEDED),
+    (S.SUCCEEDED, "ParentResolved", "other"): (V.REJECTED, S.SUCCEEDED),
+    (S.DEAD, "ChildRegistered", "-"): (V.APPLIED, S.DEAD),
+    (S.DEAD, "ParentResolved", "waited"): (V.REJECTED, S.DEAD),
+    (S.DEAD, "ParentResolved", "other"): (V.REJECTED, S.DEAD),
+    (S.CANCELLED, "ChildRegistered", "-"): (V.APPLIED, S.CANCELLED),
+    (S.CANCELLED, "ParentResolved", "waited"): (V.REJECTED, S.CANCELLED),
+    (S.CANCELLED, "ParentResolved", "other"): (V.REJECTED, S.CANCELLED),
+    (S.WAITING, "JobEnqueued", "same"): (V.DUPLICATE, S.WAITING),
+    (S.WAITING, "JobEnqueued", "other"): (V.CONFLICT, S.WAITING),
+    (S.WAITING, "JobCancelled", "-"): (V.APPLIED, S.CANCELLED),
+    (S.WAITING, "JobLeased", "current"): (V.REJECTED, S.WAITING),
+    (S.WAITING, "JobLeased", "stale"): (V.REJECTED, S.WAITING),
+    (S.WAITING, "AttemptStarted", "current"): (V.STALE, S.WAITING),
+    (S.WAITING, "AttemptStarted", "stale"): (V.REJECTED, S.WAITING),
+    (S.WAITING, "LeaseRenewed", "current"): (V.STALE, S.WAITING),
+    (S.WAITING, "LeaseRenewed", "stale"): (V.REJECTED, S.WAITING),
+    (S.WAITING, "AttemptCheckpointed", "current"): (V.STALE, S.WAITING),
+    (S.WAITING, "AttemptCheckpointed", "stale"): (V.REJECTED, S.WAITING),
+    (S.WAITING, "AttemptSucceeded", "current"): (V.STALE, S.WAITING),
+    (S.WAITING, "AttemptSucceeded", "stale"): (V.REJECTED, S.WAITING),
+    (S.WAITING, "AttemptFailed", "current"): (V.STALE, S.WAITING),
+    (S.WAITING, "AttemptFailed", "stale"): (V.REJECTED, S.WAITING),
+    (S.WAITING, "LeaseExpired", "current"): (V.STALE, S.WAITING),
+    (S.WAITING, "LeaseExpired", "stale"): (V.REJECTED, S.WAITING),
+    (S.WAITING, "JobRequeued", "-"): (V.REJECTED, S.WAITING),
+    (S.WAITING, "JobPurged", "-"): (V.REJECTED, S.WAITING),
+    (S.WAITING, "ChildRegistered", "-"): (V.APPLIED, S.WAITING),
+    (S.WAITING, "ParentResolved", "waited"): (V.APPLIED, S.WAITING),
+    (S.WAITING, "ParentResolved", "other"): (V.REJECTED, S.WAITING),
 }
 
 _seq = itertools.count()
@@ -223,6 +269,9 @@ def _run(events: list[JobEvent]) -> JobState:
     return state
 
 
+PARENTS = ("p1", "p2")
+
+
 def _setups() -> dict[S | None, JobState | None]:
     """One job per status; all but the unknown one hold token 1 after attempt 1."""
     leased = [_enqueue(), _lease(1, 1)]
@@ -235,6 +284,7 @@ def _setups() -> dict[S | None, JobState | None]:
         S.SUCCEEDED: _run([*running, _token_event(AttemptSucceeded, 1)]),
         S.DEAD: _run([*running, _token_event(AttemptFailed, 1, retryable=False)]),
         S.CANCELLED: _run([*running, JobCancelled(**_meta())]),
+        S.WAITING: _run([JobEnqueued(**_meta(), task="t", queue="q", args=b"{}", after=PARENTS)]),
     }
 
 
@@ -244,8 +294,10 @@ SETUPS = _setups()
 def _variants(kind: type[JobEvent]) -> tuple[str, ...]:
     if kind is JobEnqueued:
         return ("same", "other")
-    if kind in (JobCancelled, JobRequeued, JobPurged):
+    if kind in (JobCancelled, JobRequeued, JobPurged, ChildRegistered):
         return ("-",)
+    if kind is ParentResolved:  # from a parent the job waits on, or from another job
+        return ("waited", "other")
     return ("current", "stale")
 
 
@@ -256,11 +308,22 @@ def _event(kind: type[JobEvent], variant: str, state: JobState | None) -> JobEve
         return _enqueue(b"{}" if variant == "same" else b"[]")
     if kind in (JobCancelled, JobRequeued):
         return kind(**_meta())
+    if kind in (ChildRegistered, ParentResolved):
+        return _workflow_event(kind, variant)
     if kind is JobPurged:  # within every setup's retention (the default, 7 days): too early
         return JobPurged(**_meta(), generation=0)
     if kind is JobLeased:
         return _lease(token + 1 if variant == "current" else token, attempt + 1)
     return _token_event(kind, token if variant == "current" else token - 1)
+
+
+def _workflow_event(kind: type[JobEvent], variant: str) -> JobEvent:
+    if kind is ChildRegistered:
+        return ChildRegistered(**_meta(), child_id="c1")
+    parent = PARENTS[0] if variant == "waited" else "x"
+    return ParentResolved(
+        **_meta(), parent_id=parent, outcome="succeeded", parent_partition=1, parent_offset=7
+    )
 
 
 CASES = [

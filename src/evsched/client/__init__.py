@@ -5,6 +5,7 @@ from evsched.client.app import App
 from evsched.client.batch import BatchResult, Outcome
 from evsched.client.context import Context
 from evsched.client.task import EnqueueCall, Task, TaskOptions
+from evsched.client.workflows import Chain, Group, WorkflowHandle, chain, group
 from evsched.core.events import RetryPolicy, TraceContext
 from evsched.ports import Appended, EventLog, JobReader
 
@@ -12,9 +13,11 @@ __all__ = [
     "App",
     "Appended",
     "BatchResult",
+    "Chain",
     "Context",
     "EnqueueCall",
     "EventLog",
+    "Group",
     "JobReader",
     "KafkaEventLog",
     "Outcome",
@@ -22,4 +25,7 @@ __all__ = [
     "Task",
     "TaskOptions",
     "TraceContext",
+    "WorkflowHandle",
+    "chain",
+    "group",
 ]

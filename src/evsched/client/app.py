@@ -21,6 +21,7 @@ from evsched.client.per_loop import PerLoop
 from evsched.client.results import JobHandle, terminal_state
 from evsched.client.sync import LoopThread
 from evsched.client.task import Categories, EnqueueCall, Handler, Task, checked_categories
+from evsched.client.workflows import Chain, Group, WorkflowHandle, enqueue_workflow
 from evsched.commands import (
     SOURCE,
     Delay,
@@ -350,6 +351,22 @@ class App:
     async def publish_control_everywhere(self, event: ControlEvent) -> list[Appended]:
         """``event`` to every events partition, with explicit partitions (a queue's control)."""
         return await publish_everywhere(await self.event_log(), self.topics.events, event)
+
+    async def enqueue_workflow(
+        self, workflow: EnqueueCall | Chain | Group, *, key: str | None = None
+    ) -> WorkflowHandle:
+        """Enqueue ``chain(...)``/``group(...)`` (or one call) atomically: all its jobs or none.
+
+        With ``key`` the job ids derive from it, so enqueueing the same workflow again under the
+        same key makes no new jobs. ``await handle.last.result()`` is the workflow's outcome.
+        """
+        return await enqueue_workflow(self, workflow, key=key)
+
+    async def require_queue(self, queue: str) -> None:
+        """UnknownQueue when the namespace declares queues and not this one."""
+        producer = await self._producer()
+        if producer.queues is not None:
+            await _require_declared(producer.queues, queue)
 
     async def event_log(self) -> EventLog:
         """The calling loop's EventLog (started on first use)."""

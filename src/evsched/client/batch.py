@@ -12,6 +12,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from evsched.client.workflows import registrations
 from evsched.commands import encode_checked
 from evsched.core.events import JobEnqueued
 from evsched.errors import InvalidEnqueue, PublishError
@@ -86,20 +87,37 @@ async def _write(
     *,
     atomic: bool,
 ) -> list[BatchResult]:
+    if not atomic:  # a waiting job's registrations must go in its enqueue's transaction
+        ready = _without_after(results, ready)
     refused = [i for i, r in enumerate(results) if r is not None and r.outcome in _REFUSED]
     if atomic and refused:
         return _abort(results, ready, f"call {refused[0]} is refused: nothing was written")
     records = [Outbound(p.event.job_id, p.data) for p in ready]
     if atomic:
+        records += [
+            Outbound(r.job_id, encode_checked(r))
+            for p in ready
+            for r in registrations(p.event, p.event.emitted_at)
+        ]
         try:
             acks: Sequence[Appended | PublishError] = await log.append_atomic(topic, records)
         except PublishError as exc:
             return _abort(results, ready, str(exc))
+        acks = acks[: len(ready)]
     else:
         acks = await log.append_many(topic, records)
     for prepared, ack in zip(ready, acks, strict=True):
         results[prepared.index] = _written(prepared, ack)
     return [r for r in results if r is not None]
+
+
+def _without_after(results: list[BatchResult | None], ready: list[_Prepared]) -> list[_Prepared]:
+    """The calls that wait on no parent; the others are invalid outside an atomic batch."""
+    for p in ready:
+        if p.event.after:
+            why = "a call with after needs atomic=True (its registrations share its transaction)"
+            results[p.index] = _invalid(p.index, InvalidEnqueue("after", why))
+    return [p for p in ready if not p.event.after]
 
 
 def _invalid(index: int, exc: InvalidEnqueue) -> BatchResult:

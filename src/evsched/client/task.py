@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from evsched.adapters.ids import new_id
 from evsched.adapters.tracing import InvalidTrace, current_trace, make_trace
 from evsched.client.results import JobHandle
+from evsched.client.workflows import registrations, write_atomically
 from evsched.commands import (
     Delay,
     EnqueueOptions,
@@ -94,6 +95,8 @@ class Task:
         retention: Delay | None = None,
         key_window: Delay | None = None,
         unique: Unique | None = None,
+        after: Sequence[str] | None = None,
+        after_rule: str | None = None,
     ) -> TaskOptions:
         """This task with per-call options: ``await task.options(delay=60).enqueue(x)``.
 
@@ -104,7 +107,9 @@ class Task:
         span's, when OpenTelemetry is installed and a span is active. ``retention`` (how long the
         finished job stays readable) and ``key_window`` (how long after it ends its key still
         returns it) are timedeltas or seconds; by default the namespace's settings. ``unique``
-        overrides the task's uniqueness scope (see ``App.task``).
+        overrides the task's uniqueness scope (see ``App.task``). ``after`` lists job ids the
+        job waits on, ``after_rule`` (``all_succeeded``, ``all_finished``, ``any_succeeded``)
+        when they release it (docs/job-lifecycle.md, "Workflows").
         """
         return TaskOptions(
             self,
@@ -118,6 +123,8 @@ class Task:
                 retention=retention,
                 key_window=key_window,
                 unique=unique,
+                after=after,
+                after_rule=after_rule,
             ),
         )
 
@@ -133,6 +140,10 @@ class Task:
     def call(self, *args: Any, **kwargs: Any) -> EnqueueCall:
         """One call for ``app.enqueue_many``, with the task's defaults."""
         return TaskOptions(self, EnqueueOptions()).call(*args, **kwargs)
+
+    def s(self, *args: Any, **kwargs: Any) -> EnqueueCall:
+        """A step of a workflow (``chain``, ``group``): ``call`` under Celery's name."""
+        return self.call(*args, **kwargs)
 
     def is_retryable(self, exc: BaseException) -> bool:
         if isinstance(exc, self.spec.permanent_on):
@@ -218,7 +229,12 @@ class TaskOptions:
         """Write the JobEnqueued; returns the job's handle once the broker acknowledged it."""
         app = self.task.app
         event = self.build(args, kwargs, app.clock.now_ms())
-        appended = await app.publish(event)
+        if event.after:  # its registrations with the parents go in the same transaction
+            appended = (
+                await write_atomically(app, [event, *registrations(event, event.emitted_at)])
+            )[0]
+        else:
+            appended = await app.publish(event)
         # A keyed job's first enqueue may be older than this one: its result is followed from
         # the partition's start.
         keyed = event.idempotency_key is not None or event.unique is not None
@@ -232,6 +248,10 @@ class TaskOptions:
     def call(self, *args: Any, **kwargs: Any) -> EnqueueCall:
         """One call for ``app.enqueue_many``, with these options."""
         return EnqueueCall(self, args, kwargs)
+
+    def s(self, *args: Any, **kwargs: Any) -> EnqueueCall:
+        """A step of a workflow, with these options."""
+        return self.call(*args, **kwargs)
 
     def enqueue_sync(self, *args: Any, **kwargs: Any) -> JobHandle:
         # The app's loop thread does not see this thread's OpenTelemetry context: take it here.

@@ -80,6 +80,11 @@ class JobEnqueued:
     # Fold version 4: a uniqueness scope ("queued", "active" or "period", see core.unique).
     unique: str | None = None
     unique_period_ms: int | None = None
+    # Added in fold version 4 (core.workflows): the parents this job waits on, the rule that
+    # releases it, and where their results go in its args ("none", "append" or "list").
+    after: tuple[str, ...] = ()
+    after_rule: str = "all_succeeded"
+    results_to_args: str = "none"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,6 +217,44 @@ class JobPurged:
     trace: TraceContext | None = None
 
 
+# --- workflow events (core.workflows) -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildRegistered:
+    """Job ``child_id`` waits on this job (``job_id``, the key): written with the child's enqueue.
+
+    The parent's node answers with a ParentResolved once the parent ends (at once if it has).
+    """
+
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    child_id: str
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParentResolved:
+    """Parent ``parent_id`` of job ``job_id`` (the key) ended with ``outcome``.
+
+    Written by the parent's node in the transaction of its fold of the parent's accepted end;
+    ``parent_partition``/``parent_offset`` is the record whose fold released it.
+    """
+
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    parent_id: str
+    outcome: str
+    parent_partition: int
+    parent_offset: int
+    result: bytes | None = None
+    trace: TraceContext | None = None
+
+
 # --- schedule events (key = schedule id) ------------------------------------------------------
 
 
@@ -332,6 +375,8 @@ JobEvent: TypeAlias = (
     | LeaseExpired
     | JobRequeued
     | JobPurged
+    | ChildRegistered
+    | ParentResolved
 )
 ScheduleEvent: TypeAlias = ScheduleUpserted | ScheduleDeleted | ScheduleFired
 ControlEvent: TypeAlias = QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed
@@ -349,6 +394,8 @@ JOB_EVENT_TYPES: tuple[type[JobEvent], ...] = (
     LeaseExpired,
     JobRequeued,
     JobPurged,
+    ChildRegistered,
+    ParentResolved,
 )
 SCHEDULE_EVENT_TYPES: tuple[type[ScheduleEvent], ...] = (
     ScheduleUpserted,

@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, assert_never
 
-from evsched.core import ids, limits, retention, retry, unique
+from evsched.core import ids, limits, retention, retry, unique, workflows
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
     AttemptStarted,
     AttemptSucceeded,
+    ChildRegistered,
     JobCancelled,
     JobEnqueued,
     JobEvent,
@@ -25,6 +26,7 @@ from evsched.core.events import (
     JobRequeued,
     LeaseExpired,
     LeaseRenewed,
+    ParentResolved,
     Position,
 )
 from evsched.core.slots import new_entry, new_state, state_replacer
@@ -119,8 +121,8 @@ def _step(state: JobState | None, event: JobEvent, position: Position) -> Step:
             return _requeued(state, event, position)
         case JobLeased():
             return _leased(state, event, position)
-        case JobPurged():
-            return _purged(state, event, position)
+        case JobPurged() | ChildRegistered() | ParentResolved():
+            return _purged_or_workflow(state, event, position)
         case (
             AttemptStarted()
             | LeaseRenewed()
@@ -148,7 +150,7 @@ def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) ->
     generation = 0 if state is None else state.generation + 1
     created = new_state(
         job_id=event.job_id,
-        status=Status.SCHEDULED,
+        status=Status.WAITING if event.after else Status.SCHEDULED,
         task=event.task,
         queue=event.queue,
         args=event.args,
@@ -174,9 +176,24 @@ def _enqueued(state: JobState | None, event: JobEnqueued, position: Position) ->
         key_window_ms=event.key_window_ms,
         unique=event.unique,
         unique_period_ms=event.unique_period_ms,
+        after=event.after,
+        after_rule=event.after_rule,
+        results_to_args=event.results_to_args,
     )
     run = f" (run {generation}: the key window of run {generation - 1} ended)" if state else ""
-    return created, Verdict.APPLIED, f"enqueued {event.task} on {event.queue}{run}"
+    waits = f", waiting on {len(event.after)} parents ({event.after_rule})" if event.after else ""
+    return created, Verdict.APPLIED, f"enqueued {event.task} on {event.queue}{run}{waits}"
+
+
+def _purged_or_workflow(
+    state: JobState | None, event: JobPurged | ChildRegistered | ParentResolved, position: Position
+) -> Step:
+    """Events outside a job's attempts: a purge, or a workflow's registration or resolution."""
+    if isinstance(event, JobPurged):
+        return _purged(state, event, position)
+    if isinstance(event, ChildRegistered):
+        return workflows.registered(state, event, position, _applied)
+    return workflows.resolved(state, event, position, _applied)
 
 
 def _unique_enqueued(

@@ -46,11 +46,14 @@ from evsched.core.events import (
     entity_id,
 )
 from evsched.core.fold import fold
+from evsched.core.invariants_workflows import RELEASED_ONCE_BY_AN_ACCEPTED_END, Releases
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
 History = Iterable[tuple[Event, Position]]
 JobFold = Callable[[JobState | None, JobEvent, Position], tuple[JobState | None, TimelineEntry]]
 
+# I8, every child released at most once per parent and only by an accepted end, is checked by
+# core.invariants_workflows at the end of ``feed_all``.
 NO_DOUBLE_SUCCESS = "I1"
 NO_EARLY_START = "I6"
 TOKENS_INCREASE = "I7"
@@ -94,10 +97,26 @@ class Replay:
     _accounts: dict[str, _Account] = field(default_factory=dict)
     # The names paused by (partition, target), kept with ``controls`` (every event reads them).
     _paused: dict[tuple[int, str], set[str]] = field(default_factory=dict)
+    # I8 (core.invariants_workflows): checked once the whole history is in.
+    releases: Releases = field(default_factory=Releases)
 
     def feed_all(self, history: History) -> Replay:
         for event, position in history:
             self.feed(event, position)
+        return self.finish()
+
+    def finish(self) -> Replay:
+        """Add the breaches of I8, which need the whole history (call once, after feeding)."""
+        self.violations += [
+            Violation(
+                invariant=RELEASED_ONCE_BY_AN_ACCEPTED_END,
+                job_id=b.job_id,
+                offset=b.offset,
+                partition=b.partition,
+                detail=f"ParentResolved: {b.detail}",
+            )
+            for b in self.releases.breaches()
+        ]
         return self
 
     def feed(self, event: Event, position: Position) -> TimelineEntry:
@@ -114,6 +133,7 @@ class Replay:
         if after is not None:
             self.jobs[key] = after
         self.job_timelines.setdefault(key, []).append(entry)
+        self.releases.note(event, position, entry)
         if entry.verdict is Verdict.APPLIED and after is None:
             # A purge: the id is forgotten, so a later enqueue of it is a new job.
             self.jobs.pop(key, None)

@@ -18,6 +18,7 @@ from evsched.core.events import (
     AttemptFailed,
     AttemptStarted,
     AttemptSucceeded,
+    ChildRegistered,
     Event,
     JobEnqueued,
     JobLeased,
@@ -26,6 +27,7 @@ from evsched.core.events import (
     JobTemplate,
     LeaseExpired,
     LeaseRenewed,
+    ParentResolved,
     QueuePaused,
     QueueResumed,
     RetryPolicy,
@@ -72,6 +74,14 @@ MAX_MULTIPLIER = 1000.0
 # How far ahead of a job's run_at a node may lease it (a pre-lease): a worker holds the dispatch
 # that long, so the bound keeps a zombie or a foreign producer from parking jobs for hours.
 MAX_PRELEASE_MS = 60_000
+
+# Workflows (core.workflows): parents a job may wait on, children a job may have waiting on it
+# (both lists live in the job's state), the rules, result placements and parent outcomes.
+MAX_PARENTS = 1_000
+MAX_CHILDREN = 1_000
+AFTER_RULES = ("all_succeeded", "all_finished", "any_succeeded")
+RESULT_PLACEMENTS = ("none", "append", "list")
+PARENT_OUTCOMES = ("succeeded", "dead", "cancelled", "unknown", "refused")
 
 # Cron fields that croniter fills at random (R) or from a hash of an id it is not given (H): every
 # replica would compute different slots.
@@ -122,7 +132,7 @@ def _job_refusal(event: Event) -> str | None:
         case JobRequeued() | JobPurged():
             return _after_end_refusal(event)
         case _:
-            return None  # a cancel carries nothing to bound
+            return _workflow_event_refusal(event)  # a cancel carries nothing to bound
 
 
 def _failure_refusal(
@@ -156,7 +166,45 @@ def _enqueued_refusal(event: JobEnqueued) -> str | None:
         _optional_duration("retention_ms", event.retention_ms),
         _optional_duration("key_window_ms", event.key_window_ms),
         unique.refusal(event.unique, event.unique_period_ms, MAX_DURATION_MS),
+        _after_refusal(event),
     )
+
+
+def _after_refusal(event: JobEnqueued) -> str | None:
+    """The limits of an enqueue's workflow fields: its parents, rule and result placement."""
+    after = event.after
+    if len(after) > MAX_PARENTS:
+        return f"after has {len(after)} parents, above the limit of {MAX_PARENTS}"
+    if event.job_id in after:
+        return "after names the job itself"
+    if len(set(after)) != len(after):
+        return "after names a parent twice"
+    return _first(
+        _one_of("after_rule", event.after_rule, AFTER_RULES),
+        _one_of("results_to_args", event.results_to_args, RESULT_PLACEMENTS),
+        *(id_refusal("after[]", parent) for parent in after),
+    )
+
+
+def _workflow_event_refusal(event: Event) -> str | None:
+    if isinstance(event, ChildRegistered):
+        if event.child_id == event.job_id:
+            return "child_id is the job itself"
+        return id_refusal("child_id", event.child_id)
+    if not isinstance(event, ParentResolved):
+        return None
+    return _first(
+        id_refusal("parent_id", event.parent_id),
+        _one_of("outcome", event.outcome, PARENT_OUTCOMES),
+        _bounded("parent_partition", event.parent_partition, 0, MAX_ATTEMPTS),
+        _bounded("parent_offset", event.parent_offset, 0, MAX_PRIORITY),
+    )
+
+
+def _one_of(field: str, value: str, allowed: tuple[str, ...]) -> str | None:
+    if value not in allowed:
+        return f"{field} {_show(value)} is not one of {', '.join(allowed)}"
+    return None
 
 
 def _schedule_refusal(event: ScheduleUpserted | ScheduleDeleted | ScheduleFired) -> str | None:

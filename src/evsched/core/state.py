@@ -15,6 +15,7 @@ class Status(enum.StrEnum):
     SUCCEEDED = "succeeded"
     DEAD = "dead"
     CANCELLED = "cancelled"
+    WAITING = "waiting"  # on its parents (core.workflows); last, as in the Avro enum
 
 
 TERMINAL_STATUSES = frozenset({Status.SUCCEEDED, Status.DEAD, Status.CANCELLED})
@@ -40,6 +41,17 @@ class JobError:
     retryable: bool
     category: str | None = None
     traceback: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resolution:
+    """How one parent of a waiting job ended, and the record whose fold said so."""
+
+    parent_id: str
+    outcome: str
+    partition: int
+    offset: int
+    result: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +100,13 @@ class JobState:
     unique: str | None = None
     unique_period_ms: int | None = None
     unique_held_at: int | None = None
+    # Workflows (core.workflows): the parents this job waits on, its rule, where their results
+    # go, how each resolved so far; and the children waiting on this job.
+    after: tuple[str, ...] = ()
+    after_rule: str = "all_succeeded"
+    results_to_args: str = "none"
+    resolutions: tuple[Resolution, ...] = ()
+    children: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,6 +17,7 @@ from evsched.core.events import (
     AttemptFailed,
     AttemptStarted,
     AttemptSucceeded,
+    ChildRegistered,
     ControlEvent,
     JobCancelled,
     JobEnqueued,
@@ -26,6 +27,7 @@ from evsched.core.events import (
     JobRequeued,
     LeaseExpired,
     LeaseRenewed,
+    ParentResolved,
     QueuePaused,
     ScheduleDeleted,
     ScheduleEvent,
@@ -57,6 +59,8 @@ NOUNS = {
     "AttemptFailed": "failure report",
     "LeaseExpired": "lease expiry",
     "JobPurged": "purge",
+    "ChildRegistered": "child registration",
+    "ParentResolved": "parent resolution",
     "ScheduleUpserted": "schedule update",
     "ScheduleDeleted": "schedule deletion",
     "ScheduleFired": "fire",
@@ -212,6 +216,29 @@ def _expired(event: LeaseExpired, before: JobState | None, after: JobState) -> s
     return f"token {event.token}'s lease expired ({why}), noted by {event.source}; {_next(after)}"
 
 
+def _registered(event: ChildRegistered, before: JobState | None, _: JobState) -> str:
+    text = f"job {event.child_id} now waits on this job (registered by {event.source})"
+    if before is not None and before.status in TERMINAL_STATUSES:
+        return f"{text}; already {before.status}: answered at once"
+    return text
+
+
+def _resolved(event: ParentResolved, before: JobState | None, after: JobState) -> str:
+    """Which parent's end, logged where, moved the child: the audit of a release."""
+    at = f"p{event.parent_partition}@{event.parent_offset}"
+    text = f"parent {event.parent_id} {event.outcome} (its record at {at}, sent by {event.source})"
+    waited = before is not None and before.status is Status.WAITING
+    match after.status:
+        case Status.SCHEDULED if waited:
+            return f"{text}: released by it, rule {after.after_rule} met"
+        case Status.WAITING:
+            return f"{text}: waiting on {len(after.after) - len(after.resolutions)} more"
+        case Status.CANCELLED if waited:
+            return f"{text}: cancelled, rule {after.after_rule} can no longer be met"
+        case _:
+            return f"{text}: recorded"
+
+
 def _next(after: JobState) -> str:
     """What became of the job after a failed or expired attempt."""
     if after.status is Status.SCHEDULED:
@@ -235,6 +262,8 @@ _APPLIED: dict[type[Any], Callable[[Any, JobState | None, JobState], str]] = {
     AttemptSucceeded: _succeeded,
     AttemptFailed: _failed,
     LeaseExpired: _expired,
+    ChildRegistered: _registered,
+    ParentResolved: _resolved,
 }
 
 
@@ -266,8 +295,8 @@ def _stale(entry: TimelineEntry, before: JobState) -> str:
 def _refusal(entry: TimelineEntry, event: JobEvent, before: JobState) -> str:
     """Why a transition was refused, from the state it met; the fold's reason as a fallback."""
     match event:
-        case JobPurged():
-            return entry.reason  # the fold names the run, the status or the retention's end
+        case JobPurged() | ChildRegistered() | ParentResolved():
+            return entry.reason  # the fold names the run, the status, the limit or the parent
         case JobCancelled() | JobRequeued() if before.status in TERMINAL_STATUSES:
             return f"job is already {before.status}"
         case JobRequeued():

@@ -141,7 +141,7 @@ def fold_history(events: Iterable[LoggedEvent], *, fold_job: JobFold = fold) -> 
             outcome.jobs.setdefault(key, []).append(head + _job_row(replay.jobs.get(key)))
     outcome.job_states = replay.jobs
     outcome.schedule_states = replay.schedules
-    outcome.violations = replay.violations
+    outcome.violations = replay.finish().violations
     return outcome
 
 

@@ -82,7 +82,7 @@ class OwnedPartition:
         self.ensure_queues = ensure_queues
         self.scan_limit = scan_limit
         self.index = index
-        self.projector = Projector(self.index, on_commit=on_commit)
+        self.projector = Projector(self.index, on_commit=on_commit, source=self.source)
         self.instruments = instruments
         # Records below the committed offset were folded and their outputs sent before a crash.
         self.replay_until = committed if committed is not None else 0
@@ -168,6 +168,8 @@ class OwnedPartition:
         self.caught_up = self.caught_up or position >= self.end_offset
         decisions = self._plan(folded, now) if self.caught_up else []
         outgoing = [_effect_record(self.topics, e) for e in folded.effects] + decisions
+        # Keyed by the child, on its own partition; like effects, sent once with their offset.
+        outgoing += [self._event(r, own_partition=False) for r in folded.resolutions]
         # The index changes go to the changelog in the step's own transaction (one is made for
         # them if nothing else goes): the index is never written ahead of its changelog.
         prepared = self.projector.prepare(folded)
@@ -181,7 +183,7 @@ class OwnedPartition:
         # is what makes them exactly once. Leases, expiries and fires are derived from state, not
         # from records (after a crash the new owner folds them back before deciding anything),
         # so their transactions need no offset; offsets alone go out every so often.
-        with_offset = bool(folded.effects) or self._offset_due(now)
+        with_offset = bool(folded.effects or folded.resolutions) or self._offset_due(now)
         self._count(steps=1, records=len(records))
         if outgoing or with_offset or changelog:
             ours = ConsumerOffset(self.topics.events, self.partition, offset, self.group_id)

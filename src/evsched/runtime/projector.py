@@ -13,7 +13,7 @@ from evsched.adapters import avro
 from evsched.adapters.index import IndexBatch, PartitionIndex, control_key
 from evsched.adapters.index_purge import Purge
 from evsched.adapters.index_writes import PreparedWrite
-from evsched.core import retention
+from evsched.core import retention, workflows
 from evsched.core.controls import (
     QUEUE,
     SCHEDULE,
@@ -29,6 +29,7 @@ from evsched.core.events import (
     ControlEvent,
     Effect,
     Event,
+    ParentResolved,
     Position,
     QueuePaused,
     QueueResumed,
@@ -73,6 +74,8 @@ class Folded:
     batch: IndexBatch = field(default_factory=IndexBatch)
     last_offset: int | None = None
     effects: list[AcceptedEffect] = field(default_factory=list)
+    # Sent like effects, with the offset of the records whose fold resolved a parent.
+    resolutions: list[ParentResolved] = field(default_factory=list)
     seen_event_ids: set[str] = field(default_factory=set)
     verdicts: list[tuple[str, Verdict]] = field(default_factory=list)
     # Filled only when the projector has an ``on_commit`` hook.
@@ -94,8 +97,10 @@ class Projector:
         *,
         cache_size: int = STATE_CACHE_SIZE,
         on_commit: CommitHook | None = None,
+        source: str = "node",
     ) -> None:
         self.index = index
+        self.source = source  # who the resolutions it makes are from
         # Told what each committed batch folded (metrics count verdicts without a second fold).
         self.on_commit = on_commit
         # Leased or running jobs per queue, and leased ones no worker started yet.
@@ -228,6 +233,9 @@ class Projector:
         out.batch.timeline.append((event.job_id, entry, raw))
         if self.on_commit is not None:
             out.observed.append(FoldedEvent(entry, before, after))
+        out.resolutions += workflows.resolutions_to_send(
+            before, after, event, entry.verdict, pos=position, source=self.source
+        )
         if entry.verdict is Verdict.APPLIED and after is None and before is not None:
             self._purged(before, position, out)
         if entry.verdict is not Verdict.APPLIED or after is None:
