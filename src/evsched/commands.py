@@ -23,6 +23,7 @@ from evsched.core.events import (
     Event,
     JobEnqueued,
     JobTemplate,
+    QueueLimitSet,
     QueuePaused,
     QueueResumed,
     RetryPolicy,
@@ -349,6 +350,31 @@ def build_control(
     key = "queue" if kind in (QueuePaused, QueueResumed) else "schedule_id"
     fields: dict[str, Any] = {key: name}
     return kind(event_id=event_id, emitted_at=now_ms, source=SOURCE, reason=reason, **fields)
+
+
+def build_limit(
+    queue: str, max_running: int | None, *, reason: str, now_ms: int, event_id: str
+) -> QueueLimitSet:
+    """A queue's global concurrency limit (None removes it), checked field by field."""
+    refusal = limits.queue_refusal(queue) if isinstance(queue, str) else "queue must be a string"
+    if refusal is not None:
+        raise InvalidEnqueue("queue", refusal)
+    if max_running is not None and (
+        isinstance(max_running, bool)
+        or not isinstance(max_running, int)
+        or not 1 <= max_running <= limits.MAX_RUNNING
+    ):
+        raise InvalidEnqueue("max_running", f"must be an integer in [1, {limits.MAX_RUNNING}]")
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
+        raise InvalidEnqueue("reason", f"must be a string of at most {MAX_REASON_CHARS} chars")
+    return QueueLimitSet(
+        event_id=event_id,
+        queue=queue,
+        emitted_at=now_ms,
+        source=SOURCE,
+        max_running=max_running,
+        reason=reason,
+    )
 
 
 def encode_checked(event: Event) -> bytes:

@@ -113,8 +113,10 @@ def _strategy(cls: type[ev.Event]) -> st.SearchStrategy[ev.Event]:
     hostile = _hostile
     if cls in (*ev.SCHEDULE_EVENT_TYPES, ev.SchedulePaused, ev.ScheduleResumed):
         hostile = _schedule
-    elif cls in (ev.QueuePaused, ev.QueueResumed):
+    elif cls in (ev.QueuePaused, ev.QueueResumed, ev.QueueLimitSet):
         hostile = _queue
+    elif cls in (*ev.PERMIT_EVENT_TYPES, ev.QueuePermit):
+        hostile = {**_hostile, "queue": _queue["queue"]}
     return records(cls, **hostile) | EVENT_STRATEGIES[cls]
 
 

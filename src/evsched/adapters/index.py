@@ -39,12 +39,15 @@ from evsched.core import retention
 from evsched.core.controls import ControlState
 from evsched.core.events import (
     SCHEDULE_EVENT_TYPES,
+    QueueLimitSet,
     QueuePaused,
+    QueuePermit,
     QueueResumed,
     SchedulePaused,
     ScheduleResumed,
 )
 from evsched.core.limits import id_refusal
+from evsched.core.permits import LimitState
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status, TimelineEntry
 from evsched.errors import StoreError
 
@@ -78,12 +81,20 @@ _I64 = struct.Struct(">q")
 _SCHEDULE_KINDS = frozenset(
     cls.__name__ for cls in (*SCHEDULE_EVENT_TYPES, SchedulePaused, ScheduleResumed)
 )
-_QUEUE_KINDS = frozenset(cls.__name__ for cls in (QueuePaused, QueueResumed))
+_QUEUE_KINDS = frozenset(
+    cls.__name__ for cls in (QueuePaused, QueueResumed, QueueLimitSet, QueuePermit)
+)
+# The ``controls`` keys of queues' concurrency limits (core.permits): ``l``, the queue name.
+LIMIT_PREFIX = b"l"
 
 
 def control_key(target: str, name: str) -> bytes:
     """The ``controls`` key of a queue's or a schedule's pause switch: ``q`` or ``s``, the name."""
     return (QUEUE_TIMELINE if target == "queue" else SCHEDULE_TIMELINE) + name.encode()
+
+
+def limit_key(queue: str) -> bytes:
+    return LIMIT_PREFIX + queue.encode()
 
 
 def _timeline_family(kind: str) -> bytes:
@@ -112,6 +123,7 @@ class IndexBatch:
     timeline: list[tuple[str, TimelineEntry, bytes]] = field(default_factory=list)
     undecodable: list[tuple[TimelineEntry, bytes]] = field(default_factory=list)
     controls: dict[bytes, ControlState] = field(default_factory=dict)
+    limits: dict[bytes, LimitState] = field(default_factory=dict)
     # Applied purges in log order, and the ids they left without a state in this batch.
     purges: list[Purge] = field(default_factory=list)
     gone: set[str] = field(default_factory=set)
@@ -123,6 +135,7 @@ class IndexBatch:
             or self.timeline
             or self.undecodable
             or self.controls
+            or self.limits
             or self.purges
         )
 
@@ -179,8 +192,14 @@ class PartitionIndex:
 
     def controls(self) -> Iterator[ControlState]:
         """Every pause switch this partition folded (paused or resumed), queues first."""
-        for _, value in self._scan(CONTROLS):
-            yield avro.decode_state(value, ControlState)
+        for key, value in self._scan(CONTROLS):
+            if not key.startswith(LIMIT_PREFIX):
+                yield avro.decode_state(value, ControlState)
+
+    def limits(self) -> Iterator[LimitState]:
+        """Every queue limit this partition folded (core.permits), by queue name."""
+        for _, value in self._scan(CONTROLS, LIMIT_PREFIX, prefix_end(LIMIT_PREFIX)):
+            yield avro.decode_state(value, LimitState)
 
     def queue_timeline_events(self, queue: str) -> list[tuple[TimelineEntry, bytes]]:
         """The pauses and resumes of ``queue`` folded on this partition, in log order."""
@@ -339,6 +358,8 @@ class PartitionIndex:
                 wb.put(_U64.pack(entry.offset), value, self._h(REFUSED))
         for key, control in batch.controls.items():
             wb.put(key, avro.encode_state(control), self._h(CONTROLS))
+        for key, limit in batch.limits.items():
+            wb.put(key, avro.encode_state(limit), self._h(CONTROLS))
         for entry, raw in batch.undecodable:
             value = _join_entry(avro.encode_timeline(entry), raw)
             wb.put(_U64.pack(entry.offset), value, self._h(UNDECODABLE))

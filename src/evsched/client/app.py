@@ -16,6 +16,7 @@ from evsched.adapters.queues import KafkaQueues, QueueCatalog, QueueLookupError,
 from evsched.adapters.topics import Topics
 from evsched.client.batch import BatchResult, enqueue_batch
 from evsched.client.controls import control_event, publish_everywhere
+from evsched.client.limits import limit_event, publish_limit
 from evsched.client.results import JobHandle, LoopFeed, terminal_state
 from evsched.client.sync import LoopThread
 from evsched.client.task import Categories, EnqueueCall, Handler, Task, checked_categories
@@ -321,6 +322,14 @@ class App:
     async def resume_queue(self, queue: str, *, reason: str = "") -> list[Appended]:
         return await self._everywhere(QueueResumed, queue, reason)
 
+    async def limit_queue(
+        self, queue: str, *, max_running: int | None, reason: str = ""
+    ) -> list[Appended]:
+        """At most ``max_running`` of the queue's jobs leased or running at once, over every
+        node and partition (None removes the limit). One event per events partition."""
+        event = limit_event(queue, max_running, reason=reason, now_ms=self.clock.now_ms())
+        return await publish_limit(await self.event_log(), self.topics.events, event)
+
     async def pause_schedule(self, schedule_id: str, *, reason: str = "") -> Appended:
         """No slot of the schedule fires until it is resumed."""
         now = self.clock.now_ms()
@@ -404,6 +413,9 @@ class App:
 
     def pause_queue_sync(self, queue: str, *, reason: str = "") -> None:
         self._sync.run(lambda: self.pause_queue(queue, reason=reason))
+
+    def limit_queue_sync(self, queue: str, *, max_running: int | None, reason: str = "") -> None:
+        self._sync.run(lambda: self.limit_queue(queue, max_running=max_running, reason=reason))
 
     def resume_queue_sync(self, queue: str, *, reason: str = "") -> None:
         self._sync.run(lambda: self.resume_queue(queue, reason=reason))

@@ -309,6 +309,65 @@ class ScheduleResumed:
     trace: TraceContext | None = None
 
 
+# --- limits: concurrency permits (key = queue name on the queue's home partition, else job id) --
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueLimitSet:
+    """The queue's global limits (None: none); written to every events partition, home first.
+
+    ``max_running``: at most this many of the queue's jobs hold a lease at once, over all
+    partitions. The partition of the queue's key is its home: it grants the permits.
+    """
+
+    event_id: str
+    queue: str
+    emitted_at: int
+    source: str
+    max_running: int | None = None
+    reason: str = ""
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PermitRequested:
+    """A node proposes that a due job of a limited queue asks its queue's home for a permit."""
+
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    queue: str
+    priority: int = 0
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PermitGranted:
+    """The queue's home granted the job a permit: its partition may now lease it."""
+
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    queue: str
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuePermit:
+    """A permit's step on the queue's home partition: ``action`` request, grant or release."""
+
+    event_id: str
+    queue: str
+    job_id: str
+    action: str
+    emitted_at: int
+    source: str
+    priority: int = 0
+    trace: TraceContext | None = None
+
+
 JobEvent: TypeAlias = (
     JobEnqueued
     | JobCancelled
@@ -324,7 +383,9 @@ JobEvent: TypeAlias = (
 )
 ScheduleEvent: TypeAlias = ScheduleUpserted | ScheduleDeleted | ScheduleFired
 ControlEvent: TypeAlias = QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed
-Event: TypeAlias = JobEvent | ScheduleEvent | ControlEvent
+LimitEvent: TypeAlias = QueueLimitSet | QueuePermit
+PermitEvent: TypeAlias = PermitRequested | PermitGranted
+Event: TypeAlias = JobEvent | ScheduleEvent | ControlEvent | LimitEvent | PermitEvent
 
 JOB_EVENT_TYPES: tuple[type[JobEvent], ...] = (
     JobEnqueued,
@@ -350,7 +411,15 @@ CONTROL_EVENT_TYPES: tuple[type[ControlEvent], ...] = (
     SchedulePaused,
     ScheduleResumed,
 )
-EVENT_TYPES: tuple[type[Event], ...] = JOB_EVENT_TYPES + SCHEDULE_EVENT_TYPES + CONTROL_EVENT_TYPES
+LIMIT_EVENT_TYPES: tuple[type[LimitEvent], ...] = (QueueLimitSet, QueuePermit)
+PERMIT_EVENT_TYPES: tuple[type[PermitEvent], ...] = (PermitRequested, PermitGranted)
+EVENT_TYPES: tuple[type[Event], ...] = (
+    JOB_EVENT_TYPES
+    + SCHEDULE_EVENT_TYPES
+    + CONTROL_EVENT_TYPES
+    + LIMIT_EVENT_TYPES
+    + PERMIT_EVENT_TYPES
+)
 
 
 def entity_id(event: Event) -> str:
@@ -364,7 +433,7 @@ def entity_id(event: Event) -> str:
             | ScheduleResumed()
         ):
             return event.schedule_id
-        case QueuePaused() | QueueResumed():
+        case QueuePaused() | QueueResumed() | QueueLimitSet() | QueuePermit():
             return event.queue
         case _:
             return event.job_id

@@ -33,8 +33,12 @@ from evsched.core.events import (
     JobLeased,
     JobRequeued,
     LeaseExpired,
+    PermitGranted,
+    PermitRequested,
     Position,
+    QueueLimitSet,
     QueuePaused,
+    QueuePermit,
     QueueResumed,
     RetryPolicy,
     ScheduleDeleted,
@@ -45,6 +49,7 @@ from evsched.core.events import (
     entity_id,
 )
 from evsched.core.fold import fold
+from evsched.core.permits import LimitState, fold_limit, fold_permit, guard_job
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
 History = Iterable[tuple[Event, Position]]
@@ -89,6 +94,8 @@ class Replay:
     schedule_timelines: dict[str, list[TimelineEntry]] = field(default_factory=dict)
     # Pause switches by (partition, target, name): a queue's are folded on every partition.
     controls: dict[tuple[int, str, str], ControlState] = field(default_factory=dict)
+    # Queue limits by (partition, queue): every partition folds its own (core.permits).
+    limits: dict[tuple[int, str], LimitState] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
     _accounts: dict[str, _Account] = field(default_factory=dict)
 
@@ -104,10 +111,18 @@ class Replay:
             return self._feed_schedule(key, event, position)
         if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
             return self._feed_control(event, position)
+        if isinstance(event, QueueLimitSet | QueuePermit):
+            return self._feed_limit(event, position)
+        if isinstance(event, PermitRequested | PermitGranted):
+            return self._feed_permit(key, event, position)
         before = self.jobs.get(key)
         after, entry = fold_job(
             before, event, position, self.paused(position.partition, QUEUE), self.fold_job
         )
+        limit_key = (position.partition, "" if before is None else before.queue)
+        if (limit := self.limits.get(limit_key)) is not None:
+            after, entry, guarded, _ = guard_job(limit, before, after, event, entry)
+            self.limits[limit_key] = guarded or limit
         if after is not None:
             self.jobs[key] = after
         self.job_timelines.setdefault(key, []).append(entry)
@@ -155,6 +170,24 @@ class Replay:
         after, entry = fold_control(self.controls.get(key), event, position, exists=exists)
         if after is not None:
             self.controls[key] = after
+        return entry
+
+    def _feed_limit(self, event: QueueLimitSet | QueuePermit, position: Position) -> TimelineEntry:
+        key = (position.partition, event.queue)
+        after, entry, _ = fold_limit(self.limits.get(key), event, position)
+        if after is not None:
+            self.limits[key] = after
+        return entry
+
+    def _feed_permit(
+        self, key: str, event: PermitRequested | PermitGranted, position: Position
+    ) -> TimelineEntry:
+        job = self.jobs.get(key)
+        limit_key = (position.partition, event.queue)
+        after, entry, _ = fold_permit(self.limits.get(limit_key), job, event, position)
+        if after is not None:
+            self.limits[limit_key] = after
+        self.job_timelines.setdefault(key, []).append(entry)
         return entry
 
 

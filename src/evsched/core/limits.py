@@ -25,7 +25,11 @@ from evsched.core.events import (
     JobTemplate,
     LeaseExpired,
     LeaseRenewed,
+    PermitGranted,
+    PermitRequested,
+    QueueLimitSet,
     QueuePaused,
+    QueuePermit,
     QueueResumed,
     RetryPolicy,
     ScheduleDeleted,
@@ -68,6 +72,10 @@ MAX_MULTIPLIER = 1000.0
 # that long, so the bound keeps a zombie or a foreign producer from parking jobs for hours.
 MAX_PRELEASE_MS = 60_000
 
+# A queue's max_running (QueueLimitSet) and the permit actions on its home (QueuePermit).
+MAX_RUNNING = 2**31 - 1
+PERMIT_ACTIONS = ("request", "grant", "release")
+
 # Cron fields that croniter fills at random (R) or from a hash of an id it is not given (H): every
 # replica would compute different slots.
 _RANDOM_CRON_FIELD = re.compile(r"[HhRr](\(\d+-\d+\))?(/\d+)?")
@@ -80,6 +88,8 @@ def refusal(event: Event) -> str | None:
             return _first(id_refusal("event_id", event.event_id), _schedule_refusal(event))
         case QueuePaused() | QueueResumed():
             return _first(id_refusal("event_id", event.event_id), queue_refusal(event.queue))
+        case QueueLimitSet() | QueuePermit() | PermitRequested() | PermitGranted():
+            return _first(id_refusal("event_id", event.event_id), _permit_refusal(event))
         case SchedulePaused() | ScheduleResumed():
             return _first(
                 id_refusal("event_id", event.event_id), id_refusal("schedule_id", event.schedule_id)
@@ -90,6 +100,26 @@ def refusal(event: Event) -> str | None:
                 id_refusal("job_id", event.job_id),
                 _job_refusal(event),
             )
+
+
+def _permit_refusal(
+    event: QueueLimitSet | QueuePermit | PermitRequested | PermitGranted,
+) -> str | None:
+    """The limits of a queue's concurrency limit and of its permits' steps."""
+    if isinstance(event, QueueLimitSet):
+        running = event.max_running
+        bound = None if running is None else _bounded("max_running", running, 1, MAX_RUNNING)
+        return _first(queue_refusal(event.queue), bound)
+    action = None
+    if isinstance(event, QueuePermit) and event.action not in PERMIT_ACTIONS:
+        action = f"action {_show(event.action)} is not one of {', '.join(PERMIT_ACTIONS)}"
+    priority = getattr(event, "priority", 0)
+    return _first(
+        queue_refusal(event.queue),
+        id_refusal("job_id", event.job_id),
+        action,
+        _bounded("priority", priority, -MAX_PRIORITY, MAX_PRIORITY),
+    )
 
 
 def _first(*reasons: str | None) -> str | None:

@@ -20,8 +20,12 @@ from evsched.adapters.history_file import LoggedEvent
 from evsched.adapters.kafka_events import KafkaPartitionLog, partition_for
 from evsched.adapters.topics import Topics, partition_count
 from evsched.core.events import (
+    PermitGranted,
+    PermitRequested,
     Position,
+    QueueLimitSet,
     QueuePaused,
+    QueuePermit,
     QueueResumed,
     ScheduleDeleted,
     ScheduleFired,
@@ -255,6 +259,8 @@ def _fold_into(
         return state
     if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
         return state  # a pause is a queue's or a schedule's, never a job's own event
+    if isinstance(event, QueueLimitSet | QueuePermit | PermitRequested | PermitGranted):
+        return state  # permits change a queue's limit state, never a job's (core.permits)
     if entity_id(event) != entity:
         return state
     position = Position(partition=logged.partition, offset=logged.offset, log_at=logged.log_at)

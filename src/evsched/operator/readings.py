@@ -64,6 +64,10 @@ NOUNS = {
     "QueueResumed": "queue resume",
     "SchedulePaused": "schedule pause",
     "ScheduleResumed": "schedule resume",
+    "QueueLimitSet": "queue limit",
+    "QueuePermit": "permit step",
+    "PermitRequested": "permit request",
+    "PermitGranted": "permit grant",
 }
 
 
@@ -334,6 +338,13 @@ def schedule_reading(
 
 
 # --- controls ---------------------------------------------------------------------------------
+
+
+def permit_reading(entry: TimelineEntry) -> str:
+    """What a queue limit or a permit step did (its verdict's reason says it all)."""
+    if entry.verdict is Verdict.APPLIED:
+        return entry.reason
+    return f"{_who(entry)} {entry.verdict}: {entry.reason}"
 
 
 def control_reading(entry: TimelineEntry, event: ControlEvent) -> str:

@@ -21,9 +21,9 @@ from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
-from evsched.core import planner, retention
+from evsched.core import permits, planner, retention
 from evsched.core.controls import QUEUE, SCHEDULE
-from evsched.core.events import Event, JobEnqueued, entity_id
+from evsched.core.events import Event, JobEnqueued, PermitRequested, entity_id
 from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.budget import QueueBudget, QueueLoad
@@ -102,6 +102,7 @@ class OwnedPartition:
         # The node's per-queue limits are shared by all its partitions (None: this one alone).
         self.budget = budget
         self.woken = False  # another partition made room since the last step
+        self.permit_asks: list[PermitRequested] = []  # made while planning leases
         self.on_wake: Callable[[], None] | None = None  # the runner's kick
         if budget is not None:
             budget.join(partition, self)
@@ -167,7 +168,8 @@ class OwnedPartition:
         freed = self.budget is not None and self._held() < held
         self.caught_up = self.caught_up or position >= self.end_offset
         decisions = self._plan(folded, now) if self.caught_up else []
-        outgoing = [_effect_record(self.topics, e) for e in folded.effects] + decisions
+        outgoing = [_effect_record(self.topics, e) for e in folded.effects]
+        outgoing += [self._event(e, own_partition=False) for e in folded.forwards] + decisions
         # The index changes go to the changelog in the step's own transaction (one is made for
         # them if nothing else goes): the index is never written ahead of its changelog.
         prepared = self.projector.prepare(folded)
@@ -181,7 +183,7 @@ class OwnedPartition:
         # is what makes them exactly once. Leases, expiries and fires are derived from state, not
         # from records (after a crash the new owner folds them back before deciding anything),
         # so their transactions need no offset; offsets alone go out every so often.
-        with_offset = bool(folded.effects) or self._offset_due(now)
+        with_offset = bool(folded.effects or folded.forwards) or self._offset_due(now)
         self._count(steps=1, records=len(records))
         if outgoing or with_offset or changelog:
             ours = ConsumerOffset(self.topics.events, self.partition, offset, self.group_id)
@@ -241,16 +243,19 @@ class OwnedPartition:
     def _plan(self, folded: Folded, now: int) -> list[Outgoing]:
         deadline = self.clock.monotonic_s() + PENDING_TIMEOUT_S
         out: list[Outgoing] = []
+        self.permit_asks = []
         for lease in self._plan_leases(folded, now):
             job_id = lease.event.job_id
             if records := self._encode(job_id, self._lease_records, lease):
                 out += records
                 self.pending.add(lease.event.event_id, job_id, lease.dispatch.queue, deadline)
+        out += self._ask_records(deadline)
         expiring = self._jobs(self.index.expired_lease_ids(now, self.scan_limit), folded)
         for expiry in planner.plan_expiries(expiring, now=now, source=self.source):
             if records := self._encode(expiry.job_id, self._events, expiry):
                 out += records
                 self.pending.add(expiry.event_id, expiry.job_id, None, deadline)
+        out += self._plan_permits(folded, now, deadline)
         schedules = self._due_schedules(folded, now)
         for fired, enqueued in planner.plan_fires(schedules, now=now, source=self.source):
             if records := self._encode(fired.schedule_id, self._events, fired, enqueued):
@@ -261,6 +266,31 @@ class OwnedPartition:
                 out += records
                 self.pending.add(purge.event_id, purge.job_id, None, deadline)
         return out
+
+    def _ask_records(self, deadline: float) -> list[Outgoing]:
+        """The permit requests ``_permitted`` made while planning leases."""
+        out: list[Outgoing] = []
+        for ask in self.permit_asks:
+            if records := self._encode(ask.job_id, self._events, ask):
+                out += records
+                self.pending.add(ask.event_id, ask.job_id, None, deadline)
+        return out
+
+    def _plan_permits(self, folded: Folded, now: int, deadline: float) -> list[Outgoing]:
+        """Grants of the queues this partition is home to (core.permits), within their limits."""
+        out: list[Outgoing] = []
+        for state in list(self.projector.limits.values()):
+            if not state.waiting:
+                continue
+            pending = self._grant_pending
+            for grant in permits.plan_grants(state, pending=pending, now=now, source=self.source):
+                if records := self._encode(_grant_entity(grant.job_id), self._events, grant):
+                    out += records
+                    self.pending.add(grant.event_id, _grant_entity(grant.job_id), None, deadline)
+        return out
+
+    def _grant_pending(self, job_id: str) -> bool:
+        return _grant_entity(job_id) in self.pending.entities
 
     def _lease_records(self, lease: planner.Lease) -> list[Outgoing]:
         # The dispatch record goes first: if it is refused, its lease is never sent either.
@@ -293,6 +323,8 @@ class OwnedPartition:
         candidates = [
             s for s in self._jobs(ids, folded) if s.run_at <= horizon and s.queue not in paused
         ]
+        if self.projector.limits:
+            candidates = self._permitted(candidates, now)
         if self.budget is None:
             return self._lease(candidates, self.load(), now)
         load = self.budget.total()
@@ -308,6 +340,19 @@ class OwnedPartition:
             self.partition, blocked=left, leased={lease.dispatch.queue for lease in leases}
         )
         return leases
+
+    def _permitted(self, candidates: list[JobState], now: int) -> list[JobState]:
+        """The candidates that may be leased; due jobs of limited queues without a permit ask
+        for one (their requests are sent with this step's decisions)."""
+        limits = self.projector.limits
+        ok = [s for s in candidates if permits.may_lease(limits.get(s.queue), s.job_id)]
+        if len(ok) < len(candidates):
+            asking = [s for s in candidates if s.queue in limits and s.status is Status.SCHEDULED]
+            for ask in permits.plan_requests(
+                asking, limits, now=now, source=self.source, order=planner.due_order
+            ):
+                self.permit_asks.append(ask)
+        return ok
 
     def _lease(self, candidates: list[JobState], load: QueueLoad, now: int) -> list[planner.Lease]:
         return planner.plan_leases(
@@ -333,11 +378,16 @@ class OwnedPartition:
         """Held back, or on a paused queue: such due jobs must not fill the scan's window."""
         if self._held_back(job_id):
             return True
-        paused = self.projector.paused[QUEUE]
-        if not paused:
+        paused, limits = self.projector.paused[QUEUE], self.projector.limits
+        if not paused and not limits:
             return False
         state = self.projector.job(job_id)
-        return state is not None and state.queue in paused
+        if state is None:
+            return False
+        limit = limits.get(state.queue)
+        # A job that asked for a permit waits for its grant, not for the scan.
+        asked = limit is not None and limit.ask(job_id) is not None
+        return state.queue in paused or (asked and not permits.may_lease(limit, job_id))
 
     def _schedule_skip(self, schedule_id: str) -> bool:
         return self._held_back(schedule_id) or schedule_id in self.projector.paused[SCHEDULE]
@@ -387,6 +437,11 @@ class OwnedPartition:
         if self.budget is not None:
             self.budget.leave(self.partition, self)
         self.index.close()
+
+
+def _grant_entity(job_id: str) -> str:
+    """What a pending grant of the home holds back: the job's grant, not the job itself."""
+    return f"permit-grant:{job_id}"
 
 
 def _effect_record(topics: Topics, accepted: AcceptedEffect) -> Outgoing:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from evsched.adapters import avro
-from evsched.adapters.index import IndexBatch, PartitionIndex, control_key
+from evsched.adapters.index import IndexBatch, PartitionIndex, control_key, limit_key
 from evsched.adapters.index_purge import Purge
 from evsched.adapters.index_writes import PreparedWrite
 from evsched.core import retention
@@ -28,8 +28,15 @@ from evsched.core.events import (
     ControlEvent,
     Effect,
     Event,
+    JobEvent,
+    LimitEvent,
+    PermitEvent,
+    PermitGranted,
+    PermitRequested,
     Position,
+    QueueLimitSet,
     QueuePaused,
+    QueuePermit,
     QueueResumed,
     ScheduleDeleted,
     ScheduleFired,
@@ -38,6 +45,7 @@ from evsched.core.events import (
     ScheduleUpserted,
 )
 from evsched.core.fold import FOLD_VERSION
+from evsched.core.permits import LimitState, fold_limit, fold_permit, guard_job
 from evsched.core.state import (
     ACTIVE_STATUSES,
     FoldedEvent,
@@ -72,6 +80,9 @@ class Folded:
     batch: IndexBatch = field(default_factory=IndexBatch)
     last_offset: int | None = None
     effects: list[AcceptedEffect] = field(default_factory=list)
+    # Permit steps to forward to another partition (core.permits): sent like effects, with the
+    # offset of the records they came from.
+    forwards: list[Event] = field(default_factory=list)
     seen_event_ids: set[str] = field(default_factory=set)
     verdicts: list[tuple[str, Verdict]] = field(default_factory=list)
     # Filled only when the projector has an ``on_commit`` hook.
@@ -106,6 +117,8 @@ class Projector:
         for control in index.controls():
             if control.paused:
                 self.paused[control.target].add(control.name)
+        # Queue limits this partition folded (a handful): leases of their jobs need permits.
+        self.limits: dict[str, LimitState] = {s.queue: s for s in index.limits()}
         # Only ever what the index holds (filled on read and on commit), so reads stay exact.
         self._cache: dict[str, JobState] = {}
         self._cache_size = cache_size
@@ -190,6 +203,10 @@ class Projector:
                 self._fold_schedule(event, position, out, raw)
             case QueuePaused() | QueueResumed() | SchedulePaused() | ScheduleResumed():
                 self._fold_control(event, position, out, raw)
+            case QueueLimitSet() | QueuePermit():
+                self._fold_limit(event, position, out, raw)
+            case PermitRequested() | PermitGranted():
+                self._fold_permit(event, position, out, raw)
             case _:
                 self._fold_job(event, position, out, raw)
 
@@ -202,10 +219,16 @@ class Projector:
             | QueuePaused
             | QueueResumed
             | SchedulePaused
-            | ScheduleResumed,
+            | ScheduleResumed
+            | QueueLimitSet
+            | QueuePermit
+            | PermitRequested
+            | PermitGranted,
         )
         before = self.job(event.job_id, out)
         after, entry = fold_job(before, event, position, self.paused[QUEUE])
+        if self.limits and before is not None and before.queue in self.limits:
+            after, entry = self._guard(event, before, after, entry, out)
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.job_id, entry, raw))
         if self.on_commit is not None:
@@ -284,6 +307,58 @@ class Projector:
                 paused.add(name)
             else:
                 paused.discard(name)
+
+    def _guard(
+        self,
+        event: JobEvent,
+        before: JobState,
+        after: JobState | None,
+        entry: TimelineEntry,
+        out: Folded,
+    ) -> tuple[JobState | None, TimelineEntry]:
+        """The job fold under its queue's limit (core.permits.guard_job)."""
+        limit = self.limits[before.queue]
+        after, entry, new, forward = guard_job(limit, before, after, event, entry)
+        if new is not None and new is not limit:
+            self._keep_limit(new, out)
+        if forward is not None:
+            out.forwards.append(forward)
+        return after, entry
+
+    def _keep_limit(self, state: LimitState, out: Folded) -> None:
+        self.limits[state.queue] = state
+        out.batch.limits[limit_key(state.queue)] = state
+
+    def _fold_limit(self, event: LimitEvent, position: Position, out: Folded, raw: bytes) -> None:
+        after, entry, forward = fold_limit(self.limits.get(event.queue), event, position)
+        self._limit_folded(event.queue, after=after, entry=entry, forward=forward, out=out, raw=raw)
+
+    def _fold_permit(self, event: PermitEvent, position: Position, out: Folded, raw: bytes) -> None:
+        job = self.job(event.job_id, out)
+        state = self.limits.get(event.queue)
+        after, entry, forward = fold_permit(state, job, event, position)
+        self._limit_folded(
+            event.job_id, after=after, entry=entry, forward=forward, out=out, raw=raw
+        )
+
+    def _limit_folded(
+        self,
+        entity: str,
+        *,
+        after: LimitState | None,
+        entry: TimelineEntry,
+        forward: Event | None,
+        out: Folded,
+        raw: bytes,
+    ) -> None:
+        out.verdicts.append((entry.kind, entry.verdict))
+        out.batch.timeline.append((entity, entry, raw))
+        if self.on_commit is not None:
+            out.observed.append(FoldedEvent(entry))
+        if entry.verdict is Verdict.APPLIED and after is not None:
+            self._keep_limit(after, out)
+        if forward is not None:
+            out.forwards.append(forward)
 
     def _seed_counts(self) -> None:
         """Count live leases once, from the lease index (every active job has an entry there)."""

@@ -1,0 +1,88 @@
+"""``evsched queues limit QUEUE --max-running N`` (or ``--remove``): a queue's global
+concurrency limit, written to its home partition first and then to every other one; with
+``--wait`` each partition's verdict is shown, read back from the caught-up local replica."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Annotated
+
+import typer
+
+from evsched.adapters.avro import decode_event
+from evsched.adapters.clock import now_ms
+from evsched.client import App
+from evsched.client.limits import limit_event, publish_limit
+from evsched.core.events import QueueLimitSet
+from evsched.errors import InvalidEnqueue
+from evsched.operator.cmd_controls import QueueName
+from evsched.operator.cmd_write import Reason, Wait, report
+from evsched.operator.exits import ExitCode
+from evsched.operator.readings import permit_reading
+from evsched.operator.replica_dir import DEFAULT_TIMEOUT_S, LocalIndex
+from evsched.operator.session import (
+    DEFAULT_DATA_DIR,
+    DataDir,
+    Json,
+    ReplicaOptions,
+    TimeoutS,
+    open_replica,
+    refresh_to,
+    run,
+)
+from evsched.operator.writes import Judged, bad, highest_offsets
+from evsched.settings import Settings
+
+MaxRunning = Annotated[
+    int | None,
+    typer.Option(
+        "--max-running",
+        help="At most this many of the queue's jobs leased or running at once, over all nodes.",
+    ),
+]
+Remove = Annotated[bool, typer.Option("--remove", help="Remove the queue's limit.")]
+
+
+def queues_limit(
+    *,
+    queue: QueueName,
+    max_running: MaxRunning = None,
+    remove: Remove = False,
+    reason: Reason = "",
+    wait: Wait = True,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
+    as_json: Json = False,
+) -> None:
+    """Limit how many of a queue's jobs run at once, over every node and partition."""
+    if (max_running is None) == (not remove):
+        raise bad("max_running", "give either --max-running N or --remove")
+    try:
+        event = limit_event(queue, max_running, reason=reason, now_ms=now_ms())
+    except InvalidEnqueue as exc:
+        raise bad(exc.field, exc.reason) from None
+    options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
+
+    async def main() -> ExitCode:
+        async with App(Settings.from_env(), name="operator") as app:
+            appended = await publish_limit(await app.event_log(), app.topics.events, event)
+        kind = type(event).__name__
+        written = [Judged(entity_id=queue, kind=kind, appended=a) for a in appended]
+        if not wait:
+            return report(written, as_json)
+        local = await open_replica(options)
+        try:
+            await refresh_to(options, local, highest_offsets(written))
+            return report([_judged(local, queue, item) for item in written], as_json)
+        finally:
+            local.close()
+
+    run(main)
+
+
+def _judged(local: LocalIndex, queue: str, item: Judged) -> Judged:
+    """``item`` with the verdict its partition's fold gave it."""
+    for entry, raw in local.indexes[item.appended.partition].queue_timeline_events(queue):
+        if entry.offset == item.appended.offset and isinstance(decode_event(raw), QueueLimitSet):
+            return replace(item, verdict=entry.verdict, reading=permit_reading(entry))
+    return item

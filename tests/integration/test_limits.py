@@ -1,0 +1,105 @@
+"""Global concurrency limits on the real broker: two nodes, four partitions, real workers, judged
+from the whole log: never more than ``max_running`` of the queue's attempts held a lease at once,
+also while a node is SIGKILLed mid-run and its partitions (a home among them) move."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from tests.integration.engine import Proc, Stack, wait_for
+from tests.integration.limits_app import LIMITED, make_app
+
+from evsched.adapters.topics import ensure_topics
+from evsched.core.events import Event, Position
+from evsched.core.invariants import Replay, replay
+from evsched.core.state import ACTIVE_STATUSES, Status, Verdict
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.asyncio(loop_scope="function")]
+LIMIT = 2
+JOBS = 14
+
+
+def held_at_once(done: Replay) -> int:
+    """The most attempts holding a lease at one log time: a lease is held from its applied
+    JobLeased until the applied event that leaves leased/running; an end and a start at the
+    same millisecond count as end first (a release precedes the grant it makes room for)."""
+    marks: list[tuple[int, int]] = []
+    for timeline in done.job_timelines.values():
+        holding = False
+        for entry in timeline:
+            if entry.verdict is not Verdict.APPLIED:
+                continue
+            active = entry.status_after in ACTIVE_STATUSES
+            if active and not holding:
+                marks.append((entry.log_at, 1))
+            elif holding and not active:
+                marks.append((entry.log_at, -1))
+            holding = active
+    most = now = 0
+    for _, step in sorted(marks):
+        now += step
+        most = max(most, now)
+    return most
+
+
+async def _run(stack: Stack, *, kill_midway: bool) -> tuple[list[tuple[Event, Position]], Replay]:
+    nodes = [stack.start_node("node-1"), stack.start_node("node-2")]
+    for name in ("worker-1", "worker-2"):
+        stack._spawn(name, ["worker", "--app", "tests.integration.limits_app:app"])
+    async with make_app(stack.settings) as app:
+        await app.limit_queue(LIMITED, max_running=LIMIT)
+        task = app.get_task("l.sleep")
+        ids = [await task.enqueue(400) for _ in range(JOBS)]
+        if kill_midway:
+            await _succeeded(stack, ids, at_least=3)
+            victim: Proc = nodes[0]
+            victim.kill()
+        await _succeeded(stack, ids, at_least=JOBS, timeout_s=180)
+    events, _ = await stack.history()
+    return events, replay(events)
+
+
+async def _succeeded(stack: Stack, ids: list[str], *, at_least: int, timeout_s: float = 90) -> None:
+    async def enough() -> bool | None:
+        _, done = None, replay((await stack.history())[0])
+        ok = [j for j in ids if (s := done.jobs.get(j)) and s.status is Status.SUCCEEDED]
+        return True if len(ok) >= at_least else None
+
+    await wait_for(enough, what=f"{at_least} jobs succeeded", timeout_s=timeout_s)
+
+
+async def _stack(kafka_bootstrap: str, tmp: pytest.TempPathFactory, name: str) -> Stack:
+    namespace = f"lim{os.urandom(4).hex()}"
+    await ensure_topics(kafka_bootstrap, namespace, event_partitions=4, queues=[LIMITED])
+    return Stack(kafka_bootstrap, namespace, tmp.mktemp(name), partitions=4)
+
+
+async def test_never_more_than_max_running_hold_a_lease(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    stack = await _stack(kafka_bootstrap, tmp_path_factory, "limits")
+    try:
+        events, done = await _run(stack, kill_midway=False)
+    finally:
+        await stack.close()
+    assert done.violations == []
+    assert held_at_once(done) == LIMIT  # the bound holds, and is reached
+    kinds = {type(e).__name__ for e, _ in events}
+    assert {"PermitRequested", "QueuePermit", "PermitGranted"} <= kinds
+    refused = [e for t in done.job_timelines.values() for e in t if e.verdict is Verdict.REJECTED]
+    assert refused == []  # one owner per partition: no proposal of its was refused
+
+
+async def test_the_bound_holds_when_a_node_is_killed_mid_run(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    stack = await _stack(kafka_bootstrap, tmp_path_factory, "limits-kill")
+    try:
+        _, done = await _run(stack, kill_midway=True)
+    finally:
+        await stack.close()
+    assert done.violations == []
+    assert held_at_once(done) <= LIMIT
+    statuses = {s.status for s in done.jobs.values()}
+    assert statuses == {Status.SUCCEEDED}
