@@ -5,18 +5,22 @@ back when its job ends, retries or loses its lease."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from evsched.core.events import (
     JobCancelled,
+    JobEnqueued,
     JobLeased,
+    KeyLimitSet,
     PermitGranted,
     PermitRequested,
     QueueLimitSet,
     QueuePermit,
 )
+from evsched.core.permits import KEY_LABEL
 from evsched.core.planner import PlannerLimits
 from evsched.core.state import Status, Verdict
 from evsched.testing import NodeDriver
@@ -37,8 +41,7 @@ def limit(queue: str, n: int | None, seq: int = 0) -> QueueLimitSet:
 
 
 def holders(driver: NodeDriver, queue: str) -> tuple[str, ...]:
-    state = driver.owner.projector.limits[queue]
-    return state.holders
+    return driver.owner.projector.limits[queue].holders
 
 
 async def test_at_most_max_running_leased_and_permits_come_back(driver: NodeDriver) -> None:
@@ -150,3 +153,47 @@ async def test_removing_the_limit_frees_waiting_jobs(driver: NodeDriver) -> None
     driver.append(limit("q", None, 1))
     await driver.settle()
     assert len(driver.dispatched("q")) == 3
+
+
+def key_limit(key: str, n: int) -> KeyLimitSet:
+    return KeyLimitSet(event_id=f"klimit-{key}", key=key, emitted_at=0, source="cli", max_running=n)
+
+
+def keyed(job_id: str, key: str, queue: str = "default") -> JobEnqueued:
+    return replace(enqueued(job_id, queue=queue), labels={KEY_LABEL: key})
+
+
+async def test_a_key_limit_holds_across_queues(driver: NodeDriver) -> None:
+    driver.append(key_limit("cust-1", 1))
+    driver.append(keyed("a", "cust-1", "q1"), keyed("b", "cust-1", "q2"), keyed("c", "cust-2"))
+    driver.append(enqueued("plain", queue="q1"))
+    await driver.settle()
+    leased = sorted(d.job_id for d in driver.dispatched())
+    assert len([j for j in leased if j in ("a", "b")]) == 1
+    assert {"c", "plain"} <= set(leased)
+    [first] = [d for d in driver.dispatched() if d.job_id in ("a", "b")]
+    driver.append(started(first), succeeded(first))
+    await driver.settle()
+    assert sorted(d.job_id for d in driver.dispatched() if d.job_id in ("a", "b")) == ["a", "b"]
+
+
+async def test_a_rate_limit_grants_n_per_window_and_wakes_when_it_opens(
+    driver: NodeDriver,
+) -> None:
+    rate = QueueLimitSet(
+        event_id="rate", queue="q", emitted_at=0, source="cli", rate_starts=2, rate_per_ms=1_000
+    )
+    driver.append(rate, *[enqueued(f"j{i}", queue="q") for i in range(5)])
+    await driver.settle()
+    assert len(driver.dispatched("q")) == 2
+    for d in driver.dispatched("q"):
+        driver.append(started(d), succeeded(d))
+    await driver.settle()
+    assert len(driver.dispatched("q")) == 2  # done, but the window is not over: no spinning
+    owner = driver.owner
+    assert owner.next_wake_at() is not None
+    driver.advance(1.2)
+    await driver.settle()
+    assert len(driver.dispatched("q")) == 4
+    grants = [p for p in driver.decisions(QueuePermit) if p.action == "grant"]
+    assert len(grants) == 4

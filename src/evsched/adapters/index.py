@@ -39,6 +39,7 @@ from evsched.core import retention
 from evsched.core.controls import ControlState
 from evsched.core.events import (
     SCHEDULE_EVENT_TYPES,
+    KeyLimitSet,
     QueueLimitSet,
     QueuePaused,
     QueuePermit,
@@ -82,7 +83,7 @@ _SCHEDULE_KINDS = frozenset(
     cls.__name__ for cls in (*SCHEDULE_EVENT_TYPES, SchedulePaused, ScheduleResumed)
 )
 _QUEUE_KINDS = frozenset(
-    cls.__name__ for cls in (QueuePaused, QueueResumed, QueueLimitSet, QueuePermit)
+    cls.__name__ for cls in (QueuePaused, QueueResumed, QueueLimitSet, KeyLimitSet, QueuePermit)
 )
 # The ``controls`` keys of queues' concurrency limits (core.permits): ``l``, the queue name.
 LIMIT_PREFIX = b"l"
@@ -93,8 +94,9 @@ def control_key(target: str, name: str) -> bytes:
     return (QUEUE_TIMELINE if target == "queue" else SCHEDULE_TIMELINE) + name.encode()
 
 
-def limit_key(queue: str) -> bytes:
-    return LIMIT_PREFIX + queue.encode()
+def limit_key(name: str) -> bytes:
+    """The ``controls`` key of a limit: ``l``, its name (a queue, or ``key:`` and a key)."""
+    return LIMIT_PREFIX + name.encode()
 
 
 def _timeline_family(kind: str) -> bytes:

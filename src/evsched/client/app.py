@@ -323,11 +323,39 @@ class App:
         return await self._everywhere(QueueResumed, queue, reason)
 
     async def limit_queue(
-        self, queue: str, *, max_running: int | None, reason: str = ""
+        self,
+        queue: str,
+        *,
+        max_running: int | None = None,
+        rate: tuple[int, int] | None = None,
+        reason: str = "",
     ) -> list[Appended]:
-        """At most ``max_running`` of the queue's jobs leased or running at once, over every
-        node and partition (None removes the limit). One event per events partition."""
-        event = limit_event(queue, max_running, reason=reason, now_ms=self.clock.now_ms())
+        """At most ``max_running`` of the queue's jobs leased or running at once, and at most
+        ``rate`` = (starts, per_ms) permits granted per window, over every node and partition
+        (None removes each). One event per events partition, the queue's home first."""
+        event = limit_event(
+            queue, max_running=max_running, rate=rate, reason=reason, now_ms=self.clock.now_ms()
+        )
+        return await publish_limit(await self.event_log(), self.topics.events, event)
+
+    async def limit_key(
+        self,
+        key: str,
+        *,
+        max_running: int | None = None,
+        rate: tuple[int, int] | None = None,
+        reason: str = "",
+    ) -> list[Appended]:
+        """``limit_queue`` for the jobs of a concurrency key (``task.options(concurrency_key=)``),
+        whatever their queue."""
+        event = limit_event(
+            key,
+            key=True,
+            max_running=max_running,
+            rate=rate,
+            reason=reason,
+            now_ms=self.clock.now_ms(),
+        )
         return await publish_limit(await self.event_log(), self.topics.events, event)
 
     async def pause_schedule(self, schedule_id: str, *, reason: str = "") -> Appended:
@@ -414,8 +442,17 @@ class App:
     def pause_queue_sync(self, queue: str, *, reason: str = "") -> None:
         self._sync.run(lambda: self.pause_queue(queue, reason=reason))
 
-    def limit_queue_sync(self, queue: str, *, max_running: int | None, reason: str = "") -> None:
-        self._sync.run(lambda: self.limit_queue(queue, max_running=max_running, reason=reason))
+    def limit_queue_sync(
+        self,
+        queue: str,
+        *,
+        max_running: int | None = None,
+        rate: tuple[int, int] | None = None,
+        reason: str = "",
+    ) -> None:
+        self._sync.run(
+            lambda: self.limit_queue(queue, max_running=max_running, rate=rate, reason=reason)
+        )
 
     def resume_queue_sync(self, queue: str, *, reason: str = "") -> None:
         self._sync.run(lambda: self.resume_queue(queue, reason=reason))

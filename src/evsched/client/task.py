@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from evsched.adapters.ids import new_id
 from evsched.adapters.tracing import InvalidTrace, current_trace, make_trace
+from evsched.client.limits import with_concurrency_key
 from evsched.client.results import JobHandle
 from evsched.commands import (
     Delay,
@@ -92,6 +93,7 @@ class Task:
         tracestate: str | None = None,
         retention: Delay | None = None,
         key_window: Delay | None = None,
+        concurrency_key: str | None = None,
     ) -> TaskOptions:
         """This task with per-call options: ``await task.options(delay=60).enqueue(x)``.
 
@@ -102,6 +104,8 @@ class Task:
         span's, when OpenTelemetry is installed and a span is active. ``retention`` (how long the
         finished job stays readable) and ``key_window`` (how long after it ends its key still
         returns it) are timedeltas or seconds; by default the namespace's settings.
+        ``concurrency_key`` puts the job under the limits set for that key
+        (``App.limit_key``), whatever its queue.
         """
         return TaskOptions(
             self,
@@ -110,7 +114,7 @@ class Task:
                 run_at=run_at,
                 idempotency_key=idempotency_key,
                 priority=priority,
-                labels=labels,
+                labels=with_concurrency_key(labels, concurrency_key),
                 trace=_trace_option(trace, traceparent, tracestate),
                 retention=retention,
                 key_window=key_window,

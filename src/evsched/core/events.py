@@ -309,7 +309,7 @@ class ScheduleResumed:
     trace: TraceContext | None = None
 
 
-# --- limits: concurrency permits (key = queue name on the queue's home partition, else job id) --
+# --- limits: concurrency and rate permits (key = the limit's name, see core.permits) ----------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -317,7 +317,8 @@ class QueueLimitSet:
     """The queue's global limits (None: none); written to every events partition, home first.
 
     ``max_running``: at most this many of the queue's jobs hold a lease at once, over all
-    partitions. The partition of the queue's key is its home: it grants the permits.
+    partitions. ``rate_starts`` per ``rate_per_ms``: at most that many permits granted in any
+    such window (of log time). The partition of the queue's name is its home: it grants permits.
     """
 
     event_id: str
@@ -325,38 +326,60 @@ class QueueLimitSet:
     emitted_at: int
     source: str
     max_running: int | None = None
+    rate_starts: int | None = None
+    rate_per_ms: int | None = None
+    reason: str = ""
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyLimitSet:
+    """A concurrency key's global limits, as ``QueueLimitSet`` for a queue: they hold for every
+    job whose ``concurrency_key`` is ``key``, whatever its queue; home: the key's partition."""
+
+    event_id: str
+    key: str
+    emitted_at: int
+    source: str
+    max_running: int | None = None
+    rate_starts: int | None = None
+    rate_per_ms: int | None = None
     reason: str = ""
     trace: TraceContext | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PermitRequested:
-    """A node proposes that a due job of a limited queue asks its queue's home for a permit."""
+    """A node proposes that a due job asks a limit's home for a permit: the limit of its queue,
+    or of its concurrency key when ``key`` is set."""
 
     event_id: str
     job_id: str
     emitted_at: int
     source: str
     queue: str
+    key: str | None = None
     priority: int = 0
     trace: TraceContext | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PermitGranted:
-    """The queue's home granted the job a permit: its partition may now lease it."""
+    """A limit's home granted the job a permit: once it holds all it needs, it may be leased."""
 
     event_id: str
     job_id: str
     emitted_at: int
     source: str
     queue: str
+    key: str | None = None
     trace: TraceContext | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueuePermit:
-    """A permit's step on the queue's home partition: ``action`` request, grant or release."""
+    """A permit's step on a limit's home partition: ``action`` request, grant or release; the
+    limit is the queue's, or the concurrency key's when ``key`` is set."""
 
     event_id: str
     queue: str
@@ -364,6 +387,7 @@ class QueuePermit:
     action: str
     emitted_at: int
     source: str
+    key: str | None = None
     priority: int = 0
     trace: TraceContext | None = None
 
@@ -383,7 +407,7 @@ JobEvent: TypeAlias = (
 )
 ScheduleEvent: TypeAlias = ScheduleUpserted | ScheduleDeleted | ScheduleFired
 ControlEvent: TypeAlias = QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed
-LimitEvent: TypeAlias = QueueLimitSet | QueuePermit
+LimitEvent: TypeAlias = QueueLimitSet | KeyLimitSet | QueuePermit
 PermitEvent: TypeAlias = PermitRequested | PermitGranted
 Event: TypeAlias = JobEvent | ScheduleEvent | ControlEvent | LimitEvent | PermitEvent
 
@@ -411,7 +435,7 @@ CONTROL_EVENT_TYPES: tuple[type[ControlEvent], ...] = (
     SchedulePaused,
     ScheduleResumed,
 )
-LIMIT_EVENT_TYPES: tuple[type[LimitEvent], ...] = (QueueLimitSet, QueuePermit)
+LIMIT_EVENT_TYPES: tuple[type[LimitEvent], ...] = (QueueLimitSet, KeyLimitSet, QueuePermit)
 PERMIT_EVENT_TYPES: tuple[type[PermitEvent], ...] = (PermitRequested, PermitGranted)
 EVENT_TYPES: tuple[type[Event], ...] = (
     JOB_EVENT_TYPES
@@ -420,6 +444,10 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     + LIMIT_EVENT_TYPES
     + PERMIT_EVENT_TYPES
 )
+
+
+# A concurrency key's limit is named (and its events keyed) ``key:<key>``; no queue has a colon.
+KEY_PREFIX = "key:"
 
 
 def entity_id(event: Event) -> str:
@@ -433,7 +461,11 @@ def entity_id(event: Event) -> str:
             | ScheduleResumed()
         ):
             return event.schedule_id
-        case QueuePaused() | QueueResumed() | QueueLimitSet() | QueuePermit():
+        case QueuePaused() | QueueResumed() | QueueLimitSet():
             return event.queue
+        case KeyLimitSet():
+            return KEY_PREFIX + event.key
+        case QueuePermit():
+            return event.queue if event.key is None else KEY_PREFIX + event.key
         case _:
             return event.job_id

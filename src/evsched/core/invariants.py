@@ -32,6 +32,7 @@ from evsched.core.events import (
     JobEvent,
     JobLeased,
     JobRequeued,
+    KeyLimitSet,
     LeaseExpired,
     PermitGranted,
     PermitRequested,
@@ -49,7 +50,14 @@ from evsched.core.events import (
     entity_id,
 )
 from evsched.core.fold import fold
-from evsched.core.permits import LimitState, fold_limit, fold_permit, guard_job
+from evsched.core.permits import (
+    LimitState,
+    fold_limit,
+    fold_permit,
+    guard_job,
+    limit_name,
+    limit_names,
+)
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
 History = Iterable[tuple[Event, Position]]
@@ -111,7 +119,7 @@ class Replay:
             return self._feed_schedule(key, event, position)
         if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
             return self._feed_control(event, position)
-        if isinstance(event, QueueLimitSet | QueuePermit):
+        if isinstance(event, QueueLimitSet | KeyLimitSet | QueuePermit):
             return self._feed_limit(event, position)
         if isinstance(event, PermitRequested | PermitGranted):
             return self._feed_permit(key, event, position)
@@ -119,10 +127,10 @@ class Replay:
         after, entry = fold_job(
             before, event, position, self.paused(position.partition, QUEUE), self.fold_job
         )
-        limit_key = (position.partition, "" if before is None else before.queue)
-        if (limit := self.limits.get(limit_key)) is not None:
-            after, entry, guarded, _ = guard_job(limit, before, after, event, entry)
-            self.limits[limit_key] = guarded or limit
+        for name in () if before is None else limit_names(before):
+            if (limit := self.limits.get((position.partition, name))) is not None:
+                after, entry, guarded, _ = guard_job(limit, before, after, event, entry)
+                self.limits[position.partition, name] = guarded
         if after is not None:
             self.jobs[key] = after
         self.job_timelines.setdefault(key, []).append(entry)
@@ -172,8 +180,10 @@ class Replay:
             self.controls[key] = after
         return entry
 
-    def _feed_limit(self, event: QueueLimitSet | QueuePermit, position: Position) -> TimelineEntry:
-        key = (position.partition, event.queue)
+    def _feed_limit(
+        self, event: QueueLimitSet | KeyLimitSet | QueuePermit, position: Position
+    ) -> TimelineEntry:
+        key = (position.partition, limit_name(event))
         after, entry, _ = fold_limit(self.limits.get(key), event, position)
         if after is not None:
             self.limits[key] = after
@@ -183,7 +193,7 @@ class Replay:
         self, key: str, event: PermitRequested | PermitGranted, position: Position
     ) -> TimelineEntry:
         job = self.jobs.get(key)
-        limit_key = (position.partition, event.queue)
+        limit_key = (position.partition, limit_name(event))
         after, entry, _ = fold_permit(self.limits.get(limit_key), job, event, position)
         if after is not None:
             self.limits[limit_key] = after

@@ -20,6 +20,7 @@ from evsched.adapters.history_file import LoggedEvent
 from evsched.adapters.kafka_events import KafkaPartitionLog, partition_for
 from evsched.adapters.topics import Topics, partition_count
 from evsched.core.events import (
+    KeyLimitSet,
     PermitGranted,
     PermitRequested,
     Position,
@@ -259,7 +260,9 @@ def _fold_into(
         return state
     if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
         return state  # a pause is a queue's or a schedule's, never a job's own event
-    if isinstance(event, QueueLimitSet | QueuePermit | PermitRequested | PermitGranted):
+    if isinstance(
+        event, QueueLimitSet | KeyLimitSet | QueuePermit | PermitRequested | PermitGranted
+    ):
         return state  # permits change a queue's limit state, never a job's (core.permits)
     if entity_id(event) != entity:
         return state

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from evsched.adapters.index import PartitionIndex
 from evsched.core.events import (
     AttemptFailed,
+    KeyLimitSet,
     PermitGranted,
     PermitRequested,
     QueueLimitSet,
@@ -149,7 +150,9 @@ def _refold(
     event, before, after = done.event, done.before, done.after
     if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
         text = control_reading(entry, event)
-    elif isinstance(event, QueueLimitSet | QueuePermit | PermitRequested | PermitGranted):
+    elif isinstance(
+        event, QueueLimitSet | KeyLimitSet | QueuePermit | PermitRequested | PermitGranted
+    ):
         text = permit_reading(entry)
     elif isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
         assert not isinstance(before, JobState) and not isinstance(after, JobState)

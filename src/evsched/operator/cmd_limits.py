@@ -58,7 +58,7 @@ def queues_limit(
     if (max_running is None) == (not remove):
         raise bad("max_running", "give either --max-running N or --remove")
     try:
-        event = limit_event(queue, max_running, reason=reason, now_ms=now_ms())
+        event = limit_event(queue, max_running=max_running, reason=reason, now_ms=now_ms())
     except InvalidEnqueue as exc:
         raise bad(exc.field, exc.reason) from None
     options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)

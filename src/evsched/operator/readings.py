@@ -65,6 +65,7 @@ NOUNS = {
     "SchedulePaused": "schedule pause",
     "ScheduleResumed": "schedule resume",
     "QueueLimitSet": "queue limit",
+    "KeyLimitSet": "key limit",
     "QueuePermit": "permit step",
     "PermitRequested": "permit request",
     "PermitGranted": "permit grant",

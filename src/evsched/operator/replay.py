@@ -28,7 +28,7 @@ from evsched.core.events import (
 )
 from evsched.core.fold import FOLD_VERSION, fold
 from evsched.core.invariants import JobFold, Replay, Violation
-from evsched.core.permits import LimitState
+from evsched.core.permits import LimitState, limit_name
 from evsched.core.state import JobState, ScheduleState
 from evsched.errors import DecodeError
 
@@ -151,7 +151,7 @@ def fold_history(events: Iterable[LoggedEvent], *, fold_job: JobFold = fold) -> 
             if state is not None:
                 outcome.control_states[control_key] = state
         elif isinstance(event, LIMIT_EVENT_TYPES):
-            _limit_row(outcome, replay, head, event.queue, logged.partition)
+            _limit_row(outcome, replay, head, limit_name(event), logged.partition)
         elif isinstance(event, SCHEDULE_EVENT_TYPES):
             outcome.schedules.setdefault(key, []).append(
                 head + _schedule_row(replay.schedules.get(key))
@@ -165,10 +165,10 @@ def fold_history(events: Iterable[LoggedEvent], *, fold_job: JobFold = fold) -> 
 
 
 def _limit_row(
-    outcome: Outcome, replay: Replay, head: list[Any], queue: str, partition: int
+    outcome: Outcome, replay: Replay, head: list[Any], name: str, partition: int
 ) -> None:
-    key = f"limit {queue} p{partition}"
-    state = replay.limits.get((partition, queue))
+    key = f"limit {name} p{partition}"
+    state = replay.limits.get((partition, name))
     if state is None:
         row = [*head, None, None, None]
     else:

@@ -235,10 +235,15 @@ class OwnedPartition:
                 self.pending.first_deadline_ms(now),
                 self.quarantine.first_release_ms(now),
                 flush,
+                *self._rate_wakes(now),
             )
             if t is not None
         ]
         return min(times) if times else None
+
+    def _rate_wakes(self, now: int) -> list[int | None]:
+        """When rate-limited homes with waiting requests next have room."""
+        return [permits.next_grant_at(s, now) for s in self.projector.limits.values()]
 
     def _plan(self, folded: Folded, now: int) -> list[Outgoing]:
         deadline = self.clock.monotonic_s() + PENDING_TIMEOUT_S
@@ -277,20 +282,22 @@ class OwnedPartition:
         return out
 
     def _plan_permits(self, folded: Folded, now: int, deadline: float) -> list[Outgoing]:
-        """Grants of the queues this partition is home to (core.permits), within their limits."""
+        """Grants of the limits this partition is home to (core.permits), within their room."""
         out: list[Outgoing] = []
         for state in list(self.projector.limits.values()):
             if not state.waiting:
                 continue
-            pending = self._grant_pending
-            for grant in permits.plan_grants(state, pending=pending, now=now, source=self.source):
-                if records := self._encode(_grant_entity(grant.job_id), self._events, grant):
-                    out += records
-                    self.pending.add(grant.event_id, _grant_entity(grant.job_id), None, deadline)
-        return out
+            name = state.name
 
-    def _grant_pending(self, job_id: str) -> bool:
-        return _grant_entity(job_id) in self.pending.entities
+            def pending(job_id: str, name: str = name) -> bool:
+                return _grant_entity(name, job_id) in self.pending.entities
+
+            for grant in permits.plan_grants(state, pending=pending, now=now, source=self.source):
+                entity = _grant_entity(name, grant.job_id)
+                if records := self._encode(entity, self._events, grant):
+                    out += records
+                    self.pending.add(grant.event_id, entity, None, deadline)
+        return out
 
     def _lease_records(self, lease: planner.Lease) -> list[Outgoing]:
         # The dispatch record goes first: if it is refused, its lease is never sent either.
@@ -342,12 +349,12 @@ class OwnedPartition:
         return leases
 
     def _permitted(self, candidates: list[JobState], now: int) -> list[JobState]:
-        """The candidates that may be leased; due jobs of limited queues without a permit ask
-        for one (their requests are sent with this step's decisions)."""
+        """The candidates that may be leased; due jobs under a limit without a permit ask for
+        one (their requests are sent with this step's decisions)."""
         limits = self.projector.limits
-        ok = [s for s in candidates if permits.may_lease(limits.get(s.queue), s.job_id)]
+        ok = [s for s in candidates if permits.may_lease(limits, s)]
         if len(ok) < len(candidates):
-            asking = [s for s in candidates if s.queue in limits and s.status is Status.SCHEDULED]
+            asking = [s for s in candidates if s.status is Status.SCHEDULED]
             for ask in permits.plan_requests(
                 asking, limits, now=now, source=self.source, order=planner.due_order
             ):
@@ -384,10 +391,8 @@ class OwnedPartition:
         state = self.projector.job(job_id)
         if state is None:
             return False
-        limit = limits.get(state.queue)
         # A job that asked for a permit waits for its grant, not for the scan.
-        asked = limit is not None and limit.ask(job_id) is not None
-        return state.queue in paused or (asked and not permits.may_lease(limit, job_id))
+        return state.queue in paused or (bool(limits) and permits.waiting_for_grant(limits, state))
 
     def _schedule_skip(self, schedule_id: str) -> bool:
         return self._held_back(schedule_id) or schedule_id in self.projector.paused[SCHEDULE]
@@ -439,9 +444,9 @@ class OwnedPartition:
         self.index.close()
 
 
-def _grant_entity(job_id: str) -> str:
-    """What a pending grant of the home holds back: the job's grant, not the job itself."""
-    return f"permit-grant:{job_id}"
+def _grant_entity(name: str, job_id: str) -> str:
+    """What a pending grant of a home holds back: the job's grant, not the job itself."""
+    return f"permit-grant:{name}:{job_id}"
 
 
 def _effect_record(topics: Topics, accepted: AcceptedEffect) -> Outgoing:

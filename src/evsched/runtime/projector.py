@@ -29,6 +29,7 @@ from evsched.core.events import (
     Effect,
     Event,
     JobEvent,
+    KeyLimitSet,
     LimitEvent,
     PermitEvent,
     PermitGranted,
@@ -45,7 +46,14 @@ from evsched.core.events import (
     ScheduleUpserted,
 )
 from evsched.core.fold import FOLD_VERSION
-from evsched.core.permits import LimitState, fold_limit, fold_permit, guard_job
+from evsched.core.permits import (
+    LimitState,
+    fold_limit,
+    fold_permit,
+    guard_job,
+    limit_name,
+    limit_names,
+)
 from evsched.core.state import (
     ACTIVE_STATUSES,
     FoldedEvent,
@@ -118,7 +126,7 @@ class Projector:
             if control.paused:
                 self.paused[control.target].add(control.name)
         # Queue limits this partition folded (a handful): leases of their jobs need permits.
-        self.limits: dict[str, LimitState] = {s.queue: s for s in index.limits()}
+        self.limits: dict[str, LimitState] = {s.name: s for s in index.limits()}
         # Only ever what the index holds (filled on read and on commit), so reads stay exact.
         self._cache: dict[str, JobState] = {}
         self._cache_size = cache_size
@@ -203,7 +211,7 @@ class Projector:
                 self._fold_schedule(event, position, out, raw)
             case QueuePaused() | QueueResumed() | SchedulePaused() | ScheduleResumed():
                 self._fold_control(event, position, out, raw)
-            case QueueLimitSet() | QueuePermit():
+            case QueueLimitSet() | KeyLimitSet() | QueuePermit():
                 self._fold_limit(event, position, out, raw)
             case PermitRequested() | PermitGranted():
                 self._fold_permit(event, position, out, raw)
@@ -221,13 +229,14 @@ class Projector:
             | SchedulePaused
             | ScheduleResumed
             | QueueLimitSet
+            | KeyLimitSet
             | QueuePermit
             | PermitRequested
             | PermitGranted,
         )
         before = self.job(event.job_id, out)
         after, entry = fold_job(before, event, position, self.paused[QUEUE])
-        if self.limits and before is not None and before.queue in self.limits:
+        if self.limits and before is not None:
             after, entry = self._guard(event, before, after, entry, out)
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.job_id, entry, raw))
@@ -316,26 +325,30 @@ class Projector:
         entry: TimelineEntry,
         out: Folded,
     ) -> tuple[JobState | None, TimelineEntry]:
-        """The job fold under its queue's limit (core.permits.guard_job)."""
-        limit = self.limits[before.queue]
-        after, entry, new, forward = guard_job(limit, before, after, event, entry)
-        if new is not None and new is not limit:
-            self._keep_limit(new, out)
-        if forward is not None:
-            out.forwards.append(forward)
+        """The job fold under each of its limits this partition knows (core.permits)."""
+        for name in limit_names(before):
+            limit = self.limits.get(name)
+            if limit is None:
+                continue
+            after, entry, new, forward = guard_job(limit, before, after, event, entry)
+            if new is not limit:
+                self._keep_limit(new, out)
+            if forward is not None:
+                out.forwards.append(forward)
         return after, entry
 
     def _keep_limit(self, state: LimitState, out: Folded) -> None:
-        self.limits[state.queue] = state
-        out.batch.limits[limit_key(state.queue)] = state
+        self.limits[state.name] = state
+        out.batch.limits[limit_key(state.name)] = state
 
     def _fold_limit(self, event: LimitEvent, position: Position, out: Folded, raw: bytes) -> None:
-        after, entry, forward = fold_limit(self.limits.get(event.queue), event, position)
-        self._limit_folded(event.queue, after=after, entry=entry, forward=forward, out=out, raw=raw)
+        name = limit_name(event)
+        after, entry, forward = fold_limit(self.limits.get(name), event, position)
+        self._limit_folded(name, after=after, entry=entry, forward=forward, out=out, raw=raw)
 
     def _fold_permit(self, event: PermitEvent, position: Position, out: Folded, raw: bytes) -> None:
         job = self.job(event.job_id, out)
-        state = self.limits.get(event.queue)
+        state = self.limits.get(limit_name(event))
         after, entry, forward = fold_permit(state, job, event, position)
         self._limit_folded(
             event.job_id, after=after, entry=entry, forward=forward, out=out, raw=raw

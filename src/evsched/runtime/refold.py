@@ -19,6 +19,7 @@ from evsched.core.events import (
     Event,
     JobLeased,
     JobPurged,
+    KeyLimitSet,
     PermitGranted,
     PermitRequested,
     Position,
@@ -65,7 +66,7 @@ def refold(
     if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
         return Refolded(event, state, state, entry.verdict)
     if isinstance(
-        event, QueueLimitSet | QueuePermit | PermitRequested | PermitGranted
+        event, QueueLimitSet | KeyLimitSet | QueuePermit | PermitRequested | PermitGranted
     ) or _unpermitted(event, entry):
         # Permits change the queue's limit state, not the job's (core.permits): shown as judged.
         return Refolded(event, state, state, entry.verdict)
