@@ -301,3 +301,31 @@ def test_limit_events_are_keyed_by_their_limit_s_name() -> None:
     assert entity_id(step("grant", key="cust-1")) == "key:cust-1"
     ask = PermitRequested(event_id="a", job_id="j", emitted_at=0, source="n", queue="q", key="k")
     assert entity_id(ask) == "j"
+
+
+def test_the_lateness_of_a_start_splits_into_the_wait_for_a_permit_and_the_rest() -> None:
+    from evsched.core.state import FoldedEvent
+    from evsched.metrics import Metrics
+
+    metrics = Metrics(job_counts=False)
+    queued = replace(job(), run_at=1_000)
+    grant = replace(_entry("PermitGranted"), log_at=4_000)
+    start = replace(_entry("AttemptStarted"), log_at=4_500)
+    running = replace(queued, status=Status.RUNNING)
+    metrics.observe_commit(
+        [FoldedEvent(grant, queued, queued), FoldedEvent(start, queued, running)]
+    )
+    plain = replace(job("p"), run_at=1_000)
+    metrics.observe_commit([FoldedEvent(start, plain, replace(plain, status=Status.RUNNING))])
+    sums = {
+        (s.labels["cause"], s.name): s.value
+        for family in metrics.registry.collect()
+        if family.name == "evsched_start_lateness_by_cause_seconds"
+        for s in family.samples
+        if s.name.endswith(("_sum", "_count"))
+    }
+    suffix = "evsched_start_lateness_by_cause_seconds"
+    assert sums[("limit", f"{suffix}_sum")] == 3.0
+    assert sums[("limit", f"{suffix}_count")] == 1
+    assert sums[("late", f"{suffix}_sum")] == 0.5 + 3.5
+    assert sums[("late", f"{suffix}_count")] == 2

@@ -198,6 +198,11 @@ class PartitionIndex:
             if not key.startswith(LIMIT_PREFIX):
                 yield avro.decode_state(value, ControlState)
 
+    def limit(self, name: str) -> LimitState | None:
+        """A limit (a queue name, or ``key:`` and a key) as this partition folded it, or None."""
+        raw = self._cf[CONTROLS].get(limit_key(name))
+        return None if raw is None else avro.decode_state(raw, LimitState)
+
     def limits(self) -> Iterator[LimitState]:
         """Every queue limit this partition folded (core.permits), by queue name."""
         for _, value in self._scan(CONTROLS, LIMIT_PREFIX, prefix_end(LIMIT_PREFIX)):

@@ -351,7 +351,7 @@ class Projector:
         state = self.limits.get(limit_name(event))
         after, entry, forward = fold_permit(state, job, event, position)
         self._limit_folded(
-            event.job_id, after=after, entry=entry, forward=forward, out=out, raw=raw
+            event.job_id, after=after, entry=entry, forward=forward, out=out, raw=raw, job=job
         )
 
     def _limit_folded(
@@ -363,11 +363,13 @@ class Projector:
         forward: Event | None,
         out: Folded,
         raw: bytes,
+        job: JobState | None = None,
     ) -> None:
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((entity, entry, raw))
         if self.on_commit is not None:
-            out.observed.append(FoldedEvent(entry))
+            # A permit's job is unchanged by it; metrics read when its grant came.
+            out.observed.append(FoldedEvent(entry, job, job))
         if entry.verdict is Verdict.APPLIED and after is not None:
             self._keep_limit(after, out)
         if forward is not None:
