@@ -11,7 +11,7 @@ from tests.integration.engine import Proc, Stack, wait_for
 from tests.integration.limits_app import LIMITED, make_app
 
 from evsched.adapters.topics import ensure_topics
-from evsched.core.events import Event, Position
+from evsched.core.events import AttemptStarted, Event, Position, QueuePermit
 from evsched.core.invariants import Replay, replay
 from evsched.core.state import ACTIVE_STATUSES, Status, Verdict
 
@@ -103,3 +103,48 @@ async def test_the_bound_holds_when_a_node_is_killed_mid_run(
     assert held_at_once(done) <= LIMIT
     statuses = {s.status for s in done.jobs.values()}
     assert statuses == {Status.SUCCEEDED}
+
+
+RATE, PER_MS = 3, 2_000
+
+
+async def test_a_rate_limit_grants_at_most_n_per_window_of_log_time(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    stack = await _stack(kafka_bootstrap, tmp_path_factory, "limits-rate")
+    try:
+        stack.start_node("node-1")
+        stack.start_node("node-2")
+        stack._spawn("worker-1", ["worker", "--app", "tests.integration.limits_app:app"])
+        async with make_app(stack.settings) as app:
+            await app.limit_queue(LIMITED, rate=(RATE, PER_MS))
+            task = app.get_task("l.sleep")
+            ids = [await task.enqueue(10) for _ in range(9)]
+            await _succeeded(stack, ids, at_least=len(ids), timeout_s=120)
+        events, _ = await stack.history()
+    finally:
+        await stack.close()
+    done = replay(events)
+    assert done.violations == []
+    verdicts = {(e.partition, e.offset): e.verdict for t in done.job_timelines.values() for e in t}
+    grants = sorted(
+        p.log_at
+        for e, p in events
+        if isinstance(e, QueuePermit) and e.action == "grant"
+        and _home_verdict(done, p) is Verdict.APPLIED
+    )  # fmt: skip
+    assert len(grants) == 9
+    for i in range(len(grants) - RATE):
+        assert grants[i + RATE] - grants[i] >= PER_MS, grants  # N per window, measured
+    starts = sorted(
+        p.log_at
+        for e, p in events
+        if isinstance(e, AttemptStarted) and verdicts[p.partition, p.offset] is Verdict.APPLIED
+    )
+    assert len(starts) == 9
+    assert starts[-1] - starts[0] >= (9 // RATE - 1) * PER_MS - 500  # the starts were spread
+
+
+def _home_verdict(done: Replay, position: Position) -> Verdict | None:
+    """The verdict the home's fold gave the QueuePermit at ``position`` (not in job timelines)."""
+    return done.limit_verdicts.get((position.partition, position.offset))

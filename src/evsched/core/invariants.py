@@ -104,6 +104,8 @@ class Replay:
     controls: dict[tuple[int, str, str], ControlState] = field(default_factory=dict)
     # Queue limits by (partition, queue): every partition folds its own (core.permits).
     limits: dict[tuple[int, str], LimitState] = field(default_factory=dict)
+    # The verdicts of limit events (sets and permit steps at the homes), by (partition, offset).
+    limit_verdicts: dict[tuple[int, int], Verdict] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
     _accounts: dict[str, _Account] = field(default_factory=dict)
 
@@ -187,6 +189,7 @@ class Replay:
         after, entry, _ = fold_limit(self.limits.get(key), event, position)
         if after is not None:
             self.limits[key] = after
+        self.limit_verdicts[position.partition, position.offset] = entry.verdict
         return entry
 
     def _feed_permit(
