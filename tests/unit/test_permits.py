@@ -173,12 +173,23 @@ def test_hostile_asks_and_grants_on_the_job_partition_are_refused() -> None:
         (None, job(), ask, "queue q has no limit"),
         (limit, job(status=Status.RUNNING), ask, "cannot ask for a permit: job is running"),
         (limit, job(), grant, "grant rejected: job did not ask for a permit"),
+        (limit, None, grant, "unknown job"),
         (limit, job(), replace(ask, key=""), "key must not be empty"),
     ]
     for state, the_job, event, reason in cases:
         after, entry, forward = permits.fold_permit(state, the_job, event, at(1))
         assert entry.verdict is Verdict.REJECTED and entry.reason == reason
-        assert after is state and forward is None
+        assert after is state
+        if isinstance(event, PermitGranted):  # a grant nobody asked for goes back at once
+            assert isinstance(forward, QueuePermit) and forward.action == "release"
+        else:
+            assert forward is None
+    keyed = replace(grant, key="k")
+    _, _, forward = permits.fold_permit(None, None, keyed, at(2))
+    assert isinstance(forward, QueuePermit) and forward.key == "k" and forward.queue == "q"
+    held = replace(limit, asked=(Ask(job_id="j", granted=True),))
+    _, entry, forward = permits.fold_permit(held, job(), replace(grant, event_id="g9"), at(3))
+    assert entry.verdict is Verdict.REJECTED and forward is None  # its permit stays held
 
 
 def _entry(kind: str, verdict: Verdict = Verdict.APPLIED) -> TimelineEntry:
@@ -228,7 +239,7 @@ def test_a_job_that_ends_or_goes_back_to_waiting_releases_its_permit() -> None:
 
 def test_a_concurrency_key_adds_a_limit_and_its_permit() -> None:
     keyed = job(**{permits.KEY_LABEL: "cust-1"})
-    assert permits.limit_names(keyed) == ("q", "key:cust-1")
+    assert permits.limit_names(keyed) == ("key:cust-1", "q")
     assert permits.limit_names(job(**{permits.KEY_LABEL: "x" * 201})) == ("q",)
     assert permits.limit_names(job(**{permits.KEY_LABEL: ""})) == ("q",)
     key_limit, _, _ = permits.fold_limit(
@@ -329,3 +340,25 @@ def test_the_lateness_of_a_start_splits_into_the_wait_for_a_permit_and_the_rest(
     assert sums[("limit", f"{suffix}_count")] == 1
     assert sums[("late", f"{suffix}_sum")] == 0.5 + 3.5
     assert sums[("late", f"{suffix}_count")] == 2
+
+
+def test_a_job_asks_for_its_key_s_permit_before_its_queue_s() -> None:
+    keyed = job(**{permits.KEY_LABEL: "k"})
+    queue_limit = home(1)
+    key_limit = replace(home(1), name="key:k")
+    states = {"q": queue_limit, "key:k": key_limit}
+
+    def plan(states: dict[str, LimitState]) -> list[str | None]:
+        asks = permits.plan_requests(
+            [keyed], states, now=1, source="n", order=lambda s: (0, 0, s.job_id)
+        )
+        return [a.key for a in asks]
+
+    assert plan(states) == ["k"]
+    waiting = replace(key_limit, asked=(Ask(job_id="j", granted=False),))
+    assert plan({**states, "key:k": waiting}) == []  # waits for the key's grant first
+    granted = replace(key_limit, asked=(Ask(job_id="j", granted=True),))
+    assert plan({**states, "key:k": granted}) == [None]  # then asks for the queue's
+    both = {"key:k": granted, "q": replace(queue_limit, asked=(Ask(job_id="j", granted=True),))}
+    assert plan(both) == []
+    assert plan({"key:k": replace(key_limit, max_running=None), "q": queue_limit}) == [None]

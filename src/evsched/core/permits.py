@@ -108,9 +108,12 @@ def concurrency_key(job: JobState) -> str | None:
 
 
 def limit_names(job: JobState) -> tuple[str, ...]:
-    """The names of the limits that may hold for ``job``: its queue's, then its key's."""
+    """The names of the limits that may hold for ``job``, in the order it acquires their
+    permits: its key's, then its queue's. One order for every job means no two jobs ever wait
+    for each other's permit (no deadlock), and a job waiting for its key's permit holds no slot
+    of its queue."""
     key = concurrency_key(job)
-    return (job.queue,) if key is None else (job.queue, KEY_PREFIX + key)
+    return (job.queue,) if key is None else (KEY_PREFIX + key, job.queue)
 
 
 def _name(event: LimitEvent | PermitEvent) -> str:
@@ -271,11 +274,35 @@ def _rate_refusal(state: LimitState, at: int) -> str | None:
 def fold_permit(
     state: LimitState | None, job: JobState | None, event: PermitEvent, position: Position
 ) -> Folded:
-    """A job's ask or grant on its own partition, judged against the job and the limit."""
+    """A job's ask or grant on its own partition, judged against the job and the limit.
+
+    A refused grant of a job that holds no ask (unknown, or it gave its ask back meanwhile) is
+    released at once, so a grant nobody can use never keeps a holder at the home.
+    """
     after, entry, forward = _judged(
         state, event, position, lambda: _job_step(state, job, event, position)
     )
-    return after, replace(entry, status_after=None if job is None else job.status), forward
+    entry = replace(entry, status_after=None if job is None else job.status)
+    unused = isinstance(event, PermitGranted) and entry.verdict is Verdict.REJECTED
+    if unused and (state is None or state.ask(event.job_id) is None):
+        forward = _release_unused(event, position)
+    return after, entry, forward
+
+
+def _release_unused(event: PermitGranted, position: Position) -> QueuePermit:
+    name = event.queue if event.key is None else KEY_PREFIX + event.key
+    return QueuePermit(
+        event_id=ids.decision_event_id(
+            event.job_id, f"permit-unused-{name}-p{position.partition}", position.offset
+        ),
+        queue=event.queue,
+        job_id=event.job_id,
+        action="release",
+        emitted_at=position.log_at,
+        source=event.source,
+        key=event.key,
+        trace=event.trace,
+    )
 
 
 def _job_step(
@@ -391,18 +418,31 @@ def plan_requests(
     source: str,
     order: Callable[[JobState], tuple[int, int, str]],
 ) -> list[PermitRequested]:
-    """Ask for the permits due jobs lack, best first; a partition keeps at most ``max_running``
-    (or ``rate_starts``) asks per limit, as it could not use more at once."""
+    """Ask for the next permit each due job lacks (in ``limit_names`` order: one limit at a time),
+    best jobs first; a partition keeps at most ``max_running`` (or ``rate_starts``) asks per
+    limit, as it could not use more at once."""
     room = {name: _ask_room(state) for name, state in states.items()}
     asks: list[PermitRequested] = []
     for job in sorted(candidates, key=order):
-        for name in limit_names(job):
-            state = states.get(name)
-            if state is None or room.get(name, 0) <= 0 or state.ask(job.job_id) is not None:
-                continue
+        name = _next_limit(states, job)
+        if name is not None and room[name] > 0:
             room[name] -= 1
             asks.append(_request(job, name, now=now, source=source))
     return asks
+
+
+def _next_limit(states: Mapping[str, LimitState], job: JobState) -> str | None:
+    """The first limit whose permit ``job`` has not asked for yet, unless it waits for one."""
+    for name in limit_names(job):
+        state = states.get(name)
+        if state is None or not state.limited:
+            continue
+        ask = state.ask(job.job_id)
+        if ask is None:
+            return name
+        if not ask.granted:
+            return None
+    return None
 
 
 def _ask_room(state: LimitState) -> int:
