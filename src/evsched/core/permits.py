@@ -283,10 +283,14 @@ def fold_permit(
         state, event, position, lambda: _job_step(state, job, event, position)
     )
     entry = replace(entry, status_after=None if job is None else job.status)
-    unused = isinstance(event, PermitGranted) and entry.verdict is Verdict.REJECTED
-    if unused and (state is None or state.ask(event.job_id) is None):
+    if isinstance(event, PermitGranted) and _unused(state, event, entry):
         forward = _release_unused(event, position)
     return after, entry, forward
+
+
+def _unused(state: LimitState | None, event: PermitGranted, entry: TimelineEntry) -> bool:
+    """Whether a refused grant belongs to no ask of this partition (nobody can use it)."""
+    return entry.verdict is Verdict.REJECTED and (state is None or state.ask(event.job_id) is None)
 
 
 def _release_unused(event: PermitGranted, position: Position) -> QueuePermit:

@@ -21,14 +21,15 @@ from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
-from evsched.core import permits, planner, retention
+from evsched.core import planner, retention
 from evsched.core.controls import QUEUE, SCHEDULE
-from evsched.core.events import Event, JobEnqueued, PermitRequested, entity_id
+from evsched.core.events import Event, JobEnqueued, entity_id
 from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.changelog import ChangelogWriter
 from evsched.runtime.pending import Pending
+from evsched.runtime.permit_plan import PermitPlanner
 from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
 from evsched.runtime.quarantine import EnsureQueues, Quarantine, hold_unusable
 
@@ -91,6 +92,7 @@ class OwnedPartition:
         self.end_offset = end_offset
         self.caught_up = False
         self.pending = Pending(clock)
+        self.permits = PermitPlanner(self.projector, self.pending, self.source)
         self.wake_at: int | None = None
         # The consumer offset the group holds for this partition, and when records past it were
         # first folded without a transaction of their own (epoch ms).
@@ -102,7 +104,6 @@ class OwnedPartition:
         # The node's per-queue limits are shared by all its partitions (None: this one alone).
         self.budget = budget
         self.woken = False  # another partition made room since the last step
-        self.permit_asks: list[PermitRequested] = []  # made while planning leases
         self.on_wake: Callable[[], None] | None = None  # the runner's kick
         if budget is not None:
             budget.join(partition, self)
@@ -235,32 +236,26 @@ class OwnedPartition:
                 self.pending.first_deadline_ms(now),
                 self.quarantine.first_release_ms(now),
                 flush,
-                *self._rate_wakes(now),
+                *self.permits.wakes(now),
             )
             if t is not None
         ]
         return min(times) if times else None
 
-    def _rate_wakes(self, now: int) -> list[int | None]:
-        """When rate-limited homes with waiting requests next have room."""
-        return [permits.next_grant_at(s, now) for s in self.projector.limits.values()]
-
     def _plan(self, folded: Folded, now: int) -> list[Outgoing]:
         deadline = self.clock.monotonic_s() + PENDING_TIMEOUT_S
         out: list[Outgoing] = []
-        self.permit_asks = []
         for lease in self._plan_leases(folded, now):
             job_id = lease.event.job_id
             if records := self._encode(job_id, self._lease_records, lease):
                 out += records
                 self.pending.add(lease.event.event_id, job_id, lease.dispatch.queue, deadline)
-        out += self._ask_records(deadline)
         expiring = self._jobs(self.index.expired_lease_ids(now, self.scan_limit), folded)
         for expiry in planner.plan_expiries(expiring, now=now, source=self.source):
             if records := self._encode(expiry.job_id, self._events, expiry):
                 out += records
                 self.pending.add(expiry.event_id, expiry.job_id, None, deadline)
-        out += self._plan_permits(folded, now, deadline)
+        out += self._permit_records(now, deadline)
         schedules = self._due_schedules(folded, now)
         for fired, enqueued in planner.plan_fires(schedules, now=now, source=self.source):
             if records := self._encode(fired.schedule_id, self._events, fired, enqueued):
@@ -272,31 +267,13 @@ class OwnedPartition:
                 self.pending.add(purge.event_id, purge.job_id, None, deadline)
         return out
 
-    def _ask_records(self, deadline: float) -> list[Outgoing]:
-        """The permit requests ``_permitted`` made while planning leases."""
+    def _permit_records(self, now: int, deadline: float) -> list[Outgoing]:
+        """Permit requests made while planning leases, and this partition's homes' grants."""
         out: list[Outgoing] = []
-        for ask in self.permit_asks:
-            if records := self._encode(ask.job_id, self._events, ask):
+        for entity, step in self.permits.take(now):
+            if records := self._encode(entity, self._events, step):
                 out += records
-                self.pending.add(ask.event_id, ask.job_id, None, deadline)
-        return out
-
-    def _plan_permits(self, folded: Folded, now: int, deadline: float) -> list[Outgoing]:
-        """Grants of the limits this partition is home to (core.permits), within their room."""
-        out: list[Outgoing] = []
-        for state in list(self.projector.limits.values()):
-            if not state.waiting:
-                continue
-            name = state.name
-
-            def pending(job_id: str, name: str = name) -> bool:
-                return _grant_entity(name, job_id) in self.pending.entities
-
-            for grant in permits.plan_grants(state, pending=pending, now=now, source=self.source):
-                entity = _grant_entity(name, grant.job_id)
-                if records := self._encode(entity, self._events, grant):
-                    out += records
-                    self.pending.add(grant.event_id, entity, None, deadline)
+                self.pending.add(step.event_id, entity, None, deadline)
         return out
 
     def _lease_records(self, lease: planner.Lease) -> list[Outgoing]:
@@ -330,8 +307,8 @@ class OwnedPartition:
         candidates = [
             s for s in self._jobs(ids, folded) if s.run_at <= horizon and s.queue not in paused
         ]
-        if self.projector.limits:
-            candidates = self._permitted(candidates, now)
+        if self.permits.active:
+            candidates = self.permits.permitted(candidates, now)
         if self.budget is None:
             return self._lease(candidates, self.load(), now)
         load = self.budget.total()
@@ -347,19 +324,6 @@ class OwnedPartition:
             self.partition, blocked=left, leased={lease.dispatch.queue for lease in leases}
         )
         return leases
-
-    def _permitted(self, candidates: list[JobState], now: int) -> list[JobState]:
-        """The candidates that may be leased; due jobs under a limit without a permit ask for
-        one (their requests are sent with this step's decisions)."""
-        limits = self.projector.limits
-        ok = [s for s in candidates if permits.may_lease(limits, s)]
-        if len(ok) < len(candidates):
-            asking = [s for s in candidates if s.status is Status.SCHEDULED]
-            for ask in permits.plan_requests(
-                asking, limits, now=now, source=self.source, order=planner.due_order
-            ):
-                self.permit_asks.append(ask)
-        return ok
 
     def _lease(self, candidates: list[JobState], load: QueueLoad, now: int) -> list[planner.Lease]:
         return planner.plan_leases(
@@ -385,14 +349,14 @@ class OwnedPartition:
         """Held back, or on a paused queue: such due jobs must not fill the scan's window."""
         if self._held_back(job_id):
             return True
-        paused, limits = self.projector.paused[QUEUE], self.projector.limits
-        if not paused and not limits:
+        paused = self.projector.paused[QUEUE]
+        if not paused and not self.permits.active:
             return False
         state = self.projector.job(job_id)
         if state is None:
             return False
         # A job that asked for a permit waits for its grant, not for the scan.
-        return state.queue in paused or (bool(limits) and permits.waiting_for_grant(limits, state))
+        return state.queue in paused or (self.permits.active and self.permits.waits(state))
 
     def _schedule_skip(self, schedule_id: str) -> bool:
         return self._held_back(schedule_id) or schedule_id in self.projector.paused[SCHEDULE]
@@ -442,11 +406,6 @@ class OwnedPartition:
         if self.budget is not None:
             self.budget.leave(self.partition, self)
         self.index.close()
-
-
-def _grant_entity(name: str, job_id: str) -> str:
-    """What a pending grant of a home holds back: the job's grant, not the job itself."""
-    return f"permit-grant:{name}:{job_id}"
 
 
 def _effect_record(topics: Topics, accepted: AcceptedEffect) -> Outgoing:
