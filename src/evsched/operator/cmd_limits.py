@@ -30,7 +30,7 @@ from evsched.operator.session import (
     refresh_to,
     run,
 )
-from evsched.operator.writes import Judged, bad, highest_offsets
+from evsched.operator.writes import Judged, highest_offsets
 from evsched.settings import Settings
 
 MaxRunning = Annotated[
@@ -50,6 +50,8 @@ IsKey = Annotated[
     bool, typer.Option("--key", help="NAME is a concurrency key (task.options(concurrency_key=)).")
 ]
 Remove = Annotated[bool, typer.Option("--remove", help="Remove the limits.")]
+_PARAMETERS = {"max_running": "--max-running", "rate_starts": "--rate", "rate_per_ms": "--rate",
+               "queue": "NAME", "key": "NAME", "reason": "--reason"}  # fmt: skip
 _UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000}
 
 
@@ -81,14 +83,18 @@ def queues_limit(
     """Limit how many of a queue's (or a concurrency key's) jobs run at once, and how many start
     per window, over every node and partition."""
     if (max_running is None and rate is None) == (not remove):
-        raise bad("max_running", "give --max-running N and/or --rate N/<window>, or --remove")
+        raise typer.BadParameter(
+            "give --max-running N and/or --rate N/<window>, or --remove alone",
+            param_hint="--max-running",
+        )
     window = None if rate is None else parse_rate(rate)
     try:
         event = limit_event(
             queue, key=key, max_running=max_running, rate=window, reason=reason, now_ms=now_ms()
         )
     except InvalidEnqueue as exc:
-        raise bad(exc.field, exc.reason) from None
+        hint = _PARAMETERS.get(exc.field, exc.field)
+        raise typer.BadParameter(exc.reason, param_hint=hint) from None
     options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
 
     async def main() -> ExitCode:
