@@ -362,3 +362,44 @@ def test_a_job_asks_for_its_key_s_permit_before_its_queue_s() -> None:
     both = {"key:k": granted, "q": replace(queue_limit, asked=(Ask(job_id="j", granted=True),))}
     assert plan(both) == []
     assert plan({"key:k": replace(key_limit, max_running=None), "q": queue_limit}) == [None]
+
+
+def test_the_replay_folds_limits_per_partition_like_a_node() -> None:
+    from evsched.core.events import JobEnqueued
+    from evsched.core.invariants import replay
+
+    enq = JobEnqueued(
+        event_id="e", job_id="j", emitted_at=0, source="c", task="t", queue="q", args=b"[]",
+        max_attempts=3, retry=RetryPolicy(), timeout_ms=1_000,
+    )  # fmt: skip
+    ask = PermitRequested(event_id="a", job_id="j", emitted_at=0, source="n", queue="q")
+    lease = JobLeased(
+        event_id="l", job_id="j", emitted_at=0, source="n", token=1, attempt=1, lease_ms=9_000
+    )
+    grant_elsewhere = PermitGranted(event_id="g0", job_id="x", emitted_at=0, source="n", queue="q")
+    grant = PermitGranted(event_id="g", job_id="j", emitted_at=0, source="n", queue="q")
+    done = replay(
+        [
+            (step("grant", "x", "no-limit-here"), at(0, 10, partition=1)),  # no state: refused
+            (grant_elsewhere, at(1, 10, partition=1)),
+            (limit_set(1), at(0, 10)),
+            (enq, at(1, 10)),
+            (replace(lease, event_id="early"), at(2, 20)),  # no permit yet: refused
+            (ask, at(3, 20)),
+            (step("request"), at(4, 20)),
+            (step("grant"), at(5, 20)),
+            (grant, at(6, 20)),
+            (lease, at(7, 30)),
+        ]
+    )
+    verdicts = [(e.kind, e.verdict.value) for e in done.job_timelines["j"]]
+    assert verdicts == [
+        ("JobEnqueued", "applied"),
+        ("JobLeased", "rejected"),
+        ("PermitRequested", "applied"),
+        ("PermitGranted", "applied"),
+        ("JobLeased", "applied"),
+    ]
+    assert done.limit_verdicts[1, 0] is Verdict.REJECTED
+    assert (1, "q") not in done.limits
+    assert done.limits[0, "q"].holders == ("j",)
