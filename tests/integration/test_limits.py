@@ -20,12 +20,14 @@ LIMIT = 2
 JOBS = 14
 
 
-def held_at_once(done: Replay) -> int:
+def held_at_once(done: Replay, jobs: set[str] | None = None) -> int:
     """The most attempts holding a lease at one log time: a lease is held from its applied
     JobLeased until the applied event that leaves leased/running; an end and a start at the
     same millisecond count as end first (a release precedes the grant it makes room for)."""
     marks: list[tuple[int, int]] = []
-    for timeline in done.job_timelines.values():
+    for job_id, timeline in done.job_timelines.items():
+        if jobs is not None and job_id not in jobs:
+            continue
         holding = False
         for entry in timeline:
             if entry.verdict is not Verdict.APPLIED:
@@ -148,3 +150,28 @@ async def test_a_rate_limit_grants_at_most_n_per_window_of_log_time(
 def _home_verdict(done: Replay, position: Position) -> Verdict | None:
     """The verdict the home's fold gave the QueuePermit at ``position`` (not in job timelines)."""
     return done.limit_verdicts.get((position.partition, position.offset))
+
+
+async def test_a_key_limit_holds_across_partitions(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    stack = await _stack(kafka_bootstrap, tmp_path_factory, "limits-key")
+    try:
+        stack.start_node("node-1")
+        stack.start_node("node-2")
+        stack._spawn("worker-1", ["worker", "--app", "tests.integration.limits_app:app"])
+        async with make_app(stack.settings) as app:
+            await app.limit_key("customer-42", max_running=1)
+            task = app.get_task("l.sleep")
+            keyed = [
+                await task.options(concurrency_key="customer-42").enqueue(300) for _ in range(6)
+            ]
+            free = [await task.enqueue(300) for _ in range(6)]
+            await _succeeded(stack, keyed + free, at_least=12, timeout_s=120)
+        events, _ = await stack.history()
+    finally:
+        await stack.close()
+    done = replay(events)
+    assert done.violations == []
+    assert held_at_once(done, set(keyed)) == 1
+    assert held_at_once(done, set(free)) > 1  # jobs without the key are not held back
