@@ -4,12 +4,14 @@ also while a node is SIGKILLed mid-run and its partitions (a home among them) mo
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 from tests.integration.engine import Proc, Stack, wait_for
 from tests.integration.limits_app import LIMITED, make_app
 
+from evsched.adapters.kafka_events import partition_for
 from evsched.adapters.topics import ensure_topics
 from evsched.core.events import AttemptStarted, Event, Position, QueuePermit
 from evsched.core.invariants import Replay, replay
@@ -55,11 +57,29 @@ async def _run(stack: Stack, *, kill_midway: bool) -> tuple[list[tuple[Event, Po
         ids = [await task.enqueue(400) for _ in range(JOBS)]
         if kill_midway:
             await _succeeded(stack, ids, at_least=3)
-            victim: Proc = nodes[0]
-            victim.kill()
+            victim = _owner(nodes, partition_for(LIMITED, stack.partitions))
+            assert victim is not None, "no node logged the home partition"
+            victim.kill()  # the home of the limit moves to the other node
         await _succeeded(stack, ids, at_least=JOBS, timeout_s=180)
     events, _ = await stack.history()
     return events, replay(events)
+
+
+def _owner(nodes: list[Proc], partition: int) -> Proc | None:
+    """The node whose log says it holds ``partition`` now (assigned, not revoked since)."""
+    for proc in nodes:
+        held = False
+        for line in proc.log().splitlines():
+            if not line.startswith("{"):
+                continue
+            record = json.loads(line)
+            if record.get("partition") == partition:
+                held = record.get("event") == "partition_assigned" or (
+                    held and record.get("event") != "partition_revoked"
+                )
+        if held:
+            return proc
+    return None
 
 
 async def _succeeded(stack: Stack, ids: list[str], *, at_least: int, timeout_s: float = 90) -> None:
