@@ -32,13 +32,14 @@ from evsched.adapters import avro  # noqa: E402
 from evsched.adapters.history_file import HistoryWriter, read_history  # noqa: E402
 from evsched.adapters.index import PartitionIndex, keyable  # noqa: E402
 from evsched.adapters.topics import ensure_topics  # noqa: E402
-from evsched.core.events import CONTROL_EVENT_TYPES, entity_id  # noqa: E402
+from evsched.core.events import CONTROL_EVENT_TYPES, LIMIT_EVENT_TYPES, entity_id  # noqa: E402
 from evsched.operator.export import LogRange, export_range  # noqa: E402
 from evsched.operator.live_index import ReadOnlyIndex  # noqa: E402
 from evsched.operator.replay import dump_expected, expected_document, fold_history  # noqa: E402
 from evsched.operator.replica_dir import LocalIndex, catch_up  # noqa: E402
 from replay import (  # noqa: E402
     scenario_controls,
+    scenario_limits,
     scenario_policies,
     scenario_workflows,
     scenarios,
@@ -102,6 +103,16 @@ SCENARIOS = {
             "paused schedule fires nothing, a zombie's fire is rejected, and on resume only the "
             "latest missed slot fires; a pause of an unknown schedule is rejected.",
             scenario_controls.controls,
+        ),
+        Scenario(
+            "limits",
+            "Global limits (fold version 4, issue 13 items 1 and 2) with two nodes: queue default "
+            "limited to 2 running and 4 permits per second, keys cust-1 and cust-2 to 1 running; "
+            "jobs ask the limits' homes for permits, are granted them in turn and give them back; "
+            "a zombie's lease of a job waiting for its key's permit is rejected; forged permit "
+            "steps (a grant to a finished job, an unknown action, a grant to an unknown job, "
+            "whose release then comes back rejected) and a max_running of 0 are rejected.",
+            scenario_limits.limits,
         ),
         Scenario(
             "cron",
@@ -208,6 +219,12 @@ def verified_outcome(history: Path, local: LocalIndex, scenario: Scenario) -> di
         got = recorded_control(local.indexes[int(partition[1:])], target, name)
         want = [(row[1], row[3]) for row in rows]
         assert got == want, f"{key}: the replica recorded {got}, the fold gives {want}"
+    for key, rows in outcome.limits.items():
+        name, partition = key.removeprefix("limit ").rsplit(" ", 1)
+        stored = local.indexes[int(partition[1:])].queue_timeline_events(name)
+        got = [(e.offset, e.verdict.value) for e, _ in stored if e.kind in LIMIT_KINDS]
+        want = [(row[1], row[3]) for row in rows]
+        assert got == want, f"{key}: the replica recorded {got}, the fold gives {want}"
     for key, job in outcome.job_states.items():
         stored_job = local.index_of(key).job(key)
         assert stored_job is not None and avro.encode_state(stored_job) == avro.encode_state(job)
@@ -222,6 +239,7 @@ def verified_outcome(history: Path, local: LocalIndex, scenario: Scenario) -> di
 
 
 CONTROL_KINDS = frozenset(cls.__name__ for cls in CONTROL_EVENT_TYPES)
+LIMIT_KINDS = frozenset(cls.__name__ for cls in LIMIT_EVENT_TYPES)
 
 
 def recorded_control(index: PartitionIndex, target: str, name: str) -> list[tuple[int, str]]:

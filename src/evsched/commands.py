@@ -23,6 +23,8 @@ from evsched.core.events import (
     Event,
     JobEnqueued,
     JobTemplate,
+    KeyLimitSet,
+    QueueLimitSet,
     QueuePaused,
     QueueResumed,
     RetryPolicy,
@@ -414,6 +416,39 @@ def build_control(
         raise InvalidEnqueue("reason", f"must be a string of at most {MAX_REASON_CHARS} chars")
     fields: dict[str, Any] = {"queue" if is_queue else "schedule_id": name}
     return kind(event_id=event_id, emitted_at=now_ms, source=SOURCE, reason=reason, **fields)
+
+
+def build_limit(
+    name: str,
+    *,
+    key: bool = False,
+    max_running: int | None = None,
+    rate: tuple[int, int] | None = None,
+    reason: str = "",
+    now_ms: int,
+    event_id: str,
+) -> QueueLimitSet | KeyLimitSet:
+    """A queue's (or with ``key``, a concurrency key's) global limits, checked: at most
+    ``max_running`` at once, at most ``rate`` = (starts, per_ms) permits per window; None each
+    removes that limit."""
+    starts, per = rate if rate is not None else (None, None)
+    numbers = {"max_running": max_running, "rate_starts": starts, "rate_per_ms": per}
+    for name_of, value in numbers.items():
+        if value is not None and not _is_int(value):
+            raise InvalidEnqueue(name_of, f"must be an integer, not {value!r}")
+    if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
+        raise InvalidEnqueue("reason", f"must be a string of at most {MAX_REASON_CHARS} chars")
+    common: dict[str, Any] = {
+        "event_id": event_id, "emitted_at": now_ms, "source": SOURCE, "max_running": max_running,
+        "rate_starts": starts, "rate_per_ms": per, "reason": reason,
+    }  # fmt: skip
+    if not isinstance(name, str):
+        raise InvalidEnqueue("key" if key else "queue", "must be a string")
+    event = KeyLimitSet(key=name, **common) if key else QueueLimitSet(queue=name, **common)
+    refusal = limits.refusal(event)
+    if refusal is not None:
+        raise InvalidEnqueue(refusal.split(" ", 1)[0], refusal)
+    return event
 
 
 def encode_checked(event: Event) -> bytes:

@@ -142,6 +142,17 @@ class Metrics:
             buckets=LATENESS_BUCKETS_S,
             registry=r,
         )
+        self.start_lateness_by_cause = Histogram(
+            "evsched_start_lateness_by_cause_seconds",
+            "evsched_start_lateness_seconds split: time a job due waited for a permit of a "
+            "concurrency or rate limit (cause limit) and the rest (cause late).",
+            ["queue", "cause"],
+            buckets=LATENESS_BUCKETS_S,
+            registry=r,
+        )
+        # Log time of each applied PermitGranted whose job has not started since (bounded by
+        # the limits' holders): the start splits its lateness at it.
+        self._granted_at: dict[str, int] = {}
         self.enqueue_latency = Histogram(
             "evsched_enqueue_latency_seconds",
             "API-side time to produce an enqueue and get the broker's acknowledgement.",
@@ -226,6 +237,19 @@ class Metrics:
             # A start never applies before run_at (the lease is refused earlier), so this is >= 0.
             lateness_s = max(0, log_at - after.run_at) / 1000
             self.start_lateness.labels(after.queue).observe(lateness_s)
+            self._split_lateness(after, log_at)
+        elif kind == "PermitGranted":
+            self._granted_at[after.job_id] = log_at
+
+    def _split_lateness(self, after: JobState, log_at: int) -> None:
+        """A start's lateness: waited for a permit (until its grant) and the rest."""
+        granted = self._granted_at.pop(after.job_id, None)
+        waited = 0 if granted is None else max(0, granted - after.run_at)
+        total = max(0, log_at - after.run_at)
+        waited = min(waited, total)
+        if granted is not None:
+            self.start_lateness_by_cause.labels(after.queue, "limit").observe(waited / 1000)
+        self.start_lateness_by_cause.labels(after.queue, "late").observe((total - waited) / 1000)
 
     # --- values read at scrape time -------------------------------------------------------------
 

@@ -53,7 +53,7 @@ def test_the_corpus_covers_every_verdict_and_event_kind() -> None:
     kinds: set[str] = set()
     for history in HISTORIES:
         expected = load_expected(expected_path(history))
-        for section in ("jobs", "schedules", "controls"):
+        for section in ("jobs", "schedules", "controls", "limits"):
             for entity in expected.get(section, {}).values():
                 verdicts.update(row[3] for row in entity["events"])
                 kinds.update(row[2] for row in entity["events"])

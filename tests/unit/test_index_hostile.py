@@ -113,8 +113,12 @@ def _strategy(cls: type[ev.Event]) -> st.SearchStrategy[ev.Event]:
     hostile = _hostile
     if cls in (*ev.SCHEDULE_EVENT_TYPES, ev.SchedulePaused, ev.ScheduleResumed):
         hostile = _schedule
-    elif cls in (ev.QueuePaused, ev.QueueResumed):
+    elif cls in (ev.QueuePaused, ev.QueueResumed, ev.QueueLimitSet):
         hostile = _queue
+    elif cls is ev.KeyLimitSet:
+        hostile = {"key": _queue["queue"], "event_id": _queue["event_id"]}
+    elif cls in (*ev.PERMIT_EVENT_TYPES, ev.QueuePermit):
+        hostile = {**_hostile, "queue": _queue["queue"]}
     return records(cls, **hostile) | EVENT_STRATEGIES[cls]
 
 

@@ -39,6 +39,7 @@ from evsched.adapters.index_writes import Change, PreparedWrite, Recorder
 from evsched.core import retention
 from evsched.core.controls import ControlState
 from evsched.core.limits import id_refusal
+from evsched.core.permits import LimitState
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status, TimelineEntry
 from evsched.errors import StoreError
 
@@ -68,9 +69,18 @@ FOLD_VERSION = b"fold_version"
 _I64 = struct.Struct(">q")
 
 
+# The ``controls`` keys of queues' concurrency limits (core.permits): ``l``, the queue name.
+LIMIT_PREFIX = b"l"
+
+
 def control_key(target: str, name: str) -> bytes:
     """The ``controls`` key of a queue's or a schedule's pause switch: ``q`` or ``s``, the name."""
     return (QUEUE_TIMELINE if target == "queue" else SCHEDULE_TIMELINE) + name.encode()
+
+
+def limit_key(name: str) -> bytes:
+    """The ``controls`` key of a limit: ``l``, its name (a queue, or ``key:`` and a key)."""
+    return LIMIT_PREFIX + name.encode()
 
 
 def keyable(entity_id: str) -> bool:
@@ -93,6 +103,7 @@ class IndexBatch:
     timeline: list[tuple[str, TimelineEntry, bytes]] = field(default_factory=list)
     undecodable: list[tuple[TimelineEntry, bytes]] = field(default_factory=list)
     controls: dict[bytes, ControlState] = field(default_factory=dict)
+    limits: dict[bytes, LimitState] = field(default_factory=dict)
     # Applied purges in log order; a purged job is in ``before_jobs`` and, until enqueued again
     # in the same batch, not in ``jobs``.
     purges: list[Purge] = field(default_factory=list)
@@ -104,6 +115,7 @@ class IndexBatch:
             or self.timeline
             or self.undecodable
             or self.controls
+            or self.limits
             or self.purges
         )
 
@@ -160,8 +172,19 @@ class PartitionIndex:
 
     def controls(self) -> Iterator[ControlState]:
         """Every pause switch this partition folded (paused or resumed), queues first."""
-        for _, value in self._scan(CONTROLS):
-            yield avro.decode_state(value, ControlState)
+        for key, value in self._scan(CONTROLS):
+            if not key.startswith(LIMIT_PREFIX):
+                yield avro.decode_state(value, ControlState)
+
+    def limit(self, name: str) -> LimitState | None:
+        """A limit (a queue name, or ``key:`` and a key) as this partition folded it, or None."""
+        raw = self._cf[CONTROLS].get(limit_key(name))
+        return None if raw is None else avro.decode_state(raw, LimitState)
+
+    def limits(self) -> Iterator[LimitState]:
+        """Every queue limit this partition folded (core.permits), by queue name."""
+        for _, value in self._scan(CONTROLS, LIMIT_PREFIX, prefix_end(LIMIT_PREFIX)):
+            yield avro.decode_state(value, LimitState)
 
     def queue_timeline_events(self, queue: str) -> list[tuple[TimelineEntry, bytes]]:
         """The pauses and resumes of ``queue`` folded on this partition, in log order."""
@@ -320,6 +343,8 @@ class PartitionIndex:
                 wb.put(U64.pack(entry.offset), value, self._h(REFUSED))
         for key, control in batch.controls.items():
             wb.put(key, avro.encode_state(control), self._h(CONTROLS))
+        for key, limit in batch.limits.items():
+            wb.put(key, avro.encode_state(limit), self._h(CONTROLS))
         for entry, raw in batch.undecodable:
             value = _join_entry(avro.encode_timeline(entry), raw)
             wb.put(U64.pack(entry.offset), value, self._h(UNDECODABLE))

@@ -9,6 +9,7 @@ import struct
 
 from evsched.core.events import (
     CONTROL_EVENT_TYPES,
+    LIMIT_EVENT_TYPES,
     SCHEDULE_EVENT_TYPES,
     QueuePaused,
     QueueResumed,
@@ -22,7 +23,8 @@ U64 = struct.Struct(">Q")
 
 # A job, a schedule and a queue may share an id: their timelines live under different first bytes.
 JOB_TIMELINE, SCHEDULE_TIMELINE, QUEUE_TIMELINE = b"j", b"s", b"q"
-_QUEUE_KINDS = frozenset(cls.__name__ for cls in (QueuePaused, QueueResumed))
+# A queue's pauses and its limits (core.permits: a key's limit sits on the queue timeline too).
+_QUEUE_KINDS = frozenset(cls.__name__ for cls in (QueuePaused, QueueResumed, *LIMIT_EVENT_TYPES))
 _SCHEDULE_KINDS = (
     frozenset(cls.__name__ for cls in SCHEDULE_EVENT_TYPES + CONTROL_EVENT_TYPES) - _QUEUE_KINDS
 )

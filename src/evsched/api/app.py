@@ -11,7 +11,17 @@ from fastapi.responses import JSONResponse
 
 from evsched import __version__
 from evsched.adapters.queues import KafkaQueues, QueueCatalog
-from evsched.api import batch, controls, dashboard, jobs, reader, schedules, status, undecodable
+from evsched.api import (
+    batch,
+    controls,
+    dashboard,
+    jobs,
+    limits,
+    reader,
+    schedules,
+    status,
+    undecodable,
+)
 from evsched.api.auth import Tokens
 from evsched.api.context import ApiContext, Reads
 from evsched.api.errors import BodyLimit, install_error_handlers
@@ -102,7 +112,7 @@ def create_app(
     # Read routes declare (in OpenAPI too) the token they need only when reads are guarded.
     guard = [Reads] if tokens.guard_reads else []
     routers = (jobs.router, schedules.router, status.reads, undecodable.router)
-    for router in (*routers, controls.router, batch.router):
+    for router in (*routers, controls.router, limits.router, batch.router):
         api.include_router(router, dependencies=guard)
     api.include_router(status.router)
     metrics.followers.append(dashboard.install(api, ctx).live.observe_commit)

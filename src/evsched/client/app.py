@@ -17,6 +17,7 @@ from evsched.adapters.queues import KafkaQueues, QueueCatalog, QueueLookupError,
 from evsched.adapters.topics import Topics
 from evsched.client.batch import MAX_BATCH, BatchResult, write_batch
 from evsched.client.controls import control_event, publish_everywhere
+from evsched.client.limits import limit_event, publish_limit
 from evsched.client.per_loop import PerLoop
 from evsched.client.results import JobHandle, terminal_state
 from evsched.client.sync import LoopThread
@@ -328,6 +329,42 @@ class App:
     async def resume_queue(self, queue: str, *, reason: str = "") -> list[Appended]:
         return await self._everywhere(QueueResumed, queue, reason)
 
+    async def limit_queue(
+        self,
+        queue: str,
+        *,
+        max_running: int | None = None,
+        rate: tuple[int, int] | None = None,
+        reason: str = "",
+    ) -> list[Appended]:
+        """At most ``max_running`` of the queue's jobs leased or running at once, and at most
+        ``rate`` = (starts, per_ms) permits granted per window, over every node and partition
+        (None removes each). One event per events partition, the queue's home first."""
+        event = limit_event(
+            queue, max_running=max_running, rate=rate, reason=reason, now_ms=self.clock.now_ms()
+        )
+        return await publish_limit(await self.event_log(), self.topics.events, event)
+
+    async def limit_key(
+        self,
+        key: str,
+        *,
+        max_running: int | None = None,
+        rate: tuple[int, int] | None = None,
+        reason: str = "",
+    ) -> list[Appended]:
+        """``limit_queue`` for the jobs of a concurrency key (``task.options(concurrency_key=)``),
+        whatever their queue."""
+        event = limit_event(
+            key,
+            key=True,
+            max_running=max_running,
+            rate=rate,
+            reason=reason,
+            now_ms=self.clock.now_ms(),
+        )
+        return await publish_limit(await self.event_log(), self.topics.events, event)
+
     async def pause_schedule(self, schedule_id: str, *, reason: str = "") -> Appended:
         """No slot of the schedule fires until it is resumed."""
         now = self.clock.now_ms()
@@ -426,6 +463,18 @@ class App:
 
     def pause_queue_sync(self, queue: str, *, reason: str = "") -> None:
         self._sync.run(lambda: self.pause_queue(queue, reason=reason))
+
+    def limit_queue_sync(
+        self,
+        queue: str,
+        *,
+        max_running: int | None = None,
+        rate: tuple[int, int] | None = None,
+        reason: str = "",
+    ) -> None:
+        self._sync.run(
+            lambda: self.limit_queue(queue, max_running=max_running, rate=rate, reason=reason)
+        )
 
     def resume_queue_sync(self, queue: str, *, reason: str = "") -> None:
         self._sync.run(lambda: self.resume_queue(queue, reason=reason))

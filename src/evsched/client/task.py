@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from evsched.adapters.ids import new_id
 from evsched.adapters.tracing import InvalidTrace, current_trace, make_trace
+from evsched.client.limits import with_concurrency_key
 from evsched.client.results import JobHandle
 from evsched.client.workflows import registrations, write_atomically
 from evsched.commands import (
@@ -97,6 +98,7 @@ class Task:
         unique: Unique | None = None,
         after: Sequence[str] | None = None,
         after_rule: str | None = None,
+        concurrency_key: str | None = None,
     ) -> TaskOptions:
         """This task with per-call options: ``await task.options(delay=60).enqueue(x)``.
 
@@ -109,7 +111,8 @@ class Task:
         returns it) are timedeltas or seconds; by default the namespace's settings. ``unique``
         overrides the task's uniqueness scope (see ``App.task``). ``after`` lists job ids the
         job waits on, ``after_rule`` (``all_succeeded``, ``all_finished``, ``any_succeeded``)
-        when they release it (docs/job-lifecycle.md, "Workflows").
+        when they release it (docs/job-lifecycle.md, "Workflows"). ``concurrency_key`` puts
+        the job under the limits set for that key (``App.limit_key``), whatever its queue.
         """
         return TaskOptions(
             self,
@@ -118,7 +121,7 @@ class Task:
                 run_at=run_at,
                 idempotency_key=idempotency_key,
                 priority=priority,
-                labels=labels,
+                labels=with_concurrency_key(labels, concurrency_key),
                 trace=_trace_option(trace, traceparent, tracestate),
                 retention=retention,
                 key_window=key_window,

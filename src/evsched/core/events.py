@@ -363,6 +363,89 @@ class ScheduleResumed:
     trace: TraceContext | None = None
 
 
+# --- limits: concurrency and rate permits (key = the limit's name, see core.permits) ----------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueLimitSet:
+    """The queue's global limits (None: none); written to every events partition, home first.
+
+    ``max_running``: at most this many of the queue's jobs hold a lease at once, over all
+    partitions. ``rate_starts`` per ``rate_per_ms``: at most that many permits granted in any
+    such window (of log time). The partition of the queue's name is its home: it grants permits.
+    """
+
+    event_id: str
+    queue: str
+    emitted_at: int
+    source: str
+    max_running: int | None = None
+    rate_starts: int | None = None
+    rate_per_ms: int | None = None
+    reason: str = ""
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyLimitSet:
+    """A concurrency key's global limits, as ``QueueLimitSet`` for a queue: they hold for every
+    job whose ``concurrency_key`` is ``key``, whatever its queue; home: the key's partition."""
+
+    event_id: str
+    key: str
+    emitted_at: int
+    source: str
+    max_running: int | None = None
+    rate_starts: int | None = None
+    rate_per_ms: int | None = None
+    reason: str = ""
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PermitRequested:
+    """A node proposes that a due job asks a limit's home for a permit: the limit of its queue,
+    or of its concurrency key when ``key`` is set."""
+
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    queue: str
+    key: str | None = None
+    priority: int = 0
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PermitGranted:
+    """A limit's home granted the job a permit: once it holds all it needs, it may be leased."""
+
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    queue: str
+    key: str | None = None
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuePermit:
+    """A permit's step on a limit's home partition: ``action`` request, grant or release; the
+    limit is the queue's, or the concurrency key's when ``key`` is set."""
+
+    event_id: str
+    queue: str
+    job_id: str
+    action: str
+    emitted_at: int
+    source: str
+    key: str | None = None
+    priority: int = 0
+    trace: TraceContext | None = None
+
+
 JobEvent: TypeAlias = (
     JobEnqueued
     | JobCancelled
@@ -380,7 +463,9 @@ JobEvent: TypeAlias = (
 )
 ScheduleEvent: TypeAlias = ScheduleUpserted | ScheduleDeleted | ScheduleFired
 ControlEvent: TypeAlias = QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed
-Event: TypeAlias = JobEvent | ScheduleEvent | ControlEvent
+LimitEvent: TypeAlias = QueueLimitSet | KeyLimitSet | QueuePermit
+PermitEvent: TypeAlias = PermitRequested | PermitGranted
+Event: TypeAlias = JobEvent | ScheduleEvent | ControlEvent | LimitEvent | PermitEvent
 
 JOB_EVENT_TYPES: tuple[type[JobEvent], ...] = (
     JobEnqueued,
@@ -408,7 +493,19 @@ CONTROL_EVENT_TYPES: tuple[type[ControlEvent], ...] = (
     SchedulePaused,
     ScheduleResumed,
 )
-EVENT_TYPES: tuple[type[Event], ...] = JOB_EVENT_TYPES + SCHEDULE_EVENT_TYPES + CONTROL_EVENT_TYPES
+LIMIT_EVENT_TYPES: tuple[type[LimitEvent], ...] = (QueueLimitSet, KeyLimitSet, QueuePermit)
+PERMIT_EVENT_TYPES: tuple[type[PermitEvent], ...] = (PermitRequested, PermitGranted)
+EVENT_TYPES: tuple[type[Event], ...] = (
+    JOB_EVENT_TYPES
+    + SCHEDULE_EVENT_TYPES
+    + CONTROL_EVENT_TYPES
+    + LIMIT_EVENT_TYPES
+    + PERMIT_EVENT_TYPES
+)
+
+
+# A concurrency key's limit is named (and its events keyed) ``key:<key>``; no queue has a colon.
+KEY_PREFIX = "key:"
 
 
 def entity_id(event: Event) -> str:
@@ -422,7 +519,11 @@ def entity_id(event: Event) -> str:
             | ScheduleResumed()
         ):
             return event.schedule_id
-        case QueuePaused() | QueueResumed():
+        case QueuePaused() | QueueResumed() | QueueLimitSet():
             return event.queue
+        case KeyLimitSet():
+            return KEY_PREFIX + event.key
+        case QueuePermit():
+            return event.queue if event.key is None else KEY_PREFIX + event.key
         case _:
             return event.job_id

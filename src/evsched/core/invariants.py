@@ -33,9 +33,14 @@ from evsched.core.events import (
     JobEvent,
     JobLeased,
     JobRequeued,
+    KeyLimitSet,
     LeaseExpired,
+    PermitGranted,
+    PermitRequested,
     Position,
+    QueueLimitSet,
     QueuePaused,
+    QueuePermit,
     QueueResumed,
     RetryPolicy,
     ScheduleDeleted,
@@ -47,6 +52,14 @@ from evsched.core.events import (
 )
 from evsched.core.fold import fold
 from evsched.core.invariants_workflows import RELEASED_ONCE_BY_AN_ACCEPTED_END, Releases
+from evsched.core.permits import (
+    LimitState,
+    fold_limit,
+    fold_permit,
+    guard_job,
+    limit_name,
+    limit_names,
+)
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
 History = Iterable[tuple[Event, Position]]
@@ -93,6 +106,10 @@ class Replay:
     schedule_timelines: dict[str, list[TimelineEntry]] = field(default_factory=dict)
     # Pause switches by (partition, target, name): a queue's are folded on every partition.
     controls: dict[tuple[int, str, str], ControlState] = field(default_factory=dict)
+    # Queue limits by (partition, queue): every partition folds its own (core.permits).
+    limits: dict[tuple[int, str], LimitState] = field(default_factory=dict)
+    # The verdicts of limit events (sets and permit steps at the homes), by (partition, offset).
+    limit_verdicts: dict[tuple[int, int], Verdict] = field(default_factory=dict)
     violations: list[Violation] = field(default_factory=list)
     _accounts: dict[str, _Account] = field(default_factory=dict)
     # The names paused by (partition, target), kept with ``controls`` (every event reads them).
@@ -126,10 +143,18 @@ class Replay:
             return self._feed_schedule(key, event, position)
         if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
             return self._feed_control(event, position)
+        if isinstance(event, QueueLimitSet | KeyLimitSet | QueuePermit):
+            return self._feed_limit(event, position)
+        if isinstance(event, PermitRequested | PermitGranted):
+            return self._feed_permit(key, event, position)
         before = self.jobs.get(key)
         after, entry = fold_job(
             before, event, position, self.paused(position.partition, QUEUE), self.fold_job
         )
+        for name in () if before is None else limit_names(before):
+            if (limit := self.limits.get((position.partition, name))) is not None:
+                after, entry, guarded, _ = guard_job(limit, before, after, event, entry)
+                self.limits[position.partition, name] = guarded
         if after is not None:
             self.jobs[key] = after
         self.job_timelines.setdefault(key, []).append(entry)
@@ -175,6 +200,27 @@ class Replay:
             self.controls[key] = after
             paused = self._paused.setdefault((position.partition, target), set())
             (paused.add if after.paused else paused.discard)(name)
+        return entry
+
+    def _feed_limit(
+        self, event: QueueLimitSet | KeyLimitSet | QueuePermit, position: Position
+    ) -> TimelineEntry:
+        key = (position.partition, limit_name(event))
+        after, entry, _ = fold_limit(self.limits.get(key), event, position)
+        if after is not None:
+            self.limits[key] = after
+        self.limit_verdicts[position.partition, position.offset] = entry.verdict
+        return entry
+
+    def _feed_permit(
+        self, key: str, event: PermitRequested | PermitGranted, position: Position
+    ) -> TimelineEntry:
+        job = self.jobs.get(key)
+        limit_key = (position.partition, limit_name(event))
+        after, entry, _ = fold_permit(self.limits.get(limit_key), job, event, position)
+        if after is not None:
+            self.limits[limit_key] = after
+        self.job_timelines.setdefault(key, []).append(entry)
         return entry
 
 

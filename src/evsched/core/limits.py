@@ -25,10 +25,15 @@ from evsched.core.events import (
     JobPurged,
     JobRequeued,
     JobTemplate,
+    KeyLimitSet,
     LeaseExpired,
     LeaseRenewed,
     ParentResolved,
+    PermitGranted,
+    PermitRequested,
+    QueueLimitSet,
     QueuePaused,
+    QueuePermit,
     QueueResumed,
     RetryPolicy,
     ScheduleDeleted,
@@ -82,6 +87,10 @@ MAX_CHILDREN = 1_000
 AFTER_RULES = ("all_succeeded", "all_finished", "any_succeeded")
 RESULT_PLACEMENTS = ("none", "append", "list")
 PARENT_OUTCOMES = ("succeeded", "dead", "cancelled", "unknown", "refused")
+# A queue's max_running (QueueLimitSet) and the permit actions on its home (QueuePermit).
+MAX_RUNNING = 2**31 - 1
+MAX_CONCURRENCY_KEY_BYTES = 200
+PERMIT_ACTIONS = ("request", "grant", "release")
 
 # Cron fields that croniter fills at random (R) or from a hash of an id it is not given (H): every
 # replica would compute different slots.
@@ -95,6 +104,8 @@ def refusal(event: Event) -> str | None:
             return _first(id_refusal("event_id", event.event_id), _schedule_refusal(event))
         case QueuePaused() | QueueResumed():
             return _first(id_refusal("event_id", event.event_id), queue_refusal(event.queue))
+        case QueueLimitSet() | KeyLimitSet() | QueuePermit() | PermitRequested() | PermitGranted():
+            return _first(id_refusal("event_id", event.event_id), _permit_refusal(event))
         case SchedulePaused() | ScheduleResumed():
             return _first(
                 id_refusal("event_id", event.event_id), id_refusal("schedule_id", event.schedule_id)
@@ -105,6 +116,47 @@ def refusal(event: Event) -> str | None:
                 id_refusal("job_id", event.job_id),
                 _job_refusal(event),
             )
+
+
+def _permit_refusal(
+    event: QueueLimitSet | KeyLimitSet | QueuePermit | PermitRequested | PermitGranted,
+) -> str | None:
+    """The limits of a queue's or a key's limits and of their permits' steps."""
+    if isinstance(event, QueueLimitSet | KeyLimitSet):
+        name = (
+            queue_refusal(event.queue)
+            if isinstance(event, QueueLimitSet)
+            else _key_refusal(event.key)
+        )
+        return _first(name, _limit_refusal(event))
+    action = None
+    if isinstance(event, QueuePermit) and event.action not in PERMIT_ACTIONS:
+        action = f"action {_show(event.action)} is not one of {', '.join(PERMIT_ACTIONS)}"
+    priority = getattr(event, "priority", 0)
+    return _first(
+        queue_refusal(event.queue),
+        None if event.key is None else _key_refusal(event.key),
+        id_refusal("job_id", event.job_id),
+        action,
+        _bounded("priority", priority, -MAX_PRIORITY, MAX_PRIORITY),
+    )
+
+
+def _key_refusal(key: str) -> str | None:
+    if not key:
+        return "key must not be empty"
+    return _text("key", key, MAX_CONCURRENCY_KEY_BYTES)
+
+
+def _limit_refusal(event: QueueLimitSet | KeyLimitSet) -> str | None:
+    running, starts, per = event.max_running, event.rate_starts, event.rate_per_ms
+    if (starts is None) != (per is None):
+        return "rate_starts and rate_per_ms go together: give both or neither"
+    return _first(
+        None if running is None else _bounded("max_running", running, 1, MAX_RUNNING),
+        None if starts is None else _bounded("rate_starts", starts, 1, MAX_RUNNING),
+        None if per is None else _bounded("rate_per_ms", per, 1, MAX_DURATION_MS),
+    )
 
 
 def _first(*reasons: str | None) -> str | None:

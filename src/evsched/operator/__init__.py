@@ -11,6 +11,7 @@ from evsched.operator import (
     cmd_backfill,
     cmd_controls,
     cmd_export,
+    cmd_limits,
     cmd_read,
     cmd_rebuild,
     cmd_replay,
@@ -44,10 +45,11 @@ def schedules_app() -> typer.Typer:
 
 
 def queues_app() -> typer.Typer:
-    queues = typer.Typer(no_args_is_help=True, help="Queues: pause and resume.")
+    queues = typer.Typer(no_args_is_help=True, help="Queues: pause, resume and concurrency limits.")
     queues.command("pause")(cmd_controls.queues_pause)
     queues.command("resume")(cmd_controls.queues_resume)
     queues.command("show")(cmd_controls.queues_show)
+    queues.command("limit")(cmd_limits.queues_limit)
     return queues
 
 

@@ -22,6 +22,7 @@ from evsched.adapters.topics import Topics, partition_count
 from evsched.core.controls import target_of
 from evsched.core.events import (
     CONTROL_EVENT_TYPES,
+    LIMIT_EVENT_TYPES,
     Position,
     QueuePaused,
     QueueResumed,
@@ -40,7 +41,8 @@ from evsched.settings import Settings
 
 FETCH_RECORDS = 10_000
 READ_WAIT_S = 0.5
-_CONTROL_KINDS = frozenset(cls.__name__ for cls in CONTROL_EVENT_TYPES)
+# Queue and schedule controls and queue limits decide later verdicts of any job's events.
+_CONTROL_KINDS = frozenset(cls.__name__ for cls in (*CONTROL_EVENT_TYPES, *LIMIT_EVENT_TYPES))
 
 
 class ArchiveThenLog:
@@ -238,7 +240,7 @@ def _chain(archived: Iterator[LoggedEvent], tail: Iterable[LoggedEvent]) -> Iter
 
 def _concerns(logged: LoggedEvent, needle: bytes) -> bool:
     """Whether ``logged`` may be the entity's event (ids are stored as UTF-8, so most records are
-    skipped undecoded) or a pause, which decides the verdict of later leases and fires."""
+    skipped undecoded) or a control or limit, which decides the verdicts of later events."""
     return needle in logged.value or logged.kind in _CONTROL_KINDS
 
 

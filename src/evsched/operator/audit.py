@@ -12,7 +12,12 @@ from dataclasses import dataclass, replace
 from evsched.adapters.index import PartitionIndex
 from evsched.core.events import (
     AttemptFailed,
+    KeyLimitSet,
+    PermitGranted,
+    PermitRequested,
+    QueueLimitSet,
     QueuePaused,
+    QueuePermit,
     QueueResumed,
     ScheduleDeleted,
     ScheduleFired,
@@ -22,7 +27,12 @@ from evsched.core.events import (
 )
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 from evsched.errors import DecodeError
-from evsched.operator.readings import control_reading, job_reading, schedule_reading
+from evsched.operator.readings import (
+    control_reading,
+    job_reading,
+    permit_reading,
+    schedule_reading,
+)
 from evsched.runtime.refold import PausedAt, State, never_paused, paused_in, refold
 
 
@@ -140,6 +150,10 @@ def _refold(
     event, before, after = done.event, done.before, done.after
     if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
         text = control_reading(entry, event)
+    elif isinstance(
+        event, QueueLimitSet | KeyLimitSet | QueuePermit | PermitRequested | PermitGranted
+    ):
+        text = permit_reading(entry)
     elif isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
         assert not isinstance(before, JobState) and not isinstance(after, JobState)
         text = schedule_reading(entry, event, before, after)

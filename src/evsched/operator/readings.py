@@ -68,6 +68,11 @@ NOUNS = {
     "QueueResumed": "queue resume",
     "SchedulePaused": "schedule pause",
     "ScheduleResumed": "schedule resume",
+    "QueueLimitSet": "queue limit",
+    "KeyLimitSet": "key limit",
+    "QueuePermit": "permit step",
+    "PermitRequested": "permit request",
+    "PermitGranted": "permit grant",
 }
 
 
@@ -370,6 +375,13 @@ def _overlaps(state: ScheduleState | None) -> bool:
 
 
 # --- controls ---------------------------------------------------------------------------------
+
+
+def permit_reading(entry: TimelineEntry) -> str:
+    """What a queue limit or a permit step did (its verdict's reason says it all)."""
+    if entry.verdict is Verdict.APPLIED:
+        return entry.reason
+    return f"{_who(entry)} {entry.verdict}: {entry.reason}"
 
 
 def control_reading(entry: TimelineEntry, event: ControlEvent) -> str:

@@ -19,9 +19,16 @@ from typing import Any
 from evsched.adapters import avro
 from evsched.adapters.history_file import LoggedEvent
 from evsched.core.controls import ControlState, target_of
-from evsched.core.events import CONTROL_EVENT_TYPES, SCHEDULE_EVENT_TYPES, Position, entity_id
+from evsched.core.events import (
+    CONTROL_EVENT_TYPES,
+    LIMIT_EVENT_TYPES,
+    SCHEDULE_EVENT_TYPES,
+    Position,
+    entity_id,
+)
 from evsched.core.fold import FOLD_VERSION, fold
 from evsched.core.invariants import JobFold, Replay, Violation
+from evsched.core.permits import LimitState, limit_name
 from evsched.core.state import JobState, ScheduleState
 from evsched.errors import DecodeError
 
@@ -48,9 +55,11 @@ SCHEDULE_COLUMNS = (
     "deleted",
 )
 CONTROL_COLUMNS = ("partition", "offset", "kind", "verdict", "paused")
+LIMIT_COLUMNS = ("partition", "offset", "kind", "verdict", "max_running", "waiting", "holders")
 JOB_FINAL = ("status", "attempt", "token", "run_at", "sha256")
 SCHEDULE_FINAL = ("next_fire_at", "last_fire_at", "deleted", "sha256")
 CONTROL_FINAL = ("paused", "sha256")
+LIMIT_FINAL = ("max_running", "holders", "sha256")
 
 
 @dataclass(slots=True)
@@ -64,6 +73,9 @@ class Outcome:
     # Pause switches, keyed "<target> <name> p<partition>": a queue's live on every partition.
     controls: dict[str, list[list[Any]]] = field(default_factory=dict)
     control_states: dict[str, ControlState] = field(default_factory=dict)
+    # Queue limits, keyed "limit <queue> p<partition>" (core.permits).
+    limits: dict[str, list[list[Any]]] = field(default_factory=dict)
+    limit_states: dict[str, LimitState] = field(default_factory=dict)
     undecodable: list[list[int]] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     events: int = 0
@@ -75,6 +87,7 @@ class Outcome:
         found.update(
             {k: {"paused": s.paused, "sha256": _sha(s)} for k, s in self.control_states.items()}
         )
+        found.update({k: _limit_final(s) for k, s in self.limit_states.items()})
         return found
 
     def states_digest(self) -> str:
@@ -86,7 +99,11 @@ class Outcome:
         return digest.hexdigest()
 
 
-def _sha(state: JobState | ScheduleState | ControlState) -> str:
+def _limit_final(state: LimitState) -> dict[str, Any]:
+    return {"max_running": state.max_running, "holders": list(state.holders), "sha256": _sha(state)}
+
+
+def _sha(state: JobState | ScheduleState | ControlState | LimitState) -> str:
     return hashlib.sha256(avro.encode_state(state)).hexdigest()
 
 
@@ -133,6 +150,8 @@ def fold_history(events: Iterable[LoggedEvent], *, fold_job: JobFold = fold) -> 
             )
             if state is not None:
                 outcome.control_states[control_key] = state
+        elif isinstance(event, LIMIT_EVENT_TYPES):
+            _limit_row(outcome, replay, head, limit_name(event), logged.partition)
         elif isinstance(event, SCHEDULE_EVENT_TYPES):
             outcome.schedules.setdefault(key, []).append(
                 head + _schedule_row(replay.schedules.get(key))
@@ -143,6 +162,19 @@ def fold_history(events: Iterable[LoggedEvent], *, fold_job: JobFold = fold) -> 
     outcome.schedule_states = replay.schedules
     outcome.violations = replay.finish().violations
     return outcome
+
+
+def _limit_row(
+    outcome: Outcome, replay: Replay, head: list[Any], name: str, partition: int
+) -> None:
+    key = f"limit {name} p{partition}"
+    state = replay.limits.get((partition, name))
+    if state is None:
+        row = [*head, None, None, None]
+    else:
+        row = [*head, state.max_running, [w.job_id for w in state.waiting], list(state.holders)]
+        outcome.limit_states[key] = state
+    outcome.limits.setdefault(key, []).append(row)
 
 
 def control_name(target: str, name: str, partition: int) -> str:
@@ -185,6 +217,7 @@ def expected_document(outcome: Outcome, *, history: str, description: str) -> di
             for k, rows in sorted(outcome.schedules.items())
         },
         **_controls_section(outcome, finals),
+        **_limits_section(outcome, finals),
         "undecodable": outcome.undecodable,
         "violations": [violation_row(v) for v in outcome.violations],
     }
@@ -203,6 +236,19 @@ def _controls_section(outcome: Outcome, finals: dict[str, Any]) -> dict[str, Any
     }
 
 
+def _limits_section(outcome: Outcome, finals: dict[str, Any]) -> dict[str, Any]:
+    """Only histories with queue limits have the section."""
+    if not outcome.limits:
+        return {}
+    return {
+        "limit_columns": list(LIMIT_COLUMNS),
+        "limits": {
+            k: {"final": finals.get(k), "events": rows}
+            for k, rows in sorted(outcome.limits.items())
+        },
+    }
+
+
 def violation_row(v: Violation) -> list[Any]:
     return [v.invariant, v.job_id, v.partition, v.offset, v.detail]
 
@@ -214,7 +260,7 @@ def dump_expected(document: dict[str, Any]) -> str:
     for i, key in enumerate(keys):
         comma = "," if i < len(keys) - 1 else ""
         value = document[key]
-        if key in ("jobs", "schedules", "controls") and value:
+        if key in ("jobs", "schedules", "controls", "limits") and value:
             inner = [f"  {json.dumps(k)}: {_compact(v)}" for k, v in value.items()]
             body = "{\n" + ",\n".join(f"  {line}" for line in inner) + "\n  }"
             lines.append(f"  {json.dumps(key)}: {body}{comma}")

@@ -12,6 +12,8 @@ from evsched.operator.replay import (
     CONTROL_FINAL,
     JOB_COLUMNS,
     JOB_FINAL,
+    LIMIT_COLUMNS,
+    LIMIT_FINAL,
     SCHEDULE_COLUMNS,
     SCHEDULE_FINAL,
     Outcome,
@@ -80,6 +82,7 @@ def compare(expected: dict[str, Any], actual: Outcome) -> Comparison:
         ("jobs", actual.jobs, JOB_COLUMNS, JOB_FINAL),
         ("schedules", actual.schedules, SCHEDULE_COLUMNS, SCHEDULE_FINAL),
         ("controls", actual.controls, CONTROL_COLUMNS, CONTROL_FINAL),
+        ("limits", actual.limits, LIMIT_COLUMNS, LIMIT_FINAL),
     ):
         recorded: dict[str, Any] = expected.get(section, {})
         for key in sorted(set(recorded) | set(rows)):

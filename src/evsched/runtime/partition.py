@@ -29,6 +29,7 @@ from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Reco
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.changelog import ChangelogWriter
 from evsched.runtime.pending import Pending
+from evsched.runtime.permit_plan import PermitPlanner
 from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
 from evsched.runtime.quarantine import EnsureQueues, Quarantine, hold_unusable
 
@@ -91,6 +92,7 @@ class OwnedPartition:
         self.end_offset = end_offset
         self.caught_up = False
         self.pending = Pending(clock)
+        self.permits = PermitPlanner(self.projector, self.pending, self.source)
         self.wake_at: int | None = None
         # The consumer offset the group holds for this partition, and when records past it were
         # first folded without a transaction of their own (epoch ms).
@@ -167,9 +169,11 @@ class OwnedPartition:
         freed = self.budget is not None and self._held() < held
         self.caught_up = self.caught_up or position >= self.end_offset
         decisions = self._plan(folded, now) if self.caught_up else []
-        outgoing = [_effect_record(self.topics, e) for e in folded.effects] + decisions
-        # Keyed by the child, on its own partition; like effects, sent once with their offset.
+        outgoing = [_effect_record(self.topics, e) for e in folded.effects]
+        # Resolutions (keyed by the child) and permit steps (keyed by a limit's home or a job)
+        # go to their own partitions; like effects, sent once with the records' offset.
         outgoing += [self._event(r, own_partition=False) for r in folded.resolutions]
+        outgoing += [self._event(e, own_partition=False) for e in folded.forwards] + decisions
         # The index changes go to the changelog in the step's own transaction (one is made for
         # them if nothing else goes): the index is never written ahead of its changelog.
         prepared = self.projector.prepare(folded)
@@ -183,7 +187,8 @@ class OwnedPartition:
         # is what makes them exactly once. Leases, expiries and fires are derived from state, not
         # from records (after a crash the new owner folds them back before deciding anything),
         # so their transactions need no offset; offsets alone go out every so often.
-        with_offset = bool(folded.effects or folded.resolutions) or self._offset_due(now)
+        forwarded = folded.effects or folded.resolutions or folded.forwards
+        with_offset = bool(forwarded) or self._offset_due(now)
         self._count(steps=1, records=len(records))
         if outgoing or with_offset or changelog:
             ours = ConsumerOffset(self.topics.events, self.partition, offset, self.group_id)
@@ -235,6 +240,7 @@ class OwnedPartition:
                 self.pending.first_deadline_ms(now),
                 self.quarantine.first_release_ms(now),
                 flush,
+                *self.permits.wakes(now),
             )
             if t is not None
         ]
@@ -253,6 +259,7 @@ class OwnedPartition:
             if records := self._encode(expiry.job_id, self._events, expiry):
                 out += records
                 self.pending.add(expiry.event_id, expiry.job_id, None, deadline)
+        out += self._permit_records(now, deadline)
         schedules = self._due_schedules(folded, now)
         for fired, enqueued in planner.plan_fires(schedules, now=now, source=self.source):
             both = (fired,) if enqueued is None else (fired, enqueued)  # a missed slot: no job
@@ -263,6 +270,15 @@ class OwnedPartition:
             if records := self._encode(purge.job_id, self._events, purge):
                 out += records
                 self.pending.add(purge.event_id, purge.job_id, None, deadline)
+        return out
+
+    def _permit_records(self, now: int, deadline: float) -> list[Outgoing]:
+        """Permit requests made while planning leases, and this partition's homes' grants."""
+        out: list[Outgoing] = []
+        for entity, step in self.permits.take(now):
+            if records := self._encode(entity, self._events, step):
+                out += records
+                self.pending.add(step.event_id, entity, None, deadline)
         return out
 
     def _lease_records(self, lease: planner.Lease) -> list[Outgoing]:
@@ -298,6 +314,8 @@ class OwnedPartition:
         candidates = [
             s for s in self._jobs(ids, folded) if s.run_at <= horizon and s.queue not in paused
         ]
+        if self.permits.active:
+            candidates = self.permits.permitted(candidates, now)
         if self.budget is None:
             return self._lease(candidates, self.load(), now)
         load = self.budget.total()
@@ -338,10 +356,13 @@ class OwnedPartition:
         """Held back, or on a paused queue: such due jobs must not fill the scan's window."""
         if self._held_back(job_id):
             return True
-        if not paused:
+        if not paused and not self.permits.active:
             return False
         state = self.projector.job(job_id)
-        return state is not None and state.queue in paused
+        if state is None:
+            return False
+        # A job that asked for a permit waits for its grant, not for the scan.
+        return state.queue in paused or (self.permits.active and self.permits.waits(state))
 
     def _jobs(self, ids: Sequence[str], folded: Folded) -> list[JobState]:
         found: dict[str, JobState] = {}

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass, field
 
 from evsched.adapters import avro
-from evsched.adapters.index import IndexBatch, PartitionIndex, control_key
+from evsched.adapters.index import IndexBatch, PartitionIndex, control_key, limit_key
 from evsched.adapters.index_purge import Purge
 from evsched.adapters.index_writes import PreparedWrite
 from evsched.core import retention, workflows
@@ -29,9 +29,17 @@ from evsched.core.events import (
     ControlEvent,
     Effect,
     Event,
+    JobEvent,
+    KeyLimitSet,
+    LimitEvent,
     ParentResolved,
+    PermitEvent,
+    PermitGranted,
+    PermitRequested,
     Position,
+    QueueLimitSet,
     QueuePaused,
+    QueuePermit,
     QueueResumed,
     ScheduleDeleted,
     ScheduleFired,
@@ -40,6 +48,14 @@ from evsched.core.events import (
     ScheduleUpserted,
 )
 from evsched.core.fold import FOLD_VERSION
+from evsched.core.permits import (
+    LimitState,
+    fold_limit,
+    fold_permit,
+    guard_job,
+    limit_name,
+    limit_names,
+)
 from evsched.core.state import (
     ACTIVE_STATUSES,
     FoldedEvent,
@@ -76,6 +92,9 @@ class Folded:
     effects: list[AcceptedEffect] = field(default_factory=list)
     # Sent like effects, with the offset of the records whose fold resolved a parent.
     resolutions: list[ParentResolved] = field(default_factory=list)
+    # Permit steps to forward to another partition (core.permits): sent like effects, with the
+    # offset of the records they came from.
+    forwards: list[Event] = field(default_factory=list)
     seen_event_ids: set[str] = field(default_factory=set)
     verdicts: list[tuple[str, Verdict]] = field(default_factory=list)
     # Filled only when the projector has an ``on_commit`` hook.
@@ -111,6 +130,8 @@ class Projector:
         # leases and fires skip them. Changed on commit only, so a dropped batch leaves no trace.
         self._paused: dict[str, set[str]] = {QUEUE: set(), SCHEDULE: set()}
         self._paused_apply(index.controls())
+        # Queue limits this partition folded (a handful): leases of their jobs need permits.
+        self.limits: dict[str, LimitState] = {s.name: s for s in index.limits()}
         # Only ever what the index holds (filled on read and on commit), so reads stay exact.
         self._cache: dict[str, JobState] = {}
         self._cache_size = cache_size
@@ -213,6 +234,10 @@ class Projector:
                 self._fold_schedule(event, position, out, raw)
             case QueuePaused() | QueueResumed() | SchedulePaused() | ScheduleResumed():
                 self._fold_control(event, position, out, raw)
+            case QueueLimitSet() | KeyLimitSet() | QueuePermit():
+                self._fold_limit(event, position, out, raw)
+            case PermitRequested() | PermitGranted():
+                self._fold_permit(event, position, out, raw)
             case _:
                 self._fold_job(event, position, out, raw)
 
@@ -225,10 +250,17 @@ class Projector:
             | QueuePaused
             | QueueResumed
             | SchedulePaused
-            | ScheduleResumed,
+            | ScheduleResumed
+            | QueueLimitSet
+            | KeyLimitSet
+            | QueuePermit
+            | PermitRequested
+            | PermitGranted,
         )
         before = self.job(event.job_id, out)
         after, entry = fold_job(before, event, position, self.paused(QUEUE, out))
+        if self.limits and before is not None:
+            after, entry = self._guard(event, before, after, entry, out)
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.job_id, entry, raw))
         if self.on_commit is not None:
@@ -301,6 +333,64 @@ class Projector:
             out.observed.append(FoldedEvent(entry))
         if entry.verdict is Verdict.APPLIED and after is not None:
             out.batch.controls[control_key(target, name)] = after
+
+    def _guard(
+        self,
+        event: JobEvent,
+        before: JobState,
+        after: JobState | None,
+        entry: TimelineEntry,
+        out: Folded,
+    ) -> tuple[JobState | None, TimelineEntry]:
+        """The job fold under each of its limits this partition knows (core.permits)."""
+        for name in limit_names(before):
+            limit = self.limits.get(name)
+            if limit is None:
+                continue
+            after, entry, new, forward = guard_job(limit, before, after, event, entry)
+            if new is not limit:
+                self._keep_limit(new, out)
+            if forward is not None:
+                out.forwards.append(forward)
+        return after, entry
+
+    def _keep_limit(self, state: LimitState, out: Folded) -> None:
+        self.limits[state.name] = state
+        out.batch.limits[limit_key(state.name)] = state
+
+    def _fold_limit(self, event: LimitEvent, position: Position, out: Folded, raw: bytes) -> None:
+        name = limit_name(event)
+        after, entry, forward = fold_limit(self.limits.get(name), event, position)
+        self._limit_folded(name, after=after, entry=entry, forward=forward, out=out, raw=raw)
+
+    def _fold_permit(self, event: PermitEvent, position: Position, out: Folded, raw: bytes) -> None:
+        job = self.job(event.job_id, out)
+        state = self.limits.get(limit_name(event))
+        after, entry, forward = fold_permit(state, job, event, position)
+        self._limit_folded(
+            event.job_id, after=after, entry=entry, forward=forward, out=out, raw=raw, job=job
+        )
+
+    def _limit_folded(
+        self,
+        entity: str,
+        *,
+        after: LimitState | None,
+        entry: TimelineEntry,
+        forward: Event | None,
+        out: Folded,
+        raw: bytes,
+        job: JobState | None = None,
+    ) -> None:
+        out.verdicts.append((entry.kind, entry.verdict))
+        out.batch.timeline.append((entity, entry, raw))
+        if self.on_commit is not None:
+            # A permit's job is unchanged by it; metrics read when its grant came.
+            out.observed.append(FoldedEvent(entry, job, job))
+        if entry.verdict is Verdict.APPLIED and after is not None:
+            self._keep_limit(after, out)
+        if forward is not None:
+            out.forwards.append(forward)
 
     def _seed_counts(self) -> None:
         """Count live leases once, from the lease index (every active job has an entry there)."""

@@ -19,8 +19,13 @@ from evsched.core.events import (
     Event,
     JobLeased,
     JobPurged,
+    KeyLimitSet,
+    PermitGranted,
+    PermitRequested,
     Position,
+    QueueLimitSet,
     QueuePaused,
+    QueuePermit,
     QueueResumed,
     ScheduleDeleted,
     ScheduleFired,
@@ -60,6 +65,11 @@ def refold(
     position = Position(partition=entry.partition, offset=entry.offset, log_at=entry.log_at)
     if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
         return Refolded(event, state, state, entry.verdict)
+    if isinstance(
+        event, QueueLimitSet | KeyLimitSet | QueuePermit | PermitRequested | PermitGranted
+    ) or _unpermitted(event, entry):
+        # Permits change the queue's limit state, not the job's (core.permits): shown as judged.
+        return Refolded(event, state, state, entry.verdict)
     if isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
         before_s = state if isinstance(state, ScheduleState) else None
         held = isinstance(event, ScheduleFired) and paused(
@@ -77,6 +87,15 @@ def refold(
     )
     after_j, judged = fold_job(before_j, event, position, held_queues)
     return Refolded(event, before_j, after_j, judged.verdict)
+
+
+def _unpermitted(event: Event, entry: TimelineEntry) -> bool:
+    """A lease the queue's limit refused (core.permits.guard_job): no job state changed."""
+    return (
+        isinstance(event, JobLeased)
+        and entry.verdict is Verdict.REJECTED
+        and entry.reason.endswith("holds no permit")
+    )
 
 
 def paused_in(index: PartitionIndex) -> PausedAt:

@@ -35,11 +35,12 @@ from evsched.adapters.contract import load_schema_files
 from evsched.core.controls import ControlState
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import EVENT_TYPES, Event
+from evsched.core.permits import LimitState
 from evsched.core.state import JobState, ScheduleState, TimelineEntry
 from evsched.errors import ContractError, DecodeError, EncodeError
 
 T = TypeVar("T")
-StateT = TypeVar("StateT", JobState, ScheduleState, ControlState)
+StateT = TypeVar("StateT", JobState, ScheduleState, ControlState, LimitState)
 
 PROJECTION_NAMESPACE = "evsched.projections"
 DISPATCH_NAMESPACE = "evsched.dispatch"
@@ -245,6 +246,7 @@ _STATES: dict[type[Any], RecordCodec[Any]] = {
     JobState: _JOB_STATE,
     ScheduleState: _SCHEDULE_STATE,
     ControlState: _projection_codec(ControlState, _PROJECTIONS),
+    LimitState: _projection_codec(LimitState, _PROJECTIONS),
 }
 # encode_state runs once per folded event: one lookup straight to the write plan.
 _STATE_PLANS = {cls: codec.write_plan for cls, codec in _STATES.items()}
@@ -280,7 +282,7 @@ def decode_schedule_state(data: bytes) -> ScheduleState:
     return _SCHEDULE_STATE.decode(data)
 
 
-def encode_state(state: JobState | ScheduleState | ControlState) -> bytes:
+def encode_state(state: JobState | ScheduleState | ControlState | LimitState) -> bytes:
     """``encode_job_state``, ``encode_schedule_state`` or a control's, by the type of ``state``."""
     plan = _STATE_PLANS.get(type(state))
     if plan is None:

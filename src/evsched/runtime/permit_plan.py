@@ -1,0 +1,73 @@
+"""A partition owner's part in global limits (core.permits): which due jobs may be leased, the
+permit requests of those that lack one, and the grants of the limits the partition is home to."""
+
+from __future__ import annotations
+
+from evsched.core import permits, planner
+from evsched.core.events import PermitRequested, QueuePermit
+from evsched.core.state import JobState, Status
+from evsched.runtime.pending import Pending
+from evsched.runtime.projector import Projector
+
+# A permit proposal and the entity its pending entry holds back.
+Proposal = tuple[str, PermitRequested | QueuePermit]
+
+
+class PermitPlanner:
+    """Plans permit steps from the projector's limits; ``OwnedPartition`` sends them."""
+
+    def __init__(self, projector: Projector, pending: Pending, source: str) -> None:
+        self.projector = projector
+        self.pending = pending
+        self.source = source
+        self._asks: list[PermitRequested] = []
+
+    @property
+    def active(self) -> bool:
+        """Whether this partition folded any limit (else nothing here costs anything)."""
+        return bool(self.projector.limits)
+
+    def permitted(self, candidates: list[JobState], now: int) -> list[JobState]:
+        """The candidates that may be leased; due jobs under a limit without a permit ask for
+        one (``take`` hands the requests out with this step's other proposals)."""
+        limits = self.projector.limits
+        ok = [s for s in candidates if permits.may_lease(limits, s)]
+        if len(ok) < len(candidates):
+            asking = [s for s in candidates if s.status is Status.SCHEDULED]
+            self._asks += permits.plan_requests(
+                asking, limits, now=now, source=self.source, order=planner.due_order
+            )
+        return ok
+
+    def take(self, now: int) -> list[Proposal]:
+        """The requests made while planning leases, then the grants of this partition's homes."""
+        asks: list[Proposal] = [(ask.job_id, ask) for ask in self._asks]
+        self._asks = []
+        return asks + self._grants(now)
+
+    def _grants(self, now: int) -> list[Proposal]:
+        out: list[Proposal] = []
+        for state in list(self.projector.limits.values()):
+            if not state.waiting:
+                continue
+            name = state.name
+
+            def pending(job_id: str, name: str = name) -> bool:
+                return grant_entity(name, job_id) in self.pending.entities
+
+            grants = permits.plan_grants(state, pending=pending, now=now, source=self.source)
+            out += [(grant_entity(name, g.job_id), g) for g in grants]
+        return out
+
+    def waits(self, state: JobState) -> bool:
+        """Whether the due job waits for a grant (it must not fill a scan's window)."""
+        return permits.waiting_for_grant(self.projector.limits, state)
+
+    def wakes(self, now: int) -> list[int | None]:
+        """When rate-limited homes with waiting requests next have room."""
+        return [permits.next_grant_at(s, now) for s in self.projector.limits.values()]
+
+
+def grant_entity(name: str, job_id: str) -> str:
+    """What a pending grant of a home holds back: the job's grant, not the job itself."""
+    return f"permit-grant:{name}:{job_id}"
