@@ -287,7 +287,8 @@ class OwnedPartition:
     def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
         # Held-back jobs (pending, or on an undeclared queue) must not fill the scan's window.
         horizon = now + self.limits.prelease_ms
-        ids = self.index.due_job_ids(horizon, self.scan_limit, skip=self._lease_skip)
+        # In lease order (priority first), so a backlog deeper than the scan cannot hide a job.
+        ids = self.index.due_by_priority(horizon, self.scan_limit, skip=self._lease_skip)
         ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
         paused = self.projector.paused[QUEUE]
         candidates = [
@@ -301,9 +302,10 @@ class OwnedPartition:
             in_flight[queue] = self.limits.max_in_flight_per_queue  # full for us, for now
         leases = self._lease(candidates, QueueLoad(in_flight, load.unstarted), now)
         leased = {lease.event.job_id for lease in leases}
-        left = {
-            s.queue for s in candidates if s.status is Status.SCHEDULED and s.job_id not in leased
-        }
+        left: dict[str, int] = {}  # queue -> the highest priority left unleased
+        for s in candidates:
+            if s.status is Status.SCHEDULED and s.job_id not in leased:
+                left[s.queue] = max(s.priority, left.get(s.queue, s.priority))
         self.budget.waited(
             self.partition, blocked=left, leased={lease.dispatch.queue for lease in leases}
         )
