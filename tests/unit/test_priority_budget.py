@@ -1,9 +1,11 @@
-"""Priority across the partitions of one node: when a queue is full, the partition holding the
+"""Priority across a backlog and the partitions of one node: a high job behind a backlog deeper
+than the scheduler's scan is the next lease; when a queue is full, the partition holding the
 highest-priority due job is first in line for the next room, and the others lease none of that
 queue meanwhile; partitions of one priority still take turns."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from evsched.adapters import avro
@@ -14,7 +16,9 @@ from evsched.core.events import JobEnqueued, JobLeased
 from evsched.ports import Record
 from evsched.runtime.budget import QueueBudget
 from evsched.runtime.partition import OwnedPartition
-from evsched.testing import FrozenClock, MemoryBroker, MemoryOutbox
+from evsched.testing import FrozenClock, MemoryBroker, MemoryOutbox, NodeDriver
+from tests.unit.node_driver_events import enqueued as enqueued_job
+from tests.unit.node_driver_events import started
 from tests.unit.test_node_runtime import no_new_topics
 
 TOPICS = Topics("ns")
@@ -123,3 +127,28 @@ def test_partitions_of_one_priority_take_turns_and_a_changed_priority_moves_its_
     for p in (0, 1, 2):
         budget.waited(p, blocked={}, leased=())
     assert budget.not_my_turn(0) == set()  # nobody waits: no line
+
+
+async def test_a_high_job_behind_a_backlog_deeper_than_the_scan_is_leased_next(
+    tmp_path: Path,
+) -> None:
+    """The scan reads 5 due jobs a step; 30 older low jobs wait. The high job, enqueued last,
+    is still the next lease once the window has room (by run_at it would be 31st)."""
+    driver = NodeDriver(
+        tmp_path, scan_limit=5, limits=planner.PlannerLimits(max_unstarted_per_queue=2)
+    )
+    driver.append(*[enqueued_job(f"low{i:02d}") for i in range(30)])
+    await driver.settle()
+    first = driver.dispatched()
+    assert [d.job_id for d in first] == ["low00", "low01"]  # the window is full
+    driver.advance(1)
+    driver.append(replace(enqueued_job("high"), priority=3))
+    await driver.settle()
+    assert len(driver.dispatched()) == 2  # still full: the high job waits, scheduled
+    driver.append(started(first[0]))
+    await driver.settle()
+    assert [d.job_id for d in driver.dispatched()[2:]] == ["high"]
+    driver.append(started(first[1]))
+    await driver.settle()
+    assert [d.job_id for d in driver.dispatched()[3:]] == ["low02"]
+    driver.close()
