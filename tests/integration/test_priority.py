@@ -44,9 +44,8 @@ async def stack(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Stack]:
 
 
 def start_worker(stack: Stack) -> Proc:
-    return stack._spawn(
-        "worker-1",
-        ["worker", "--app", "tests.integration.priority_app:app", "--concurrency", "2"],
+    return stack.start_worker(
+        "worker-1", "--concurrency", "2", app="tests.integration.priority_app:app"
     )
 
 
