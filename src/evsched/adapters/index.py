@@ -443,11 +443,14 @@ class PartitionIndex:
         if self._cf[META].get(BUILT) is not None:
             return
         wb = WriteBatch(raw_mode=True)
-        for due, _ in self._scan(DUE):
+        for count, (due, _) in enumerate(self._scan(DUE), start=1):
             state = self.job(due[8:].decode())
             if state is not None and state.status is Status.SCHEDULED:
                 key = priority_key(state.priority, state.run_at, state.job_id)
                 wb.put(key, b"", self._h(DUE_PRIORITY))
+            if count % 10_000 == 0:  # a deep backlog fills in bounded batches; puts repeat safely
+                self._db.write(wb)
+                wb = WriteBatch(raw_mode=True)
         wb.put(BUILT, b"\x01", self._h(META))
         self._db.write(wb)
 
