@@ -179,8 +179,9 @@ class Stack:
             return process.returncode, err.decode()
         return process.returncode, json.loads(out)
 
-    def start_worker(self, name: str = "worker-1", *args: str) -> Proc:
-        app = "tests.integration.scenario_app:app"
+    def start_worker(
+        self, name: str = "worker-1", *args: str, app: str = "tests.integration.scenario_app:app"
+    ) -> Proc:
         return self._spawn(name, ["worker", "--app", app, *args])
 
     def app(self) -> App:

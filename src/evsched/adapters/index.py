@@ -34,6 +34,7 @@ from evsched.adapters.index_keys import (
     timeline_family,
     timeline_key,
 )
+from evsched.adapters.index_priority import BUILT, DUE_PRIORITY, PriorityLevels, priority_key
 from evsched.adapters.index_purge import Purge, PurgeWriter
 from evsched.adapters.index_writes import Change, PreparedWrite, Recorder
 from evsched.core import retention
@@ -47,7 +48,7 @@ SCHEDULES, CRON_DUE, UNDECODABLE, META = "schedules", "cron_due", "undecodable",
 REFUSED, CONTROLS = "refused", "controls"
 COLUMN_FAMILIES = (
     JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS,
-    PURGES, MARKS, META,
+    PURGES, MARKS, META, DUE_PRIORITY,
 )  # fmt: skip
 # What the digest covers: everything the fold derives, in a fixed order.
 DIGEST_FAMILIES = (
@@ -59,7 +60,7 @@ TIME_FAMILIES = (DUE, LEASES, CRON_DUE, PURGES, MARKS)
 # Derived from the job and schedule states alone: a restore rebuilds them instead of reading
 # them from the changelog (they change on most events; every other family is mirrored). Purge
 # marks outlive their jobs, so they are mirrored.
-DERIVED_FAMILIES = frozenset((DUE, LEASES, CRON_DUE, PURGES, META))
+DERIVED_FAMILIES = frozenset((DUE, LEASES, CRON_DUE, PURGES, META, DUE_PRIORITY))
 NEVER = (1 << 64) - 1
 # A due scan reads at most this many times its limit in keys while skipping held-back jobs.
 SKIP_READS = 10
@@ -145,6 +146,8 @@ class PartitionIndex:
         # from the start would step over every one of them, on every step. Scans start here
         # instead; writes lower it, scans raise it to the first live key they meet.
         self._low = dict.fromkeys(TIME_FAMILIES, 0)
+        self._fill_priorities()
+        self._levels = PriorityLevels(lambda start, end: self._scan(DUE_PRIORITY, start, end))
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -201,6 +204,13 @@ class PartitionIndex:
         so they can't hide the jobs due after them; at most ``SKIP_READS * limit`` keys are read.
         """
         return self._ids_until(DUE, now, limit, skip)
+
+    def due_by_priority(
+        self, now: int, limit: int, *, skip: Callable[[str], bool] | None = None
+    ) -> list[str]:
+        """Scheduled jobs with ``run_at <= now`` in lease order: highest priority first, then
+        earliest run_at; like ``due_job_ids`` otherwise (``index_priority``)."""
+        return self._levels.due(now, limit, skip=skip, max_reads=limit * SKIP_READS)
 
     def expired_lease_ids(self, now: int, limit: int) -> list[str]:
         return self._ids_until(LEASES, now, limit)
@@ -354,6 +364,7 @@ class PartitionIndex:
         key = state.job_id
         if state.status is Status.SCHEDULED:
             wb.delete(time_key(state.run_at, key), self._h(DUE))
+            wb.delete(priority_key(state.priority, state.run_at, key), self._h(DUE_PRIORITY))
         if state.lease_until is not None:
             wb.delete(time_key(state.lease_until, key), self._h(LEASES))
         purge_at = retention.purge_at(state)
@@ -381,6 +392,9 @@ class PartitionIndex:
         if state.status is Status.SCHEDULED:
             wb.put(time_key(state.run_at, state.job_id), b"", self._h(DUE))
             self._lower(DUE, state.run_at)
+            key = priority_key(state.priority, state.run_at, state.job_id)
+            wb.put(key, b"", self._h(DUE_PRIORITY))
+            self._levels.lower(state.priority, state.run_at)
         if state.lease_until is not None:
             key = time_key(state.lease_until, state.job_id)
             wb.put(key, U64.pack(state.token), self._h(LEASES))
@@ -429,6 +443,22 @@ class PartitionIndex:
         for schedule in self.schedules():
             self._put_schedule_time(wb, schedule)
         self.apply(PreparedWrite(wb, applied_offset, fold_version))
+
+    def _fill_priorities(self) -> None:
+        """An index from before ``due_priority``: file its scheduled jobs there, once."""
+        if self._cf[META].get(BUILT) is not None:
+            return
+        wb = WriteBatch(raw_mode=True)
+        for count, (due, _) in enumerate(self._scan(DUE), start=1):
+            state = self.job(due[8:].decode())
+            if state is not None and state.status is Status.SCHEDULED:
+                key = priority_key(state.priority, state.run_at, state.job_id)
+                wb.put(key, b"", self._h(DUE_PRIORITY))
+            if count % 10_000 == 0:  # a deep backlog fills in bounded batches; puts repeat safely
+                self._db.write(wb)
+                wb = WriteBatch(raw_mode=True)
+        wb.put(BUILT, b"\x01", self._h(META))
+        self._db.write(wb)
 
     def close(self) -> None:
         # Column-family handles keep the DB locked after close(): drop them first.

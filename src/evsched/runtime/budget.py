@@ -6,8 +6,11 @@ Partitions plan on the one event loop without an await between reading the sum a
 their new leases, so the limits hold exactly within a node. Across nodes each has its own budget.
 
 When a queue is full, the partitions with due jobs for it wait in line: room that frees up goes
-to the first in line, and a partition that just leased waits behind the ones in line, so a
-partition with a deep backlog cannot starve the others of a shared queue.
+to the first in line, and a partition that just leased goes back behind the others of its
+priority, so a partition with a deep backlog cannot starve the others of a shared queue. The line
+is ordered by the highest priority each partition has waiting (then by arrival): a partition
+holding a higher-priority due job gets the next room, and the others lease nothing of that queue
+meanwhile, so priority orders leases across the node's partitions, not only within each one.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class QueueBudget:
     def __init__(self) -> None:
         self._members: dict[int, LoadSource] = {}
         self._lines: dict[str, list[int]] = {}  # queue -> partitions waiting for room, in turn
+        self._ranks: dict[str, dict[int, int]] = {}  # queue -> partition -> priority it waits with
+        self._served: dict[str, set[int]] = {}  # queue -> partitions that leased as they joined
 
     def join(self, partition: int, source: LoadSource) -> None:
         self._members[partition] = source
@@ -46,7 +51,7 @@ class QueueBudget:
         # Only the member that joined leaves: a partition reopened meanwhile keeps its place.
         if self._members.get(partition) is source:
             del self._members[partition]
-            self.waited(partition, blocked=(), leased=())
+            self.waited(partition, blocked={}, leased=())
             self.freed(partition)
 
     def total(self) -> QueueLoad:
@@ -62,27 +67,40 @@ class QueueBudget:
         """Queues where another partition is first in line: ``partition`` leases none there."""
         return {queue for queue, line in self._lines.items() if line[0] != partition}
 
-    def waited(self, partition: int, *, blocked: Iterable[str], leased: Iterable[str]) -> None:
-        """After a plan: ``blocked`` queues still have due jobs of ``partition`` left unleased.
+    def waited(self, partition: int, *, blocked: Mapping[str, int], leased: Iterable[str]) -> None:
+        """After a plan: ``blocked`` maps queues with due jobs of ``partition`` left unleased to
+        the highest priority among them.
 
-        A partition that leased nothing joins the back of a blocked queue's line; one that leased
-        leaves the line (it had its turn, and the records of its leases will wake it), and so
-        does one that no longer waits.
+        A blocked partition takes its place in the queue's line by that priority: behind the
+        partitions of a higher or the same priority, but ahead of those of its priority that
+        leased when they joined (they had their turn); one that leased joins behind all of its
+        priority. One that no longer waits leaves the line.
         """
-        blocked, leased = set(blocked), set(leased)
+        leased = set(leased)
         heads = {queue: line[0] for queue, line in self._lines.items()}
-        for queue in list(self._lines):
-            line = self._lines[queue]
+        for queue, line in self._lines.items():
             if partition in line and (queue not in blocked or queue in leased):
                 line.remove(partition)
-        for queue in blocked - leased:
+        for queue, priority in blocked.items():
             line = self._lines.setdefault(queue, [])
+            ranks = self._ranks.setdefault(queue, {})
+            if partition in line and ranks[partition] != priority:
+                line.remove(partition)
             if partition not in line:
-                line.append(partition)
+                ranks[partition] = priority
+                turn = (priority, queue in leased)
+                line.insert(
+                    _place(line, ranks, turn, self._served.setdefault(queue, set())), partition
+                )
+                self._served[queue].discard(partition)
+                if queue in leased:
+                    self._served[queue].add(partition)
         for queue in list(self._lines):
             line = self._lines[queue]
             if not line:
                 del self._lines[queue]
+                self._ranks.pop(queue, None)
+                self._served.pop(queue, None)
             elif heads.get(queue) != line[0] and line[0] != partition:
                 self._members[line[0]].wake()  # a new first in line: there may be room
 
@@ -90,3 +108,16 @@ class QueueBudget:
         """``by`` made room: wake the first partition in each line (they wait for no record)."""
         for partition in {line[0] for line in self._lines.values()} - {by}:
             self._members[partition].wake()
+
+
+def _place(
+    line: list[int], ranks: Mapping[int, int], turn: tuple[int, bool], served: set[int]
+) -> int:
+    """Where a partition waiting with ``turn`` (priority, leased just now) joins ``line``."""
+    priority, had_turn = turn
+    for i, other in enumerate(line):
+        if ranks[other] < priority or (
+            ranks[other] == priority and not had_turn and other in served
+        ):
+            return i
+    return len(line)

@@ -307,7 +307,8 @@ class OwnedPartition:
         # Held-back jobs (pending, or on an undeclared queue) must not fill the scan's window.
         horizon = now + self.limits.prelease_ms
         paused = self.projector.paused(QUEUE, folded)
-        ids = self.index.due_job_ids(
+        # In lease order (priority first), so a backlog deeper than the scan cannot hide a job.
+        ids = self.index.due_by_priority(
             horizon, self.scan_limit, skip=lambda job_id: self._lease_skip(job_id, paused)
         )
         ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
@@ -324,9 +325,10 @@ class OwnedPartition:
             in_flight[queue] = self.limits.max_in_flight_per_queue  # full for us, for now
         leases = self._lease(candidates, QueueLoad(in_flight, load.unstarted), now)
         leased = {lease.event.job_id for lease in leases}
-        left = {
-            s.queue for s in candidates if s.status is Status.SCHEDULED and s.job_id not in leased
-        }
+        left: dict[str, int] = {}  # queue -> the highest priority left unleased
+        for s in candidates:
+            if s.status is Status.SCHEDULED and s.job_id not in leased:
+                left[s.queue] = max(s.priority, left.get(s.queue, s.priority))
         self.budget.waited(
             self.partition, blocked=left, leased={lease.dispatch.queue for lease in leases}
         )
