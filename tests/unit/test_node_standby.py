@@ -4,6 +4,7 @@ index, at the copy's offset and with plan USE_LOCAL, and the group's revoke hold
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from evsched.adapters.index import PartitionIndex
@@ -11,8 +12,10 @@ from evsched.core.fold import FOLD_VERSION
 from evsched.runtime.changelog_restore import Action, OpenPlan
 from evsched.runtime.lifecycle import Phase
 from evsched.runtime.node import _Rebalance
+from evsched.runtime.restore import open_index
 from evsched.runtime.standby import Standby
 from evsched.testing import MemoryPartitionLog
+from tests.unit.test_changelog_restore import _history
 from tests.unit.test_node_lifecycle import node_over
 from tests.unit.test_standby import Offsets, Recorder, add_jobs, until
 
@@ -48,5 +51,54 @@ async def test_the_group_hands_a_standby_copy_to_the_owner_and_back(tmp_path: Pa
         assert 0 in standby.projectors and node.health.phase(0) is Phase.CLOSED
         offsets.offsets[0] = 12
         await until(lambda: standby.projectors[0].next_offset == 11, "the copy to follow again")
+    finally:
+        await standby.stop()
+
+
+async def test_a_standby_without_an_index_restores_it_from_the_changelog_then_follows(
+    tmp_path: Path,
+) -> None:
+    driver = await _history(tmp_path)
+    applied, digest = driver.owner.index.applied_offset(), driver.owner.index.digest()
+    driver.close()
+    events = driver.broker.reader(driver.topics.events)
+    state = driver.broker.reader(driver.topics.state)
+    events.trim(0, applied)  # an empty copy folded from the log's start would miss jobs
+    offsets = Offsets()
+    offsets.offsets[0] = applied + 1
+    standby = Standby(
+        events, offsets, tmp_path / "standby", logger=Recorder(), open_state=lambda _: state
+    )
+    await standby.start()
+    try:
+        await standby.hold([0])
+        await until(lambda: 0 in standby.projectors, "the copy to be restored and held")
+        index = standby.projectors[0].index
+        assert index.applied_offset() == applied and index.digest() == digest
+        assert standby.preparing == {}
+    finally:
+        await standby.stop()
+
+
+class Stalled(MemoryPartitionLog):
+    """A changelog reader that never finishes starting."""
+
+    async def start(self) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_an_assignment_cancels_a_copy_being_restored(tmp_path: Path) -> None:
+    events = MemoryPartitionLog(partitions=1)
+    events.trim(0, 5)
+    standby = Standby(
+        events, Offsets(), tmp_path, logger=Recorder(), open_state=lambda _: Stalled("ns.state")
+    )
+    await standby.start()
+    try:
+        await standby.hold([0])
+        task = standby.preparing[0]
+        await standby.release([0])
+        assert task.cancelled() and standby.preparing == {} and standby.projectors == {}
+        open_index(tmp_path, 0).close()  # nothing holds or swaps the owner's index
     finally:
         await standby.stop()

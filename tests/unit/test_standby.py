@@ -132,7 +132,7 @@ async def test_release_closes_the_index_for_the_owner_and_hold_follows_it_again(
     offsets.offsets[1] = 10
     await standby.hold([1])
     await until(lambda: applied(standby, 1) == 8, "the standby caught up")
-    standby.release([1])
+    await standby.release([1])
     assert 1 not in standby.projectors and standby.taken == {1: 9}
     # The owner opens the same index (its RocksDB lock is free) and folds the tail itself.
     owner = open_index(tmp_path, 1)
@@ -154,7 +154,7 @@ async def test_a_copy_restored_on_open_is_reported_unused(
 ) -> None:
     _log, _offsets, standby = setup
     await standby.hold([0])
-    standby.release([0])
+    await standby.release([0])
     standby.took_over(0, resume_offset=500, end_offset=510)
     assert standby.log.named("standby_takeover") == []
     assert standby.log.named("standby_copy_unused") == [

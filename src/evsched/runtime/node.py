@@ -301,7 +301,7 @@ class Node:
         self._generation += 1
         partitions = list(partitions)
         if self.standby is not None:  # closed before any of them opens as owned
-            self.standby.release(partitions)
+            await self.standby.release(partitions)
         self.health.assigned(partitions)
         # Seek every partition to its index before anything awaits, and hold its fetches until
         # it is open: a fetch from the group's committed offset must never reach the fold first.

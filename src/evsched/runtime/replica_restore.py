@@ -63,7 +63,7 @@ async def prepare_indexes(
     else:
         starts, ends = await events.start_offsets(every), await events.end_offsets(every)
     locals_ = {p: local_index(data_dir, p) for p in every}
-    if not any(_worth_a_look(locals_[p], starts[p], ends[p]) for p in every):
+    if not any(worth_a_look(locals_[p], starts[p], ends[p]) for p in every):
         return Prepared()  # every index reaches the log's start and is close to its end: fold on
     if not await _has_changelog(settings, topics.state):
         # A namespace no node of this version provisioned yet: no snapshot to restore from.
@@ -113,7 +113,7 @@ async def _has_changelog(settings: Settings, topic: str) -> bool:
     return True
 
 
-def _worth_a_look(local: LocalIndex, log_start: int, log_end: int) -> bool:
+def worth_a_look(local: LocalIndex, log_start: int, log_end: int) -> bool:
     """Whether the changelog may change what is done with this index (else it is folded on)."""
     if local.fold_version not in (None, FOLD_VERSION) or local.applied_offset + 1 < log_start:
         return True

@@ -7,8 +7,10 @@ below the owner group's committed offset: those were folded by the owner and the
 in the transaction that committed the offset; a record past it may still owe an effect, which
 the next owner must fold (and send) itself. When the group gives the node one of these
 partitions, the node releases the standby copy (reader stopped, index closed) before it opens
-the index as owner, finds it near the log's end (plan USE_LOCAL) and folds a short tail. A
-standby reads, and never writes to any topic.
+the index as owner, finds it near the log's end (plan USE_LOCAL) and folds a short tail. A copy
+that is missing, far behind, of another fold version or behind a trimmed log's start is first
+made usable as a replica's is (``runtime.replica_restore``: restored from the changelog, reset,
+or refused), in the background. A standby reads, and never writes to any topic.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from evsched.adapters.kafka_group_offsets import GroupOffsets
 from evsched.adapters.topics import Topics, partition_count
 from evsched.errors import BrokerUnavailable, IndexVersionMismatch
 from evsched.ports import PartitionLog, Record
+from evsched.runtime.changelog_restore import LocalIndex, local_index
+from evsched.runtime.node_restore import OpenLog, kafka_reader
 from evsched.runtime.projector import Projector
+from evsched.runtime.replica_restore import prepare_partitions, worth_a_look
 from evsched.runtime.restore import open_index
 from evsched.settings import Settings
 
@@ -63,6 +68,7 @@ class Standby:
         *,
         lag_gauge: Any = None,
         logger: Any = None,
+        open_state: OpenLog | None = None,
     ) -> None:
         self.reader = log  # read_committed, every events partition assigned
         self.offsets = offsets
@@ -73,6 +79,8 @@ class Standby:
         self.bounds: dict[int, int] = {}  # fold below this offset only (the group's offset)
         self.lag: dict[int, int] = {}
         self.taken: dict[int, int] = {}  # released for the owner: the index's next offset
+        self.open_state = open_state  # readers of <ns>.state partitions (None: none to restore)
+        self.preparing: dict[int, asyncio.Task[None]] = {}
         self._retry_at: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
@@ -87,7 +95,7 @@ class Standby:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self.release(list(self.projectors))
+        await self.release([*self.projectors, *self.preparing])
         self.taken.clear()
         await self.reader.close()
         await self.offsets.close()
@@ -98,16 +106,53 @@ class Standby:
         One of another fold version, or behind the log's start (trimmed), is left alone: the
         node's open restores or rebuilds it if the partition ever comes here.
         """
-        wanted = [p for p in partitions if p not in self.projectors]
+        wanted = [p for p in partitions if p not in self.projectors and p not in self.preparing]
         if self._stopped or not wanted:
             return
         try:
             starts = await self.reader.start_offsets(wanted)
+            ends = await self.reader.end_offsets(wanted)
         except BrokerUnavailable as exc:  # a rebalance must not fail for its standby copies
             self.log.warning("standby_hold_failed", partitions=wanted, error=str(exc))
             return
         for partition in wanted:
-            self._hold_one(partition, starts[partition])
+            self._hold_or_prepare(partition, starts[partition], ends[partition])
+
+    def _hold_or_prepare(self, partition: int, log_start: int, log_end: int) -> None:
+        try:
+            local = local_index(self.data_dir, partition)
+        except Exception as exc:  # e.g. still locked: never fold what another handle writes
+            self._skipped(partition, repr(exc))
+            return
+        if self.open_state is not None and worth_a_look(local, log_start, log_end):
+            self.preparing[partition] = asyncio.create_task(
+                self._prepare(partition, local, log_start),
+                name=f"evsched-standby-prepare-{partition}",
+            )
+        else:
+            self._hold_one(partition, log_start)
+
+    async def _prepare(self, partition: int, local: LocalIndex, log_start: int) -> None:
+        """Restore (or reset) the copy as a replica's is, then hold it; refused: left alone."""
+        assert self.open_state is not None
+        try:
+            state = self.open_state([partition])
+            await state.start()
+            try:
+                done = await prepare_partitions(
+                    state, self.data_dir, {partition: local}, {partition: log_start}
+                )
+            finally:
+                await state.close()
+        except Exception as exc:
+            self._skipped(partition, f"could not be prepared: {exc!r}")
+            return
+        finally:
+            self.preparing.pop(partition, None)
+        if partition in done.refused:
+            self._skipped(partition, done.refused[partition])
+            return
+        self._hold_one(partition, log_start)
 
     def _hold_one(self, partition: int, log_start: int) -> None:
         try:
@@ -133,8 +178,17 @@ class Standby:
     def _skipped(self, partition: int, reason: str) -> None:
         self.log.warning("standby_partition_skipped", partition=partition, reason=reason)
 
-    def release(self, partitions: Iterable[int]) -> None:
-        """Stop following the partitions and close their indexes (their RocksDB locks freed)."""
+    async def release(self, partitions: Iterable[int]) -> None:
+        """Stop following the partitions and close their indexes (their RocksDB locks freed).
+
+        A copy being prepared is cancelled first: its restore never swaps an index in under
+        the owner. Nothing of a released partition is folded after this returns.
+        """
+        partitions = list(partitions)
+        for partition in partitions:
+            if (task := self.preparing.pop(partition, None)) is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for partition in partitions:
             projector = self.projectors.pop(partition, None)
             if projector is None:
@@ -245,7 +299,14 @@ async def kafka_standby(
     count = await partition_count(settings.bootstrap, topic, **dict(settings.kafka_options))
     reader = KafkaPartitionLog(settings, topic, range(count), client_id=f"{client_id}-standby")
     offsets = GroupOffsets(settings, group_id, topic)
-    standby = Standby(reader, offsets, data_dir, lag_gauge=lag_gauge, logger=logger)
+    standby = Standby(
+        reader,
+        offsets,
+        data_dir,
+        lag_gauge=lag_gauge,
+        logger=logger,
+        open_state=kafka_reader(settings, Topics(settings.namespace).state, client_id),
+    )
     await standby.start()
     return standby, count
 
