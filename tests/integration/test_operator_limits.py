@@ -17,7 +17,7 @@ from evsched.adapters.kafka_events import partition_for
 from evsched.adapters.topics import ensure_topics
 from evsched.core.state import Status
 
-pytestmark = [pytest.mark.broker]
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
 @pytest_asyncio.fixture
