@@ -242,7 +242,7 @@ class _Deletes:
 
 
 def test_every_event_kind_has_its_timeline_family() -> None:
-    queue = {ev.QueuePaused, ev.QueueResumed}
+    queue = {ev.QueuePaused, ev.QueueResumed, *ev.LIMIT_EVENT_TYPES}  # a limit's home steps too
     schedule = {*ev.SCHEDULE_EVENT_TYPES, ev.SchedulePaused, ev.ScheduleResumed}
     for cls in ev.EVENT_TYPES:
         expected = QUEUE_TIMELINE if cls in queue else JOB_TIMELINE
