@@ -56,8 +56,9 @@ class CommittedOffsets(Protocol):
 class Standby:
     """The node's standby partitions: ``hold`` opens and follows them, ``release`` gives them up.
 
-    Both run under the node's lock, between the group's callbacks; ``release`` is synchronous,
-    so no fold of a released partition can run after it returned.
+    Both run under the node's lock, between the group's callbacks. ``release`` waits for a copy
+    being prepared to be cancelled, then closes the indexes without awaiting, so no fold of a
+    released partition can run after it returned.
     """
 
     def __init__(
@@ -105,8 +106,9 @@ class Standby:
     async def hold(self, partitions: Iterable[int]) -> None:
         """Open each partition's index as a standby copy and follow the log from it.
 
-        One of another fold version, or behind the log's start (trimmed), is left alone: the
-        node's open restores or rebuilds it if the partition ever comes here.
+        One that is missing, far behind, of another fold version or behind the log's start is
+        prepared first, in the background (without a changelog reader: left alone, and the
+        node's open restores or rebuilds it if the partition ever comes here).
         """
         wanted = [
             p
