@@ -21,7 +21,7 @@ from evsched.core.fold import FOLD_VERSION
 from evsched.runtime import standby as standby_module
 from evsched.runtime.projector import Projector
 from evsched.runtime.restore import index_path, open_index, restore
-from evsched.runtime.standby import Standby, unowned
+from evsched.runtime.standby import Standby, parse_partitions, unowned
 from evsched.testing import MemoryPartitionLog
 
 DEADLINE_S = 20.0
@@ -235,3 +235,49 @@ async def test_a_failed_fold_or_read_waits_then_folds_again_from_the_index(
     assert calls >= 2
     names = [name for name, _ in standby.log.events]
     assert "standby_fold_failed" in names and "standby_read_failed" in names
+
+
+async def test_only_the_chosen_partitions_are_held(tmp_path: Path) -> None:
+    log = MemoryPartitionLog(topic=Topics("ns").events, partitions=3)
+    standby = Standby(log, Offsets(), tmp_path, logger=Recorder(), only={0, 2})
+    await standby.start()
+    try:
+        await standby.hold([0, 1, 2])
+        assert sorted(standby.projectors) == [0, 2]
+    finally:
+        await standby.stop()
+
+
+def test_standby_partitions_parse_lists_and_ranges_and_say_what_is_wrong() -> None:
+    assert parse_partitions("0, 2,5-7,") == {0, 2, 5, 6, 7}
+    for text, says in [
+        ("a", "'a' is not a partition number"),
+        ("3-1", "'3-1' ends before it starts"),
+        ("-1", "'-1' is not a partition number"),
+        (",", "no partition given"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            parse_partitions(text)
+
+
+def test_the_node_command_takes_standby_partitions(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from evsched.cli import app
+    from evsched.cli import node as cli
+
+    seen: list[Any] = []
+
+    async def serve(config: Any) -> None:
+        seen.append(config)
+
+    monkeypatch.setattr(cli, "serve_node", serve)
+    monkeypatch.setattr(cli, "configure_logging", lambda **kw: None)  # not the runner's stderr
+    runner = CliRunner(env={"EVSCHED_INSECURE_UNSIGNED_DISPATCH": "1"})
+    result = runner.invoke(app, ["node", "--standby", "--standby-partitions", "1,3-4"])
+    assert result.exit_code == 0, result.output
+    assert seen[0].standby and seen[0].standby_partitions == {1, 3, 4}
+    result = runner.invoke(app, ["node", "--standby", "--standby-partitions", "x"])
+    assert result.exit_code == 2 and "--standby-partitions: 'x' is not" in result.output
+    result = runner.invoke(app, ["node", "--standby-partitions", "1"])
+    assert result.exit_code == 2 and "needs --standby" in result.output

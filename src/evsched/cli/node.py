@@ -18,6 +18,7 @@ from evsched.errors import BrokerAccessRefused
 from evsched.logging import configure_logging
 from evsched.runtime.node import NodeConfig
 from evsched.runtime.node_process import serve_node
+from evsched.runtime.standby import parse_partitions
 from evsched.settings import Settings, SettingsError
 
 
@@ -66,11 +67,26 @@ def node_command(
             "and CPU of a read replica), so taking one over folds a short tail only.",
         ),
     ] = False,
+    standby_partitions: Annotated[
+        str | None,
+        typer.Option(
+            "--standby-partitions",
+            help="With --standby: keep copies of these partitions only, e.g. 0,2,5-7.",
+        ),
+    ] = None,
     metrics_port: Annotated[int | None, metrics_port_option("EVSCHED_NODE_METRICS_PORT")] = None,
     metrics_addr: MetricsAddr = "127.0.0.1",
     log_json: LogJson = True,
 ) -> None:
     """Own events partitions: fold them into RocksDB and run the scheduler."""
+    try:
+        only = None if standby_partitions is None else parse_partitions(standby_partitions)
+    except ValueError as exc:
+        typer.echo(f"evsched node: --standby-partitions: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if only is not None and not standby:
+        typer.echo("evsched node: --standby-partitions needs --standby", err=True)
+        raise typer.Exit(2)
     configure_logging(json=log_json)
     dispatch_key = load_dispatch_key("node")
     try:
@@ -92,6 +108,7 @@ def node_command(
         metrics_addr=metrics_addr,
         dispatch_key=dispatch_key,
         standby=standby,
+        standby_partitions=only,
     )
     try:
         asyncio.run(serve_node(config))

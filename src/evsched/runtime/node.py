@@ -60,6 +60,7 @@ class NodeConfig:
     metrics_addr: str = "127.0.0.1"
     dispatch_key: DispatchKey | None = None  # None: dispatch records go out unsigned
     standby: bool = False  # keep warm indexes of the partitions this node does not own
+    standby_partitions: frozenset[int] | None = None  # of those, only these (None: all)
 
     @property
     def group_id(self) -> str:
@@ -136,6 +137,7 @@ class Node:
                 client_id=f"evsched-node-{self.config.node_id}",
                 lag_gauge=gauge,
                 logger=self.log,
+                only=self.config.standby_partitions,
             )
 
         started = await until_broker(start, what="standby reader", stop=stop)

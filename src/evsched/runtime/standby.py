@@ -56,8 +56,9 @@ class CommittedOffsets(Protocol):
 class Standby:
     """The node's standby partitions: ``hold`` opens and follows them, ``release`` gives them up.
 
-    Both run under the node's lock, between the group's callbacks; ``release`` is synchronous,
-    so no fold of a released partition can run after it returned.
+    Both run under the node's lock, between the group's callbacks. ``release`` waits for a copy
+    being prepared to be cancelled, then closes the indexes without awaiting, so no fold of a
+    released partition can run after it returned.
     """
 
     def __init__(
@@ -69,7 +70,9 @@ class Standby:
         lag_gauge: Any = None,
         logger: Any = None,
         open_state: OpenLog | None = None,
+        only: Collection[int] | None = None,
     ) -> None:
+        self.only = None if only is None else frozenset(only)  # --standby-partitions
         self.reader = log  # read_committed, every events partition assigned
         self.offsets = offsets
         self.data_dir = data_dir
@@ -103,10 +106,17 @@ class Standby:
     async def hold(self, partitions: Iterable[int]) -> None:
         """Open each partition's index as a standby copy and follow the log from it.
 
-        One of another fold version, or behind the log's start (trimmed), is left alone: the
-        node's open restores or rebuilds it if the partition ever comes here.
+        One that is missing, far behind, of another fold version or behind the log's start is
+        prepared first, in the background (without a changelog reader: left alone, and the
+        node's open restores or rebuilds it if the partition ever comes here).
         """
-        wanted = [p for p in partitions if p not in self.projectors and p not in self.preparing]
+        wanted = [
+            p
+            for p in partitions
+            if p not in self.projectors
+            and p not in self.preparing
+            and (self.only is None or p in self.only)
+        ]
         if self._stopped or not wanted:
             return
         try:
@@ -293,6 +303,7 @@ async def kafka_standby(
     client_id: str,
     lag_gauge: Any = None,
     logger: Any = None,
+    only: Collection[int] | None = None,
 ) -> tuple[Standby, int]:
     """A started standby reading every partition of ``<ns>.events``, and how many there are."""
     topic = Topics(settings.namespace).events
@@ -306,6 +317,7 @@ async def kafka_standby(
         lag_gauge=lag_gauge,
         logger=logger,
         open_state=kafka_reader(settings, Topics(settings.namespace).state, client_id),
+        only=only,
     )
     await standby.start()
     return standby, count
@@ -314,3 +326,19 @@ async def kafka_standby(
 def unowned(count: int, exclude: Collection[int]) -> list[int]:
     """Every partition of the topic that is not the node's own (nor opening as such)."""
     return [p for p in range(count) if p not in exclude]
+
+
+def parse_partitions(text: str) -> frozenset[int]:
+    """``"0,2,5-7"`` as partition numbers; ValueError saying what is wrong."""
+    found: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        first, dash, last = part.partition("-")
+        if not (first.isdigit() and (not dash or last.isdigit())):
+            raise ValueError(f"{part!r} is not a partition number or a range like 2-5")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
+            raise ValueError(f"{part!r} ends before it starts")
+        found.update(range(low, high + 1))
+    if not found:
+        raise ValueError("no partition given")
+    return frozenset(found)
