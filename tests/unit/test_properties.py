@@ -162,14 +162,16 @@ class Driver:
             return JobRequeued(**self.meta(job), run_at=run_at)
         if variant == 9:
             return JobCancelled(**self.meta(job), reason="driver")
-        if state.status is Status.WAITING:  # its parents move on
-            resolved = {r.parent_id for r in state.resolutions}
-            parent = next(p for p in state.after if p not in resolved)
-            return self.plausible(parent, self.live.jobs.get(parent), variant)
         return self.active(job, state, variant)
 
     def active(self, job: str, state: JobState, variant: int) -> JobEvent:
-        """The next step of a scheduled, leased or running job; time jumps to when it is valid."""
+        """The next step of a scheduled, leased or running job; time jumps to when it is valid.
+
+        A waiting job has none of its own: one of its parents moves on."""
+        if state.status is Status.WAITING:
+            resolved = {r.parent_id for r in state.resolutions}
+            parent = next(p for p in state.after if p not in resolved)
+            return self.plausible(parent, self.live.jobs.get(parent), variant)
         if state.status is Status.SCHEDULED:
             # A node whose clock runs ahead of the log proposes some leases a little early.
             early = {0: 1, 1: 1_000}.get(variant, 0)

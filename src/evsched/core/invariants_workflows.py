@@ -1,5 +1,5 @@
-"""Invariant I8 over a history: every run of a child is resolved by each parent at most once, only by
-the record of an accepted end of that parent (or the answer to its registration).
+"""Invariant I8 over a history: each run of a child is resolved by each parent at most once, and
+only by the record of an accepted end of that parent (or the answer to its registration).
 
 The checker does not trust the fold's guards: it keeps, for every job record it is fed, what the
 fold made of it, and checks each applied ``ParentResolved`` against the record it names
