@@ -17,13 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evsched.adapters.avro import decode_state, encode_state
-from evsched.core import retention
+from evsched.core import limits, retention, workflows
 from evsched.core.events import (
     JOB_EVENT_TYPES,
     AttemptCheckpointed,
     AttemptFailed,
     AttemptStarted,
     AttemptSucceeded,
+    ChildRegistered,
     Event,
     JobCancelled,
     JobEnqueued,
@@ -45,6 +46,10 @@ JOBS = ("j0", "j1", "j2", "j3")
 GHOST = "ghost"  # never enqueued by the plausible driver
 PARTITION = {"j0": 0, "j1": 1, "j2": 0, "j3": 1, GHOST: 2}
 JUMPS = (0, 0, 1, 7, 250, 1_000, 30_000, 400_000)
+# Some enqueues of j3 wait on j0 and j1 (on two partitions): the driver registers it with them
+# and sends what their node would when they end (core.workflows), as a node does.
+WAITER, PARENTS = "j3", ("j0", "j1")
+ARGS = b'{"args":[],"kwargs":{}}'
 
 
 class Op(NamedTuple):
@@ -118,16 +123,29 @@ class Driver:
         if op.variant == 9:  # often of a live job, of another run, or too early
             generation = max(0, state.generation + op.token_delta)
             return JobPurged(**self.meta(job), generation=generation)
+        if op.variant == 8:  # a registration nobody asked for (maybe of the job itself)
+            child = JOBS[(JOBS.index(job) + 2 + op.token_delta) % len(JOBS)]
+            return ChildRegistered(**self.meta(job), child_id=child)
         return LeaseExpired(**self.meta(job), token=token)
 
     def emit(self, event: Event) -> None:
         assert isinstance(event, JobEvent)
-        partition = PARTITION[event.job_id]
+        partition = PARTITION.get(event.job_id, 2)
         offset = self.offsets.get(partition, 0)
         self.offsets[partition] = offset + 1
         position = Position(partition=partition, offset=offset, log_at=self.now)
         self.history.append((event, position))
-        self.live.feed(event, position)
+        before = self.live.jobs.get(event.job_id)
+        entry = self.live.feed(event, position)
+        after = self.live.jobs.get(event.job_id)
+        sent = workflows.resolutions_to_send(
+            before, after, event, entry.verdict, pos=position, source="node"
+        )
+        for resolution in sent:  # what the node sends with the record's offset
+            self.emit(resolution)
+        if isinstance(event, JobEnqueued):  # the client's registrations, in its transaction
+            for parent in event.after:
+                self.emit(ChildRegistered(**self.meta(parent), child_id=event.job_id))
 
     def plausible(self, job: str, state: JobState | None, variant: int) -> JobEvent:
         if state is None:
@@ -147,7 +165,13 @@ class Driver:
         return self.active(job, state, variant)
 
     def active(self, job: str, state: JobState, variant: int) -> JobEvent:
-        """The next step of a scheduled, leased or running job; time jumps to when it is valid."""
+        """The next step of a scheduled, leased or running job; time jumps to when it is valid.
+
+        A waiting job has none of its own: one of its parents moves on."""
+        if state.status is Status.WAITING:
+            resolved = {r.parent_id for r in state.resolutions}
+            parent = next(p for p in state.after if p not in resolved)
+            return self.plausible(parent, self.live.jobs.get(parent), variant)
         if state.status is Status.SCHEDULED:
             # A node whose clock runs ahead of the log proposes some leases a little early.
             early = {0: 1, 1: 1_000}.get(variant, 0)
@@ -180,11 +204,15 @@ class Driver:
         )
 
     def enqueue(self, job: str, variant: int, args: bytes = b"{}") -> JobEnqueued:
+        waits = job == WAITER and 2 <= variant <= 4
         return JobEnqueued(
             **self.meta(job),
             task="t",
             queue="q",
-            args=args,
+            args=ARGS if waits and args == b"{}" else args,
+            after=PARENTS if waits else (),
+            after_rule=limits.AFTER_RULES[variant % 3],
+            results_to_args="list" if waits and variant == 3 else "none",
             run_at=None if variant < 5 else self.now + 1_000 * variant,
             max_attempts=1 + variant % 3,
             retry=RetryPolicy(initial_backoff_ms=50 * variant, max_backoff_ms=5_000, jitter=0.5),

@@ -1,5 +1,5 @@
-"""Invariant I8 over a history: every child is released by each parent at most once, and only by
-the record of an accepted end of that parent (or the answer to its registration).
+"""Invariant I8 over a history: each run of a child is resolved by each parent at most once, and
+only by the record of an accepted end of that parent (or the answer to its registration).
 
 The checker does not trust the fold's guards: it keeps, for every job record it is fed, what the
 fold made of it, and checks each applied ``ParentResolved`` against the record it names
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from evsched.core.events import ChildRegistered, JobEvent, ParentResolved, Position
+from evsched.core.events import ChildRegistered, JobEnqueued, JobEvent, ParentResolved, Position
 from evsched.core.state import TERMINAL_STATUSES, TimelineEntry, Verdict
 
 RELEASED_ONCE_BY_AN_ACCEPTED_END = "I8"
@@ -42,22 +42,27 @@ class Releases:
     """What I8 needs from a history, fed one job record at a time."""
 
     records: dict[tuple[int, int], _Record] = field(default_factory=dict)
-    resolutions: list[tuple[ParentResolved, Position]] = field(default_factory=list)
+    # With the child's run: a new run of its id (a keyed enqueue past its key window, or after a
+    # purge) waits on its parents anew.
+    resolutions: list[tuple[ParentResolved, Position, int]] = field(default_factory=list)
+    runs: Counter[str] = field(default_factory=Counter)
 
     def note(self, event: JobEvent, position: Position, entry: TimelineEntry) -> None:
         status = None if entry.status_after is None else str(entry.status_after)
         child = event.child_id if isinstance(event, ChildRegistered) else None
         key = (position.partition, position.offset)
         self.records[key] = _Record(event.job_id, entry.kind, entry.verdict, status, child)
+        if isinstance(event, JobEnqueued) and entry.verdict is Verdict.APPLIED:
+            self.runs[event.job_id] += 1
         if isinstance(event, ParentResolved) and entry.verdict is Verdict.APPLIED:
-            self.resolutions.append((event, position))
+            self.resolutions.append((event, position, self.runs[event.job_id]))
 
     def breaches(self) -> list[ReleaseBreach]:
         """Every applied resolution repeated, or not backed by an accepted end, in feed order."""
         found: list[ReleaseBreach] = []
-        seen: Counter[tuple[str, str]] = Counter()
-        for event, position in self.resolutions:
-            pair = (event.job_id, event.parent_id)
+        seen: Counter[tuple[str, int, str]] = Counter()
+        for event, position, run in self.resolutions:
+            pair = (event.job_id, run, event.parent_id)
             seen[pair] += 1
             why = self._unbacked(event) if seen[pair] == 1 else "resolved by this parent again"
             if why is not None:
