@@ -121,6 +121,7 @@ def example_event() -> JobEnqueued:
     fields["body_digest"] = bytes.fromhex(fields["body_digest"])
     fields["retry"] = RetryPolicy(**fields["retry"])
     fields["trace"] = TraceContext(**fields["trace"])
+    fields["after"] = tuple(fields["after"])  # an Avro array reads as a tuple
     return JobEnqueued(**fields)
 
 
