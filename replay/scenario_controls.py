@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from replay.scenarios import _logged, _until_node_past_the_end, produce_raw, until_status
+from replay.scenarios import _logged, produce_raw, until_node_past_the_end, until_status
 from tests.integration.engine import Stack, wait_for, wait_path
 
 from evsched.adapters import avro
@@ -38,9 +38,9 @@ async def controls(stack: Stack) -> None:
         await app.pause_queue("default")  # already paused: rejected on every partition
         (marks / "go").touch()  # the running job finishes while the queue is paused
         await until_status(stack, [running], Status.SUCCEEDED)
-        await _until_node_past_the_end(stack)
+        await until_node_past_the_end(stack)
         await produce_raw(stack, [_zombie_lease(waiting[0])])
-        await _until_node_past_the_end(stack)
+        await until_node_past_the_end(stack)
         folded = await _folded(stack)
         for job_id in waiting:  # not one lease applied, the zombie's included
             state = folded.jobs[job_id]
@@ -49,7 +49,7 @@ async def controls(stack: Stack) -> None:
         await until_status(stack, waiting, Status.SUCCEEDED)
         await app.resume_queue("default")  # not paused: rejected
         await _schedule(stack, app)
-    await _until_node_past_the_end(stack)
+    await until_node_past_the_end(stack)
 
 
 async def _schedule(stack: Stack, app: App) -> None:
@@ -61,16 +61,16 @@ async def _schedule(stack: Stack, app: App) -> None:
     await wait_for(
         lambda: _after(paused_at + 5_000), what="slots to pass while paused", timeout_s=30
     )
-    await _until_node_past_the_end(stack)
+    await until_node_past_the_end(stack)
     before = await _fires(stack)
     slot = now_ms() // 2_000 * 2_000
     await produce_raw(stack, [_zombie_fire(slot)])
-    await _until_node_past_the_end(stack)
+    await until_node_past_the_end(stack)
     assert await _fires(stack) == before, "a paused schedule fired"
     await app.resume_schedule("every-2s")
     await _fired(stack, len(before) + 1)
     await app.delete_schedule("every-2s")
-    await _until_node_past_the_end(stack)
+    await until_node_past_the_end(stack)
     events, _ = await stack.history()
     fired = sorted({e.job_id for e, _ in events if isinstance(e, JobEnqueued) and e.schedule_id})
     await until_status(stack, fired)

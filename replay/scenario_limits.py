@@ -5,8 +5,7 @@ Kept apart from ``scenarios.py``; ``record.py`` records it.
 
 from __future__ import annotations
 
-from replay.scenario_controls import _settled
-from replay.scenarios import _logged, _wait_path, produce_raw, until_status
+from replay.scenarios import _logged, _wait_path, produce_raw, until_node_past_the_end, until_status
 from tests.integration.engine import Stack, wait_for
 
 from evsched.adapters import avro
@@ -40,12 +39,12 @@ async def limits(stack: Stack) -> None:
         await _wait_path(gate / "started-1-1")
         waiter = await gated.enqueue(str(gate), "waiter")
         await until_status(stack, counts + keyed, Status.SUCCEEDED)
-        await _settled(stack)
+        await until_node_past_the_end(stack)
         await produce_raw(stack, _forged(waiter, counts[0]))
-        await _settled(stack)
+        await until_node_past_the_end(stack)
         (gate / "go").touch()
         await until_status(stack, [holder, waiter], Status.SUCCEEDED)
-    await _settled(stack)
+    await until_node_past_the_end(stack)
 
 
 def _forged(waiter: str, finished: str) -> list[tuple[bytes, bytes]]:

@@ -13,8 +13,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 
-from replay.scenario_controls import _settled
-from replay.scenarios import _logged, _wait_path, produce_raw, until_status
+from replay.scenarios import _logged, _wait_path, produce_raw, until_node_past_the_end, until_status
 from tests.integration.engine import REPO, Stack, wait_for
 
 from evsched.adapters import avro
@@ -46,7 +45,7 @@ async def policies(stack: Stack) -> None:
         await _skip(stack, app)
         await _catch_up(stack, app)
         await _backfill(stack, app)
-    await _settled(stack)
+    await until_node_past_the_end(stack)
 
 
 async def _unique(stack: Stack, app: App) -> None:
@@ -81,7 +80,7 @@ async def _skip(stack: Stack, app: App) -> None:
     (marks / "go").touch()
     await _until(stack, ids.job_id_for_runs(SKIP), generation=1, status=Status.SUCCEEDED)
     await app.delete_schedule(SKIP)
-    await _settled(stack)
+    await until_node_past_the_end(stack)
 
 
 async def _catch_up(stack: Stack, app: App) -> None:
@@ -89,7 +88,7 @@ async def _catch_up(stack: Stack, app: App) -> None:
     fire one by one (caught up) and the older ones are skipped as missed."""
     await app.upsert_schedule(CATCH_UP, EVERY_2S, "UTC", "s.noop", catchup_window=5, max_jitter=1.5)
     await _fires(stack, CATCH_UP, 2)
-    await _settled(stack)
+    await until_node_past_the_end(stack)
     node = next(p for p in stack.procs if p.name == "node-1")
     assert node.stop() == 0
     stopped = now_ms()
@@ -99,12 +98,12 @@ async def _catch_up(stack: Stack, app: App) -> None:
     await _decided(stack, CATCH_UP, cron_policy.MISSED)
     await _decided(stack, CATCH_UP, cron_policy.CAUGHT_UP)
     await app.delete_schedule(CATCH_UP)
-    await _settled(stack)
+    await until_node_past_the_end(stack)
 
 
 async def _backfill(stack: Stack, app: App) -> None:
     await app.upsert_schedule(BACKFILL, "* * * * * */5", "UTC", "s.noop")
-    await _settled(stack)
+    await until_node_past_the_end(stack)
     created = (await _schedule(stack, BACKFILL)).created_at
     start, end = created - 20_000, created - 10_000  # before the schedule's own slots
     for _ in range(2):  # the second backfill makes no second job
@@ -113,7 +112,7 @@ async def _backfill(stack: Stack, app: App) -> None:
     slot = cron_policy.backfill_slots(await _schedule(stack, BACKFILL), later, later + 10_000)
     await produce_raw(stack, [_hostile_backfill(slot[0])])
     await app.delete_schedule(BACKFILL)
-    await _settled(stack)
+    await until_node_past_the_end(stack)
     events, _ = await stack.history()
     fired = sorted({e.job_id for e, _ in events if isinstance(e, JobEnqueued) and e.schedule_id})
     await until_status(stack, fired)

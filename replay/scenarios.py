@@ -295,7 +295,7 @@ async def hardening(stack: Stack) -> None:
         await produce_raw(stack, _forged(victim))
         stack.start_worker("worker-1", "--lease-s", "3")
         await until_status(stack, [unstarted], Status.SUCCEEDED)
-    await _until_node_past_the_end(stack)
+    await until_node_past_the_end(stack)
 
 
 async def _until_applied(stack: Stack, job_id: str, kind: str, count: int) -> None:
@@ -378,7 +378,7 @@ async def prelease(stack: Stack) -> None:
         await app.cancel(cancelled, reason="cancelled while pre-leased")
         await until_status(stack, [cancelled], Status.CANCELLED)
         await _until_logged(stack, cancelled, "AttemptSucceeded")  # its worker ran it at run_at
-    await _until_node_past_the_end(stack)
+    await until_node_past_the_end(stack)
 
 
 async def _until_logged(stack: Stack, job_id: str, kind: str) -> None:
@@ -427,10 +427,10 @@ async def retention(stack: Stack) -> None:
         await produce_raw(stack, _forged_purges(waiting, first_run))
         for job_id in short:
             await _until_applied(stack, job_id, "JobPurged", 1)
-    await _until_node_past_the_end(stack)
+    await until_node_past_the_end(stack)
 
 
-async def _until_node_past_the_end(stack: Stack) -> None:
+async def until_node_past_the_end(stack: Stack) -> None:
     end = await stack.read_topic(stack.topics.events)
     for partition in range(stack.partitions):
         offsets = [r.offset for r in end if r.partition == partition]
