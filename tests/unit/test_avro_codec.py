@@ -357,6 +357,7 @@ def test_v3_job_enqueued_decodes_without_a_unique_scope(event: JobEnqueued) -> N
         (ScheduleFired, ("decision", "run_at")),
     ],
 )
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_v1_schedule_events_decode_without_cron_policies(
     kind: type[ScheduleUpserted | ScheduleFired], dropped: tuple[str, ...], data: st.DataObject
