@@ -359,6 +359,7 @@ def test_fingerprints_ignore_docs_and_defaults_but_not_field_names() -> None:
         (ScheduleFired, ("decision", "run_at")),
     ],
 )
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_v1_schedule_events_decode_without_cron_policies(
     kind: type[ScheduleUpserted | ScheduleFired], dropped: tuple[str, ...], data: st.DataObject

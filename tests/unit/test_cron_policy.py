@@ -185,6 +185,10 @@ def test_the_limits_of_the_new_fields() -> None:
     )  # fmt: skip
     assert limits.refusal(upsert) == "catchup_window_ms -1 is outside [0, 315619200000]"
     assert limits.refusal(replace(upsert, catchup_window_ms=None, max_jitter_ms=-5)) is not None
+    assert limits.refusal(replace(upsert, catchup_window_ms=None, overlap="sometimes")) == (
+        "overlap 'sometimes' is not one of allow, skip, buffer"
+    )
+    assert limits.refusal(replace(upsert, catchup_window_ms=None, overlap="skip")) is None
 
 
 def _fire_and_enqueue(
