@@ -5,8 +5,8 @@ Kept apart from ``scenarios.py``; ``record.py`` records it.
 
 from __future__ import annotations
 
-from replay.scenarios import _logged, _wait_path, produce_raw, until_node_past_the_end, until_status
-from tests.integration.engine import Stack, wait_for
+from replay.scenarios import _logged, produce_raw, until_node_past_the_end, until_status
+from tests.integration.engine import Stack, wait_for, wait_path
 
 from evsched.adapters import avro
 from evsched.core.events import JobLeased, PermitGranted, QueueLimitSet, QueuePermit
@@ -36,7 +36,7 @@ async def limits(stack: Stack) -> None:
         gate.mkdir()
         gated = app.get_task("s.gated").options(concurrency_key="cust-2")
         holder = await gated.enqueue(str(gate), "holder")
-        await _wait_path(gate / "started-1-1")
+        await wait_path(gate / "started-1-1")
         waiter = await gated.enqueue(str(gate), "waiter")
         await until_status(stack, counts + keyed, Status.SUCCEEDED)
         await until_node_past_the_end(stack)

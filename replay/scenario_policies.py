@@ -13,8 +13,8 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 
-from replay.scenarios import _logged, _wait_path, produce_raw, until_node_past_the_end, until_status
-from tests.integration.engine import REPO, Stack, wait_for
+from replay.scenarios import _logged, produce_raw, until_node_past_the_end, until_status
+from tests.integration.engine import REPO, Stack, wait_for, wait_path
 
 from evsched.adapters import avro
 from evsched.adapters.clock import now_ms
@@ -55,7 +55,7 @@ async def _unique(stack: Stack, app: App) -> None:
     first = await task.enqueue(str(marks), UNIQUE_TAG)
     again = await task.enqueue(str(marks), UNIQUE_TAG)  # not started yet: a duplicate
     assert first == again
-    await _wait_path(marks / "started-1-1")
+    await wait_path(marks / "started-1-1")
     await task.enqueue(str(marks), UNIQUE_TAG)  # running: held for the next run
     await task.enqueue(str(marks), UNIQUE_TAG)  # a duplicate of the held one
     (marks / "go").touch()
@@ -75,7 +75,7 @@ async def _skip(stack: Stack, app: App) -> None:
     await app.upsert_schedule(
         SKIP, EVERY_2S, "UTC", "s.gated", args=[str(marks), SKIP], overlap="skip"
     )
-    await _wait_path(marks / "started-1-1")
+    await wait_path(marks / "started-1-1")
     await _fires(stack, SKIP, 3)  # two slots at least pass while the job runs
     (marks / "go").touch()
     await _until(stack, ids.job_id_for_runs(SKIP), generation=1, status=Status.SUCCEEDED)
