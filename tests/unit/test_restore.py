@@ -11,7 +11,7 @@ import pytest
 from evsched.adapters import avro
 from evsched.adapters.index import IndexBatch, PartitionIndex
 from evsched.core.controls import QUEUE
-from evsched.core.events import JobCancelled, JobEnqueued, QueuePaused
+from evsched.core.events import JobCancelled, JobEnqueued, QueueLimitSet, QueuePaused
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Status
 from evsched.errors import BrokerUnavailable, IndexVersionMismatch, RestoreRefused
@@ -226,4 +226,40 @@ async def test_a_rewound_batch_leaves_no_pause_behind(
     assert projector.paused(QUEUE) == set()  # folded, not committed yet
     restorer.flush()
     assert projector.paused(QUEUE) == {"q"}
+    projector.index.close()
+
+
+async def test_a_rewound_batch_leaves_no_limit_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Limits follow the pause sets: a batch dropped by a fold error leaves the projector's
+    limits as the index holds them; only the commit of the second fold sets them."""
+    log = MemoryPartitionLog(partitions=1)
+    limit = QueueLimitSet(event_id="l", queue="q", emitted_at=0, source="t", max_running=1)
+    log.append(0, avro.encode_event(limit), key=b"q")
+    log.append(0, enqueue("j0"), key=b"j0")
+    await log.start()
+    projector = fresh(tmp_path, "a")
+    fold_one = projector._fold_one
+    failed: list[int] = []
+
+    def fails_once(record: Record, out: Folded) -> None:
+        if record.offset == 1 and not failed:
+            raise ValueError("boom")
+        fold_one(record, out)
+
+    monkeypatch.setattr(projector, "_fold_one", fails_once)
+    restorer = Restorer(
+        log, {0: projector}, batch_records=100, on_fold_error=lambda p, o, e: failed.append(o)
+    )
+    restorer.seek()
+    assert await restorer.read_once([0]) == 0
+    assert failed == [0] and projector.limits == {} and projector.limit("q") is None
+    restorer.seek()
+    assert await restorer.read_once([0]) == 2
+    assert projector.limits == {}  # folded, not committed yet
+    restorer.flush()
+    state = projector.limit("q")
+    assert state is not None and state.max_running == 1 and projector.limits == {"q": state}
+    assert projector.index.applied_offset() == 1
     projector.index.close()

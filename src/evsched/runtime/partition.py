@@ -259,7 +259,7 @@ class OwnedPartition:
             if records := self._encode(expiry.job_id, self._events, expiry):
                 out += records
                 self.pending.add(expiry.event_id, expiry.job_id, None, deadline)
-        out += self._permit_records(now, deadline)
+        out += self._permit_records(now, deadline, folded)
         schedules = self._due_schedules(folded, now)
         for fired, enqueued in planner.plan_fires(schedules, now=now, source=self.source):
             both = (fired,) if enqueued is None else (fired, enqueued)  # a missed slot: no job
@@ -272,10 +272,10 @@ class OwnedPartition:
                 self.pending.add(purge.event_id, purge.job_id, None, deadline)
         return out
 
-    def _permit_records(self, now: int, deadline: float) -> list[Outgoing]:
+    def _permit_records(self, now: int, deadline: float, folded: Folded) -> list[Outgoing]:
         """Permit requests made while planning leases, and this partition's homes' grants."""
         out: list[Outgoing] = []
-        for entity, step in self.permits.take(now):
+        for entity, step in self.permits.take(now, folded):
             if records := self._encode(entity, self._events, step):
                 out += records
                 self.pending.add(step.event_id, entity, None, deadline)
@@ -309,14 +309,14 @@ class OwnedPartition:
         paused = self.projector.paused(QUEUE, folded)
         # In lease order (priority first), so a backlog deeper than the scan cannot hide a job.
         ids = self.index.due_by_priority(
-            horizon, self.scan_limit, skip=lambda job_id: self._lease_skip(job_id, paused)
+            horizon, self.scan_limit, skip=lambda job_id: self._lease_skip(job_id, paused, folded)
         )
         ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
         candidates = [
             s for s in self._jobs(ids, folded) if s.run_at <= horizon and s.queue not in paused
         ]
-        if self.permits.active:
-            candidates = self.permits.permitted(candidates, now)
+        if self.permits.active(folded):
+            candidates = self.permits.permitted(candidates, now, folded)
         if self.budget is None:
             return self._lease(candidates, self.load(), now)
         load = self.budget.total()
@@ -354,17 +354,18 @@ class OwnedPartition:
     def _held_back(self, entity: str) -> bool:
         return entity in self.pending.entities or self.quarantine.holds(entity)
 
-    def _lease_skip(self, job_id: str, paused: Set[str]) -> bool:
+    def _lease_skip(self, job_id: str, paused: Set[str], folded: Folded) -> bool:
         """Held back, or on a paused queue: such due jobs must not fill the scan's window."""
         if self._held_back(job_id):
             return True
-        if not paused and not self.permits.active:
+        active = self.permits.active(folded)
+        if not paused and not active:
             return False
         state = self.projector.job(job_id)
         if state is None:
             return False
         # A job that asked for a permit waits for its grant, not for the scan.
-        return state.queue in paused or (self.permits.active and self.permits.waits(state))
+        return state.queue in paused or (active and self.permits.waits(state, folded))
 
     def _jobs(self, ids: Sequence[str], folded: Folded) -> list[JobState]:
         found: dict[str, JobState] = {}

@@ -7,7 +7,7 @@ from evsched.core import permits, planner
 from evsched.core.events import PermitRequested, QueuePermit
 from evsched.core.state import JobState, Status
 from evsched.runtime.pending import Pending
-from evsched.runtime.projector import Projector
+from evsched.runtime.projector import Folded, Projector
 
 # A permit proposal and the entity its pending entry holds back.
 Proposal = tuple[str, PermitRequested | QueuePermit]
@@ -22,15 +22,17 @@ class PermitPlanner:
         self.source = source
         self._asks: list[PermitRequested] = []
 
-    @property
-    def active(self) -> bool:
+    def active(self, folded: Folded | None = None) -> bool:
         """Whether this partition folded any limit (else nothing here costs anything)."""
-        return bool(self.projector.limits)
+        return bool(self.projector.limits_as(folded))
 
-    def permitted(self, candidates: list[JobState], now: int) -> list[JobState]:
+    def permitted(self, candidates: list[JobState], now: int, folded: Folded) -> list[JobState]:
         """The candidates that may be leased; due jobs under a limit without a permit ask for
-        one (``take`` hands the requests out with this step's other proposals)."""
-        limits = self.projector.limits
+        one (``take`` hands the requests out with this step's other proposals).
+
+        Limits are read through ``folded`` (not committed yet): planning follows its records.
+        """
+        limits = self.projector.limits_as(folded)
         ok = [s for s in candidates if permits.may_lease(limits, s)]
         if len(ok) < len(candidates):
             asking = [s for s in candidates if s.status is Status.SCHEDULED]
@@ -39,15 +41,15 @@ class PermitPlanner:
             )
         return ok
 
-    def take(self, now: int) -> list[Proposal]:
+    def take(self, now: int, folded: Folded) -> list[Proposal]:
         """The requests made while planning leases, then the grants of this partition's homes."""
         asks: list[Proposal] = [(ask.job_id, ask) for ask in self._asks]
         self._asks = []
-        return asks + self._grants(now)
+        return asks + self._grants(now, folded)
 
-    def _grants(self, now: int) -> list[Proposal]:
+    def _grants(self, now: int, folded: Folded) -> list[Proposal]:
         out: list[Proposal] = []
-        for state in list(self.projector.limits.values()):
+        for state in list(self.projector.limits_as(folded).values()):
             if not state.waiting:
                 continue
             name = state.name
@@ -59,9 +61,9 @@ class PermitPlanner:
             out += [(grant_entity(name, g.job_id), g) for g in grants]
         return out
 
-    def waits(self, state: JobState) -> bool:
+    def waits(self, state: JobState, folded: Folded) -> bool:
         """Whether the due job waits for a grant (it must not fill a scan's window)."""
-        return permits.waiting_for_grant(self.projector.limits, state)
+        return permits.waiting_for_grant(self.projector.limits_as(folded), state)
 
     def wakes(self, now: int) -> list[int | None]:
         """When rate-limited homes with waiting requests next have room."""

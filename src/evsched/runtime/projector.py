@@ -6,7 +6,7 @@ bytes are recorded with their position and skipped; nothing here can crash on a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from evsched.adapters import avro
@@ -131,6 +131,7 @@ class Projector:
         self._paused: dict[str, set[str]] = {QUEUE: set(), SCHEDULE: set()}
         self._paused_apply(index.controls())
         # Queue limits this partition folded (a handful): leases of their jobs need permits.
+        # Committed state only, like the pause sets: a fold reads them through its batch.
         self.limits: dict[str, LimitState] = {s.name: s for s in index.limits()}
         # Only ever what the index holds (filled on read and on commit), so reads stay exact.
         self._cache: dict[str, JobState] = {}
@@ -168,6 +169,7 @@ class Projector:
             for state in folded.batch.jobs.values():
                 self._remember(state)
             self._paused_apply(folded.batch.controls.values())
+            self.limits.update((s.name, s) for s in folded.batch.limits.values())
             for job_id in folded.batch.before_jobs.keys() - folded.batch.jobs.keys():
                 self._cache.pop(job_id, None)  # purged
         if self.on_commit is not None and folded.observed:
@@ -259,7 +261,7 @@ class Projector:
         )
         before = self.job(event.job_id, out)
         after, entry = fold_job(before, event, position, self.paused(QUEUE, out))
-        if self.limits and before is not None:
+        if (self.limits or out.batch.limits) and before is not None:
             after, entry = self._guard(event, before, after, entry, out)
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.job_id, entry, raw))
@@ -344,7 +346,7 @@ class Projector:
     ) -> tuple[JobState | None, TimelineEntry]:
         """The job fold under each of its limits this partition knows (core.permits)."""
         for name in limit_names(before):
-            limit = self.limits.get(name)
+            limit = self.limit(name, out)
             if limit is None:
                 continue
             after, entry, new, forward = guard_job(limit, before, after, event, entry)
@@ -354,18 +356,30 @@ class Projector:
                 out.forwards.append(forward)
         return after, entry
 
+    def limit(self, name: str, folded: Folded | None = None) -> LimitState | None:
+        """The limit state ``name`` as the index holds it, as ``folded`` left it."""
+        if folded is not None and limit_key(name) in folded.batch.limits:
+            return folded.batch.limits[limit_key(name)]
+        return self.limits.get(name)
+
+    def limits_as(self, folded: Folded | None = None) -> Mapping[str, LimitState]:
+        """The limit states by name: the index's, as ``folded`` left them."""
+        changed = () if folded is None else folded.batch.limits.values()
+        if not changed:
+            return self.limits
+        return {**self.limits, **{state.name: state for state in changed}}
+
     def _keep_limit(self, state: LimitState, out: Folded) -> None:
-        self.limits[state.name] = state
         out.batch.limits[limit_key(state.name)] = state
 
     def _fold_limit(self, event: LimitEvent, position: Position, out: Folded, raw: bytes) -> None:
         name = limit_name(event)
-        after, entry, forward = fold_limit(self.limits.get(name), event, position)
+        after, entry, forward = fold_limit(self.limit(name, out), event, position)
         self._limit_folded(name, after=after, entry=entry, forward=forward, out=out, raw=raw)
 
     def _fold_permit(self, event: PermitEvent, position: Position, out: Folded, raw: bytes) -> None:
         job = self.job(event.job_id, out)
-        state = self.limits.get(limit_name(event))
+        state = self.limit(limit_name(event), out)
         after, entry, forward = fold_permit(state, job, event, position)
         self._limit_folded(
             event.job_id, after=after, entry=entry, forward=forward, out=out, raw=raw, job=job
