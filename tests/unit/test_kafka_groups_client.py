@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from evsched.adapters import kafka_groups
+from evsched.adapters import kafka_kept_admin
 from evsched.adapters.kafka_groups import GroupOwners
 from evsched.errors import BrokerUnavailable
 from evsched.settings import Settings
@@ -36,7 +36,7 @@ class FakeAdmin:
 async def test_one_admin_client_serves_every_ask_until_one_fails(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(kafka_groups, "AIOKafkaAdminClient", FakeAdmin)
+    monkeypatch.setattr(kafka_kept_admin, "AIOKafkaAdminClient", FakeAdmin)
     FakeAdmin.made, FakeAdmin.failing = [], False
     owners = GroupOwners(Settings(namespace="groups"), timeout_s=1.0)
     assert await owners.ask("g", "t") == {}

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
-from aiokafka.errors import KafkaError
 
-from evsched.errors import BrokerUnavailable
+from evsched.adapters.kafka_kept_admin import KeptAdmin
 from evsched.settings import Settings
 
 
@@ -19,10 +16,7 @@ class GroupOwners:
     next ask starts afresh)."""
 
     def __init__(self, settings: Settings, *, timeout_s: float = 5.0) -> None:
-        self._settings = settings
-        self._timeout_s = timeout_s
-        self._admin: AIOKafkaAdminClient | None = None
-        self._lock = asyncio.Lock()
+        self._admin = KeptAdmin(settings, timeout_s=timeout_s)
 
     async def ask(self, group_id: str, topic: str) -> dict[int, str]:
         """Partition of ``topic`` -> the client id of the group member it is assigned to.
@@ -30,35 +24,12 @@ class GroupOwners:
         Empty while the group has no members or is rebalancing (no assignment is in force
         then); BrokerUnavailable when the coordinator cannot be asked.
         """
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                admin = await self._started()
-                responses = await admin.describe_consumer_groups([group_id])
-        except (KafkaError, TimeoutError, OSError) as exc:
-            await self.close()
-            raise BrokerUnavailable(f"cannot describe consumer group {group_id}: {exc!r}") from exc
+        async with self._admin.ask(f"cannot describe consumer group {group_id}") as admin:
+            responses = await admin.describe_consumer_groups([group_id])
         return _owners(responses, topic)
 
     async def close(self) -> None:
-        admin, self._admin = self._admin, None
-        if admin is not None:
-            await admin.close()
-
-    async def _started(self) -> AIOKafkaAdminClient:
-        async with self._lock:
-            if self._admin is None:
-                admin = AIOKafkaAdminClient(
-                    bootstrap_servers=self._settings.bootstrap,
-                    request_timeout_ms=int(self._timeout_s * 1000),
-                    **dict(self._settings.kafka_options),
-                )
-                try:
-                    await admin.start()
-                except BaseException:
-                    await admin.close()
-                    raise
-                self._admin = admin
-            return self._admin
+        await self._admin.close()
 
 
 async def partition_owners(
