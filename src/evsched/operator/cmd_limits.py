@@ -4,33 +4,29 @@ every other one; with ``--wait`` each partition's verdict is shown, read back fr
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
-from evsched.adapters.avro import decode_event
 from evsched.adapters.clock import now_ms
 from evsched.client import App
 from evsched.client.limits import limit_event, publish_limit
-from evsched.core.events import KeyLimitSet, QueueLimitSet, entity_id
+from evsched.core.events import Event, KeyLimitSet, QueueLimitSet, entity_id
 from evsched.errors import InvalidEnqueue
 from evsched.operator.cmd_controls import QueueName
-from evsched.operator.cmd_write import Reason, Wait, report
+from evsched.operator.cmd_write import Reason, Wait, report, write
 from evsched.operator.exits import ExitCode
-from evsched.operator.readings import permit_reading
-from evsched.operator.replica_dir import DEFAULT_TIMEOUT_S, LocalIndex
+from evsched.operator.replica_dir import DEFAULT_TIMEOUT_S
 from evsched.operator.session import (
     DEFAULT_DATA_DIR,
     DataDir,
     Json,
     ReplicaOptions,
     TimeoutS,
-    open_replica,
-    refresh_to,
     run,
 )
-from evsched.operator.writes import Judged, highest_offsets
+from evsched.operator.writes import Judged
 from evsched.settings import Settings
 
 MaxRunning = Annotated[
@@ -97,29 +93,15 @@ def queues_limit(
         raise typer.BadParameter(exc.reason, param_hint=hint) from None
     options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
 
+    async def everywhere(app: App, events: Sequence[tuple[str, Event]]) -> list[Judged]:
+        ((name, limit),) = events
+        assert isinstance(limit, QueueLimitSet | KeyLimitSet)
+        appended = await publish_limit(await app.event_log(), app.topics.events, limit)
+        return [Judged(entity_id=name, kind=type(limit).__name__, appended=a) for a in appended]
+
     async def main() -> ExitCode:
-        async with App(Settings.from_env(), name="operator") as app:
-            appended = await publish_limit(await app.event_log(), app.topics.events, event)
-        kind = type(event).__name__
-        name = entity_id(event)
-        written = [Judged(entity_id=name, kind=kind, appended=a) for a in appended]
-        if not wait:
-            return report(written, as_json)
-        local = await open_replica(options)
-        try:
-            await refresh_to(options, local, highest_offsets(written))
-            return report([_judged(local, name, item) for item in written], as_json)
-        finally:
-            local.close()
+        app = App(Settings.from_env(), name="operator")
+        written = [(entity_id(event), event)]
+        return report(await write(app, written, options, wait=wait, publish=everywhere), as_json)
 
     run(main)
-
-
-def _judged(local: LocalIndex, queue: str, item: Judged) -> Judged:
-    """``item`` with the verdict its partition's fold gave it."""
-    for entry, raw in local.indexes[item.appended.partition].queue_timeline_events(queue):
-        if entry.offset == item.appended.offset and isinstance(
-            decode_event(raw), QueueLimitSet | KeyLimitSet
-        ):
-            return replace(item, verdict=entry.verdict, reading=permit_reading(entry))
-    return item

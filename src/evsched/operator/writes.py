@@ -33,6 +33,8 @@ from evsched.core.events import (
     Event,
     JobEnqueued,
     JobTemplate,
+    KeyLimitSet,
+    QueueLimitSet,
     QueuePaused,
     QueueResumed,
     RetryPolicy,
@@ -41,7 +43,7 @@ from evsched.core.events import (
 from evsched.core.state import Verdict
 from evsched.errors import InvalidEnqueue, InvalidTask
 from evsched.operator.audit import audit
-from evsched.operator.readings import control_reading
+from evsched.operator.readings import control_reading, permit_reading
 from evsched.operator.replica_dir import LocalIndex
 from evsched.ports import Appended
 from evsched.settings import Settings
@@ -69,7 +71,10 @@ PARAMETERS = {
     "timezone": "--timezone",
 }
 ACCEPTED = frozenset({Verdict.APPLIED, Verdict.DUPLICATE})
-_QUEUE_CONTROLS = frozenset({QueuePaused.__name__, QueueResumed.__name__})
+# Written to every partition and judged on the queue's (or concurrency key's) timeline there.
+_QUEUE_WIDE = frozenset(
+    {QueuePaused.__name__, QueueResumed.__name__, QueueLimitSet.__name__, KeyLimitSet.__name__}
+)
 
 
 def bad(field: str, reason: str) -> typer.BadParameter:
@@ -267,8 +272,8 @@ def judge(local: LocalIndex, written: Sequence[Judged]) -> list[Judged]:
     """Each write with the verdict the (caught-up) replica's fold gave it."""
     judged: list[Judged] = []
     for item in written:
-        if item.kind in _QUEUE_CONTROLS:
-            judged.append(_judged_queue_control(local, item))
+        if item.kind in _QUEUE_WIDE:
+            judged.append(_judged_queue_wide(local, item))
             continue
         found = audit(local.index_of(item.entity_id), item.entity_id, as_of=item.appended.offset)
         rows = (
@@ -284,13 +289,16 @@ def judge(local: LocalIndex, written: Sequence[Judged]) -> list[Judged]:
     return judged
 
 
-def _judged_queue_control(local: LocalIndex, item: Judged) -> Judged:
-    """A queue's pause or resume with the verdict its partition's fold gave it (a queue's
-    control is written to every partition, so ``item`` names the one it was judged on)."""
+def _judged_queue_wide(local: LocalIndex, item: Judged) -> Judged:
+    """A queue's pause, resume or limits with the verdict its partition's fold gave it
+    (they are written to every partition, so ``item`` names the one it was judged on)."""
     stored = local.indexes[item.appended.partition].queue_timeline_events(item.entity_id)
     for entry, raw in stored:
         if entry.offset == item.appended.offset:
             event = decode_event(raw)
-            assert isinstance(event, QueuePaused | QueueResumed)
-            return replace(item, verdict=entry.verdict, reading=control_reading(entry, event))
+            if isinstance(event, QueuePaused | QueueResumed):
+                reading = control_reading(entry, event)
+            else:
+                reading = permit_reading(entry)
+            return replace(item, verdict=entry.verdict, reading=reading)
     return item
