@@ -13,6 +13,7 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass, replace
 
 from evsched.core import limits
+from evsched.core.entries import judged
 from evsched.core.events import (
     ControlEvent,
     JobEvent,
@@ -77,17 +78,7 @@ def fold_control(
             updated_at=position.log_at,
             recent_event_ids=(*recent, event.event_id)[-RECENT_EVENT_IDS:],
         )
-    entry = TimelineEntry(
-        partition=position.partition,
-        offset=position.offset,
-        log_at=position.log_at,
-        kind=type(event).__name__,
-        event_id=event.event_id,
-        source=event.source,
-        verdict=verdict,
-        reason=reason,
-    )
-    return new, entry
+    return new, judged(event, position, verdict, reason)
 
 
 def _judge(state: ControlState | None, event: ControlEvent, *, exists: bool) -> tuple[Verdict, str]:

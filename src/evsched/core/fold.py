@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any, assert_never
 
 from evsched.core import ids, limits, retention, retry, unique, workflows
+from evsched.core.entries import judged
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
@@ -29,7 +30,7 @@ from evsched.core.events import (
     ParentResolved,
     Position,
 )
-from evsched.core.slots import new_entry, new_state, state_replacer
+from evsched.core.slots import new_state, state_replacer
 from evsched.core.state import (
     ACTIVE_STATUSES,
     TERMINAL_STATUSES,
@@ -97,18 +98,9 @@ def _applied(state: JobState, event: JobEvent, position: Position, **changes: An
 def _entry(
     event: JobEvent, position: Position, verdict: Verdict, reason: str, state: JobState | None
 ) -> TimelineEntry:
-    return new_entry(
-        partition=position.partition,
-        offset=position.offset,
-        log_at=position.log_at,
-        kind=type(event).__name__,
-        event_id=event.event_id,
-        source=event.source,
-        verdict=verdict,
-        reason=reason,
-        token=getattr(event, "token", None),
-        status_after=None if state is None else state.status,
-    )
+    token = getattr(event, "token", None)
+    status = None if state is None else state.status
+    return judged(event, position, verdict, reason, token=token, status_after=status)
 
 
 def _step(state: JobState | None, event: JobEvent, position: Position) -> Step:

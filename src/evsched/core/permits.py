@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from evsched.core import ids, limits
+from evsched.core.entries import judged
 from evsched.core.events import (
     KEY_PREFIX,
     Event,
@@ -129,19 +130,6 @@ Step = tuple[LimitState | None, Verdict, str, Event | None]
 Folded = tuple[LimitState | None, TimelineEntry, Event | None]
 
 
-def _entry(event: Event, position: Position, verdict: Verdict, reason: str) -> TimelineEntry:
-    return TimelineEntry(
-        partition=position.partition,
-        offset=position.offset,
-        log_at=position.log_at,
-        kind=type(event).__name__,
-        event_id=event.event_id,
-        source=event.source,
-        verdict=verdict,
-        reason=reason,
-    )
-
-
 def _marked(state: LimitState, event: Event, position: Position, **changes: Any) -> LimitState:
     recent = (*state.recent_event_ids, event.event_id)[-RECENT_EVENT_IDS:]
     return replace(state, recent_event_ids=recent, updated_at=position.log_at, **changes)
@@ -152,14 +140,14 @@ def _judged(
 ) -> Folded:
     refusal = limits.refusal(event)
     if refusal is not None:
-        return state, _entry(event, position, Verdict.REJECTED, refusal), None
+        return state, judged(event, position, Verdict.REJECTED, refusal), None
     if state is not None and event.event_id in state.recent_event_ids:
         why = f"event {event.event_id} already applied"
-        return state, _entry(event, position, Verdict.DUPLICATE, why), None
+        return state, judged(event, position, Verdict.DUPLICATE, why), None
     new, verdict, reason, forward = step()
     if verdict is not Verdict.APPLIED:
-        return state, _entry(event, position, verdict, reason), None
-    return new, _entry(event, position, verdict, reason), forward
+        return state, judged(event, position, verdict, reason), None
+    return new, judged(event, position, verdict, reason), forward
 
 
 def limit_name(event: LimitEvent | PermitEvent) -> str:

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import assert_never
 
 from evsched.core import cron, cron_policy, limits
+from evsched.core.entries import judged
 from evsched.core.events import (
     Position,
     ScheduleDeleted,
@@ -36,18 +37,8 @@ def fold_schedule(
         new = replace(new, recent_event_ids=recent, updated_at=position.log_at)
     else:
         new = state
-    entry = TimelineEntry(
-        partition=position.partition,
-        offset=position.offset,
-        log_at=position.log_at,
-        kind=type(event).__name__,
-        event_id=event.event_id,
-        source=event.source,
-        verdict=verdict,
-        reason=reason,
-        status_after=Status.SCHEDULED if new is not None and not new.deleted else None,
-    )
-    return new, entry
+    status = Status.SCHEDULED if new is not None and not new.deleted else None
+    return new, judged(event, position, verdict, reason, status_after=status)
 
 
 def _step(state: ScheduleState | None, event: ScheduleEvent, position: Position) -> Step:
