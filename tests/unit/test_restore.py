@@ -195,14 +195,13 @@ async def test_a_rebuild_that_would_lose_trimmed_history_is_refused(tmp_path: Pa
     open_index(data, 0).close()
 
 
-async def test_a_rewound_batch_leaves_no_pause_behind(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A batch dropped by a fold error is folded again from the index: a queue it paused is not
-    paused meanwhile (a lease before the pause would be refused on the second fold)."""
+async def rewinding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: bytes
+) -> tuple[Projector, Restorer]:
+    """A restorer over ``first`` then an enqueue, whose fold fails once on the enqueue: the
+    first read drops the batch, a second seek and read folds both (not committed yet)."""
     log = MemoryPartitionLog(partitions=1)
-    pause = QueuePaused(event_id="p", queue="q", emitted_at=0, source="t")
-    log.append(0, avro.encode_event(pause), key=b"q")
+    log.append(0, first, key=b"q")
     log.append(0, enqueue("j0"), key=b"j0")
     await log.start()
     projector = fresh(tmp_path, "a")
@@ -220,7 +219,18 @@ async def test_a_rewound_batch_leaves_no_pause_behind(
     )
     restorer.seek()
     assert await restorer.read_once([0]) == 0
-    assert failed == [0] and projector.paused(QUEUE) == set()
+    assert failed == [0]
+    return projector, restorer
+
+
+async def test_a_rewound_batch_leaves_no_pause_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch dropped by a fold error is folded again from the index: a queue it paused is not
+    paused meanwhile (a lease before the pause would be refused on the second fold)."""
+    pause = QueuePaused(event_id="p", queue="q", emitted_at=0, source="t")
+    projector, restorer = await rewinding(tmp_path, monkeypatch, avro.encode_event(pause))
+    assert projector.paused(QUEUE) == set()
     restorer.seek()
     assert await restorer.read_once([0]) == 2
     assert projector.paused(QUEUE) == set()  # folded, not committed yet
@@ -234,27 +244,9 @@ async def test_a_rewound_batch_leaves_no_limit_behind(
 ) -> None:
     """Limits follow the pause sets: a batch dropped by a fold error leaves the projector's
     limits as the index holds them; only the commit of the second fold sets them."""
-    log = MemoryPartitionLog(partitions=1)
     limit = QueueLimitSet(event_id="l", queue="q", emitted_at=0, source="t", max_running=1)
-    log.append(0, avro.encode_event(limit), key=b"q")
-    log.append(0, enqueue("j0"), key=b"j0")
-    await log.start()
-    projector = fresh(tmp_path, "a")
-    fold_one = projector._fold_one
-    failed: list[int] = []
-
-    def fails_once(record: Record, out: Folded) -> None:
-        if record.offset == 1 and not failed:
-            raise ValueError("boom")
-        fold_one(record, out)
-
-    monkeypatch.setattr(projector, "_fold_one", fails_once)
-    restorer = Restorer(
-        log, {0: projector}, batch_records=100, on_fold_error=lambda p, o, e: failed.append(o)
-    )
-    restorer.seek()
-    assert await restorer.read_once([0]) == 0
-    assert failed == [0] and projector.limits == {} and projector.limit("q") is None
+    projector, restorer = await rewinding(tmp_path, monkeypatch, avro.encode_event(limit))
+    assert projector.limits == {} and projector.limit("q") is None
     restorer.seek()
     assert await restorer.read_once([0]) == 2
     assert projector.limits == {}  # folded, not committed yet
