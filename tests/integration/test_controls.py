@@ -8,28 +8,22 @@ and the paused schedule's missed slots collapsed into one fire on resume.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import pytest_asyncio
 from replay.scenario_controls import controls
-from tests.integration.engine import Stack
+from tests.integration.stacks import History, judged_run
 
-from evsched.adapters.topics import ensure_topics
 from evsched.core.events import (
-    Event,
-    Position,
     QueuePaused,
     QueueResumed,
     ScheduleFired,
     SchedulePaused,
     ScheduleResumed,
 )
-from evsched.core.invariants import Replay, replay
+from evsched.core.invariants import Replay
 from evsched.core.state import TimelineEntry, Verdict
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
-History = list[tuple[Event, Position]]
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -37,17 +31,7 @@ async def judged(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[History, Replay]:
     """One run of the scenario for the module's tests."""
-    namespace = f"ctl{os.urandom(4).hex()}"
-    await ensure_topics(kafka_bootstrap, namespace, event_partitions=3, queues=["default"])
-    stack = Stack(kafka_bootstrap, namespace, tmp_path_factory.mktemp("controls"))
-    try:
-        await controls(stack)
-        done = await stack.check(all_terminal=True)
-        events, _ = await stack.history()
-    finally:
-        await stack.close()
-    assert not done.violations
-    return events, replay(events)
+    return await judged_run(kafka_bootstrap, "ctl", tmp_path_factory.mktemp("controls"), controls)
 
 
 def _entries(done: Replay) -> list[TimelineEntry]:

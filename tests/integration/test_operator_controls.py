@@ -8,11 +8,9 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from tests.conftest import unique_name
-from tests.integration.engine import Stack
-from tests.integration.test_operator_cli import Operator
+from tests.integration.engine import Operator, Stack
+from tests.integration.stacks import node_and_worker
 
-from evsched.adapters.topics import ensure_topics
 from evsched.core.state import Status
 
 pytestmark = [pytest.mark.broker]
@@ -20,15 +18,8 @@ pytestmark = [pytest.mark.broker]
 
 @pytest_asyncio.fixture
 async def stack(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Stack]:
-    namespace = unique_name("opctl")
-    await ensure_topics(kafka_bootstrap, namespace, event_partitions=3, queues=["default"])
-    engine = Stack(kafka_bootstrap, namespace, tmp_path)
-    engine.start_node("node-1", "--dispatch-timeout-s", "10")
-    engine.start_worker("worker-1", "--lease-s", "3")
-    try:
+    async with node_and_worker(kafka_bootstrap, "opctl", tmp_path) as engine:
         yield engine
-    finally:
-        await engine.close()
 
 
 async def test_a_queue_paused_from_the_cli_holds_its_jobs_until_resumed(stack: Stack) -> None:

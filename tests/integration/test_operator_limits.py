@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from tests.conftest import unique_name
-from tests.integration.engine import Stack
-from tests.integration.test_operator_cli import Operator
+from tests.integration.engine import Operator, Stack
+from tests.integration.stacks import node_and_worker
 
 from evsched.adapters.kafka_events import partition_for
-from evsched.adapters.topics import ensure_topics
 from evsched.core.state import Status
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -22,15 +20,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 @pytest_asyncio.fixture
 async def stack(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Stack]:
-    namespace = unique_name("oplim")
-    await ensure_topics(kafka_bootstrap, namespace, event_partitions=3, queues=["default"])
-    engine = Stack(kafka_bootstrap, namespace, tmp_path)
-    engine.start_node("node-1", "--dispatch-timeout-s", "10")
-    engine.start_worker("worker-1", "--lease-s", "3")
-    try:
+    async with node_and_worker(kafka_bootstrap, "oplim", tmp_path) as engine:
         yield engine
-    finally:
-        await engine.close()
 
 
 async def test_a_queue_limited_from_the_cli_runs_its_jobs_with_permits(stack: Stack) -> None:

@@ -8,17 +8,14 @@ without a second job, and a hostile backfill rejected.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import pytest_asyncio
 from replay.scenario_policies import BACKFILL, CATCH_UP, SKIP, UNIQUE_TAG, policies
-from tests.integration.engine import Stack
+from tests.integration.stacks import History, judged_run
 
-from evsched.adapters.topics import ensure_topics
 from evsched.core import cron_policy, ids
-from evsched.core.events import Event, JobEnqueued, Position, ScheduleFired
-from evsched.core.invariants import Replay, replay
+from evsched.core.events import JobEnqueued, ScheduleFired
+from evsched.core.invariants import Replay
 from evsched.core.state import Status, Verdict
 
 pytestmark = [
@@ -27,7 +24,6 @@ pytestmark = [
     pytest.mark.timeout(900),
     pytest.mark.asyncio(loop_scope="module"),
 ]
-History = list[tuple[Event, Position]]
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -35,17 +31,7 @@ async def judged(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[History, Replay]:
     """One run of the scenario for the module's tests."""
-    namespace = f"pol{os.urandom(4).hex()}"
-    await ensure_topics(kafka_bootstrap, namespace, event_partitions=3, queues=["default"])
-    stack = Stack(kafka_bootstrap, namespace, tmp_path_factory.mktemp("policies"))
-    try:
-        await policies(stack)
-        done = await stack.check(all_terminal=True)
-        events, _ = await stack.history()
-    finally:
-        await stack.close()
-    assert not done.violations
-    return events, replay(events)
+    return await judged_run(kafka_bootstrap, "pol", tmp_path_factory.mktemp("policies"), policies)
 
 
 async def test_a_unique_job_is_one_run_at_a_time_and_its_held_enqueue_runs_next(

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from tests.conftest import unique_name
 from tests.integration.engine import Operator, Stack, wait_for
+from tests.integration.stacks import node_and_worker
 
-from evsched.adapters.topics import ensure_topics
 from evsched.core.state import Status, TimelineEntry, Verdict
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -24,16 +23,8 @@ DEADLINE_S = 240.0
 
 @pytest_asyncio.fixture
 async def stack(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Stack]:
-    namespace = unique_name("ret")
-    await ensure_topics(kafka_bootstrap, namespace, event_partitions=3, queues=["default"])
-    engine = Stack(kafka_bootstrap, namespace, tmp_path)
-    engine.start_node("node-1", "--dispatch-timeout-s", "10")
-    engine.start_worker("worker-1", "--lease-s", "3")
-    try:
+    async with node_and_worker(kafka_bootstrap, "ret", tmp_path, check=True) as engine:
         yield engine
-        await engine.check(all_terminal=False)
-    finally:
-        await engine.close()
 
 
 async def applied(stack: Stack, job_id: str, kind: str, count: int = 1) -> list[TimelineEntry]:
