@@ -57,8 +57,12 @@ async def _run(stack: Stack, *, kill_midway: bool) -> tuple[list[tuple[Event, Po
         ids = [await task.enqueue(400) for _ in range(JOBS)]
         if kill_midway:
             await _succeeded(stack, ids, at_least=3)
-            victim = _owner(nodes, partition_for(LIMITED, stack.partitions))
-            assert victim is not None, "no node logged the home partition"
+            home = partition_for(LIMITED, stack.partitions)
+
+            async def owner() -> Proc | None:  # none while a rebalance moves the partition
+                return _owner(nodes, home)
+
+            victim = await wait_for(owner, what=f"a node holding the home partition {home}")
             victim.kill()  # the home of the limit moves to the other node
         await _succeeded(stack, ids, at_least=JOBS, timeout_s=180)
     events, _ = await stack.history()
