@@ -21,7 +21,8 @@ from evsched.core import cron_policy, planner
 from evsched.core.events import Event
 from evsched.core.state import ScheduleState
 from evsched.errors import InvalidEnqueue
-from evsched.operator.cmd_write import report, write
+from evsched.operator.cmd_controls import ScheduleId
+from evsched.operator.cmd_write import Wait, report, write
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.operator.replica_dir import DEFAULT_TIMEOUT_S
 from evsched.operator.session import (
@@ -39,12 +40,10 @@ from evsched.settings import Settings
 
 def schedules_backfill(
     *,
-    schedule_id: Annotated[str, typer.Argument(help="The schedule's id.")],
+    schedule_id: ScheduleId,
     start: Annotated[str, typer.Option("--from", help="First time of the range (ISO 8601).")],
     end: Annotated[str, typer.Option("--to", help="Last time of the range, included.")],
-    wait: Annotated[
-        bool, typer.Option("--wait/--no-wait", help="Wait for the fold's verdicts.")
-    ] = True,
+    wait: Wait = True,
     data_dir: DataDir = DEFAULT_DATA_DIR,
     timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
     as_json: Json = False,
