@@ -30,7 +30,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 test: $(STAMP)
-	$(BIN)/coverage run -m pytest
+	$(BIN)/coverage run -m pytest --durations=25
 	$(BIN)/coverage report --include='src/evsched/core/*' --fail-under=100
 
 # The dashboard in headless Chromium (apt-get install chromium); also part of `make test`.

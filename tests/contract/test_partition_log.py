@@ -167,3 +167,41 @@ class TestKafkaPartitionLog(PartitionLogContract):
             yield harness
         finally:
             await harness.producer.stop()
+
+
+@pytest.mark.broker
+async def test_the_kafka_reader_fetches_only_the_partitions_it_is_asked_for(
+    kafka_bootstrap: str,
+) -> None:
+    """Not part of the port's contract (the twin has no fetch buffers): the adapter pauses the
+    assigned partitions a read does not name, so a standby copy reading a few of them does not
+    fetch the rest for nothing, and a paused partition still reads from where it was."""
+    topic = unique_name("partition-log-pause")
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        for partition in (0, 1):
+            for i in range(3):
+                await producer.send_and_wait(
+                    topic, f"p{partition}-{i}".encode(), partition=partition
+                )
+    finally:
+        await producer.stop()
+    settings = Settings(bootstrap=kafka_bootstrap, namespace=topic)
+    log = KafkaPartitionLog(settings, topic, [0, 1], client_id="contract-pause")
+    await log.start()
+    try:
+        first = await log.read([0], 5.0, 100)
+        assert [r.value for r in first[0]] == [b"p0-0", b"p0-1", b"p0-2"]
+        assert log._consumer.paused() == {TopicPartition(topic, 1)}  # the adapter's own consumer
+        second = await log.read([1], 5.0, 100)
+        assert [r.value for r in second[1]] == [b"p1-0", b"p1-1", b"p1-2"]
+        assert log._consumer.paused() == {TopicPartition(topic, 0)}
+    finally:
+        await log.close()

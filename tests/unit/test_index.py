@@ -108,13 +108,13 @@ def test_due_and_lease_queues_follow_the_job(index: PartitionIndex) -> None:
     log.add(enqueued("a", run_at=2_000), 1_000)
     log.add(enqueued("b"), 1_000)
     projector = fold_all(index, log.records)
-    assert index.due_job_ids(now=1_500, limit=10) == ["b"]
-    assert index.due_job_ids(now=2_000, limit=10) == ["b", "a"]
+    assert index.due_by_priority(now=1_500, limit=10) == ["b"]
+    assert index.due_by_priority(now=2_000, limit=10) == ["b", "a"]
     assert index.next_due_at() == 1_000
 
     more = [log.add(leased("b", 1), 1_600), log.add(started("b", 1), 1_700)]
     projector.commit(projector.fold(more))
-    assert index.due_job_ids(now=5_000, limit=10) == ["a"]
+    assert index.due_by_priority(now=5_000, limit=10) == ["a"]
     assert index.expired_lease_ids(now=6_700, limit=10) == ["b"]  # 1_700 + 5_000
     assert index.expired_lease_ids(now=6_699, limit=10) == []
     assert projector.in_flight == {"q": 1}

@@ -91,7 +91,6 @@ def test_a_high_priority_job_is_found_behind_a_backlog_deeper_than_the_scan(
         lows = [dataclasses.replace(BASE, job_id=f"low{i:03d}", run_at=i) for i in range(300)]
         write(index, known, *lows)
         write(index, known, dataclasses.replace(BASE, job_id="high", run_at=500, priority=5))
-        assert index.due_job_ids(1_000, 100)[-1] == "low099"  # the run_at scan misses it
         assert index.due_by_priority(1_000, 3) == ["high", "low000", "low001"]
         # A delayed job of a higher level costs one read, and does not stop the scan.
         write(index, known, dataclasses.replace(BASE, job_id="later", run_at=5_000, priority=9))

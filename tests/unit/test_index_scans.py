@@ -90,13 +90,13 @@ def test_scans_answer_what_the_live_keys_say(steps: list[tuple[str, object]]) ->
                     model.jobs.update(batch.jobs)
                 else:
                     now = int(arg)  # type: ignore[call-overload]
-                    assert index.due_job_ids(now, 100) == model.due(now)
+                    assert index.due_by_priority(now, 100) == model.due(now)
                     assert index.expired_lease_ids(now, 100) == model.expired(now)
                     assert index.due_purge_ids(now, 100) == model.purgeable(now)
                     assert index.next_due_at(after=now) == model.next_due_at(now)
                     # A limit cuts the earliest first, and a cut scan must not hide the rest.
-                    assert index.due_job_ids(now, 1) == model.due(now)[:1]
-                    assert index.due_job_ids(now, 100) == model.due(now)
+                    assert index.due_by_priority(now, 1) == model.due(now)[:1]
+                    assert index.due_by_priority(now, 100) == model.due(now)
         finally:
             index.close()
 
@@ -114,8 +114,8 @@ def test_a_due_scan_skips_held_jobs_within_a_bounded_read(tmp_path: Path) -> Non
         def held(job_id: str) -> bool:
             return job_id.startswith("h")
 
-        assert index.due_job_ids(100, 2, skip=held) == []  # 20 keys read at most: all held
-        assert index.due_job_ids(100, 10, skip=held) == ["f25", "f26", "f27", "f28", "f29"]
-        assert index.due_job_ids(100, 2) == ["h00", "h01"]  # without skip: as before
+        assert index.due_by_priority(100, 2, skip=held) == []  # 20 keys read at most: all held
+        assert index.due_by_priority(100, 10, skip=held) == ["f25", "f26", "f27", "f28", "f29"]
+        assert index.due_by_priority(100, 2) == ["h00", "h01"]  # without skip: as before
     finally:
         index.close()

@@ -195,21 +195,15 @@ class PartitionIndex:
             return []
         return self._timeline_under(timeline_key(queue, 0, family=QUEUE_TIMELINE)[:-8])
 
-    def due_job_ids(
-        self, now: int, limit: int, *, skip: Callable[[str], bool] | None = None
-    ) -> list[str]:
-        """Scheduled jobs with ``run_at <= now``, earliest first; reads only due keys.
-
-        Jobs ``skip`` holds back (e.g. on an undeclared queue) do not count toward ``limit``,
-        so they can't hide the jobs due after them; at most ``SKIP_READS * limit`` keys are read.
-        """
-        return self._ids_until(DUE, now, limit, skip)
-
     def due_by_priority(
         self, now: int, limit: int, *, skip: Callable[[str], bool] | None = None
     ) -> list[str]:
         """Scheduled jobs with ``run_at <= now`` in lease order: highest priority first, then
-        earliest run_at; like ``due_job_ids`` otherwise (``index_priority``)."""
+        earliest run_at (``index_priority``); reads only due keys.
+
+        Jobs ``skip`` holds back (e.g. on an undeclared queue) do not count toward ``limit``,
+        so they can't hide the jobs due after them; at most ``SKIP_READS * limit`` keys are read.
+        """
         return self._levels.due(now, limit, skip=skip, max_reads=limit * SKIP_READS)
 
     def expired_lease_ids(self, now: int, limit: int) -> list[str]:

@@ -120,6 +120,21 @@ class KafkaPartitionLog(_Reader):
         await self.start()
         return self
 
+    async def read(
+        self, partitions: Collection[int], timeout_s: float, max_records: int
+    ) -> dict[int, list[Record]]:
+        """Records of ``partitions``; the other assigned partitions are paused until asked for.
+
+        A standby copy reads a few of the partitions it is assigned (not the node's own, not
+        those caught up to the group's offset): unpaused, the consumer would keep fetching the
+        rest into its buffers for nothing.
+        """
+        wanted = {self._tp(p) for p in partitions}
+        with broker_errors(f"pause the partitions of {self.topic} not read"):
+            self._consumer.pause(*(tp for tp in self._consumer.assignment() if tp not in wanted))
+            self._consumer.resume(*wanted)
+        return await super().read(partitions, timeout_s, max_records)
+
     async def __aexit__(self, *_: object) -> None:
         await self.close()
 
