@@ -41,6 +41,7 @@ from replay import (  # noqa: E402
     scenario_controls,
     scenario_limits,
     scenario_policies,
+    scenario_workflow_ops,
     scenario_workflows,
     scenarios,
     scenarios_failures,
@@ -164,6 +165,17 @@ SCENARIOS = {
             "one from a parent the child does not wait on, and a repeated resolution (duplicate).",
             scenario_workflows.workflows,
             all_terminal=False,  # the forged self-waiter is never a job
+        ),
+        Scenario(
+            "workflow_ops",
+            "A whole workflow cancelled and requeued by the operator (fold version 5): a chain "
+            "of four whose second step dies, the rest cancelled in turn, re-run once fixed by "
+            "evsched workflow requeue (the dead step requeued, the cancelled ones waiting again "
+            "and released once more); a group of four with a callback cancelled as a whole "
+            "while its members run, cancelled again (nothing), then requeued and completed; a "
+            "hostile producer's rewaits (of a succeeded job, of a job without parents, of an "
+            "unknown job), each rejected.",
+            scenario_workflow_ops.workflow_ops,
         ),
     )
 }

@@ -21,6 +21,7 @@ from evsched.api import (
     schedules,
     status,
     undecodable,
+    workflows,
 )
 from evsched.api.auth import Tokens
 from evsched.api.context import ApiContext, Reads
@@ -44,7 +45,19 @@ API's read replica has folded them, so the response carries the fold's verdict. 
 `Authorization: Bearer <token>` (the write token); reads need the read or the write token when
 the API guards reads, and are open otherwise. `/healthz`, `/readyz` and `/metrics` are always
 open. Every error has the body `{"error": {"code", "message", "field"}}`.
+
+A job may wait on other jobs (`after` on `POST /v1/jobs`): the *workflows* routes show the graph
+of such jobs and cancel or requeue a whole workflow.
 """
+TAGS = [
+    {
+        "name": "workflows",
+        "description": "Jobs that wait on other jobs: `GET /v1/jobs/{id}/workflow` shows every "
+        "job reachable from one through parents and children, with each parent's resolution "
+        "(its outcome and the partition@offset of the parent's end); `.../workflow/cancel` and "
+        "`.../workflow/requeue` act on all of them in one Kafka transaction.",
+    }
+]
 
 
 def create_app(
@@ -103,6 +116,7 @@ def create_app(
         title="evsched",
         version=__version__,
         description=DESCRIPTION,
+        openapi_tags=TAGS,
         lifespan=_lifespan(ctx, start_replica=start_replica, close_client=close_client),
     )
     api.state.evsched = ctx
@@ -111,7 +125,7 @@ def create_app(
     api.add_exception_handler(NotYetApplied, _accepted)
     # Read routes declare (in OpenAPI too) the token they need only when reads are guarded.
     guard = [Reads] if tokens.guard_reads else []
-    routers = (jobs.router, schedules.router, status.reads, undecodable.router)
+    routers = (jobs.router, workflows.router, schedules.router, status.reads, undecodable.router)
     for router in (*routers, controls.router, limits.router, batch.router):
         api.include_router(router, dependencies=guard)
     api.include_router(status.router)

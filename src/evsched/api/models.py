@@ -24,7 +24,7 @@ from evsched.adapters.payload import MAX_JSON_DEPTH, NotJson, decode_args, decod
 from evsched.commands import MAX_AHEAD, MAX_KEY_CHARS
 from evsched.core.events import RetryPolicy
 from evsched.core.failures import category_of
-from evsched.core.limits import MAX_DURATION_MS
+from evsched.core.limits import MAX_DURATION_MS, MAX_PARENTS
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
 INT64_MAX = 2**63 - 1
@@ -135,6 +135,20 @@ class EnqueueRequest(_Request):
         "unique_period_s from its enqueue. Default: the task's.",
     )
     unique_period_s: Delay | None = Field(None, description='The period of unique "period".')
+    after: Annotated[list[Name], Field(max_length=MAX_PARENTS)] | None = Field(
+        None,
+        description="Job ids this job waits on (status waiting): it is released, or cancelled, "
+        "by their ends according to after_rule. Written with one ChildRegistered per parent in "
+        "one Kafka transaction.",
+    )
+    after_rule: Literal["all_succeeded", "all_finished", "any_succeeded"] | None = Field(
+        None, description="With after: when the parents release the job (default all_succeeded)."
+    )
+    results_to_args: Literal["none", "append", "list"] | None = Field(
+        None,
+        description="With after: the parents' results go nowhere (default), each appended to "
+        "args in after order, or as one more positional arg, their list.",
+    )
 
 
 class CancelRequest(_Request):
@@ -241,6 +255,11 @@ class Job(BaseModel):
     fire_at: datetime | None
     result: JsonValue | None
     last_error: LastError | None
+    after: list[str] = Field(
+        default_factory=list,
+        description="The jobs this one waits on; its workflow: GET /v1/jobs/{id}/workflow.",
+    )
+    after_rule: str | None = Field(None, description="With after: the rule that releases it.")
 
     @classmethod
     def of(cls, state: JobState) -> Job:
@@ -279,6 +298,8 @@ class Job(BaseModel):
                 category=category_of(error),
                 traceback=error.traceback,
             ),
+            after=list(state.after),
+            after_rule=state.after_rule if state.after else None,
         )
 
 

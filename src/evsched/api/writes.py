@@ -22,6 +22,7 @@ from evsched.api.errors import ApiError
 from evsched.api.models import EnqueueRequest, RequeueRequest, ScheduleRequest
 from evsched.api.reader import ReplicaView, timeline
 from evsched.client.app import App
+from evsched.client.workflows import registrations, write_atomically
 from evsched.commands import (
     EnqueueOptions,
     TaskSpec,
@@ -30,6 +31,7 @@ from evsched.commands import (
     build_enqueue,
     build_schedule,
     check_id,
+    check_limits,
     job_template,
     resolve_run_at,
     task_spec,
@@ -93,7 +95,7 @@ class Writer:
         """
         started = monotonic_s()
         entity = entity_id(event)
-        appended = await self.send(self.client.publish(event), entity, location)
+        appended = await self.send(self._publish(event), entity, location)
         if isinstance(event, JobEnqueued):
             self.metrics.enqueue_latency.observe(monotonic_s() - started)
         schedule = isinstance(
@@ -104,6 +106,13 @@ class Writer:
         if entry is None:
             raise NotYetApplied(entity, appended, location)
         return entry
+
+    async def _publish(self, event: Event) -> Appended:
+        if isinstance(event, JobEnqueued) and event.after:
+            # A waiting job's registrations with its parents go in its enqueue's transaction.
+            written: list[Event] = [event, *registrations(event, event.emitted_at)]
+            return (await write_atomically(self.client, written))[0]
+        return await self.client.publish(event)
 
     def deadline(self) -> float:
         """When a write starting now is out of time, on the monotonic clock."""
@@ -246,7 +255,24 @@ def enqueue_event(
         new_id=new_id,
         defaults=client.settings,
     )
-    return replace(event, source=SOURCE)
+    return replace(_waiting(event, body), source=SOURCE)
+
+
+def _waiting(event: JobEnqueued, body: EnqueueRequest) -> JobEnqueued:
+    """The enqueue with the body's workflow fields, which make sense only with ``after``."""
+    if not body.after:
+        for name in ("after_rule", "results_to_args"):
+            if getattr(body, name) is not None:
+                raise InvalidEnqueue(name, "is only for a job with after (its parents)")
+        return event
+    return check_limits(
+        replace(
+            event,
+            after=tuple(body.after),
+            after_rule=body.after_rule or event.after_rule,
+            results_to_args=body.results_to_args or event.results_to_args,
+        )
+    )
 
 
 def cancel_event(job_id: str, reason: str, now_ms: int) -> JobCancelled:

@@ -192,7 +192,8 @@ class LeaseExpired:
 class JobRequeued:
     """A dead or cancelled job goes back to scheduled with a fresh attempt budget.
 
-    With ``rerun`` (fold version 3) a succeeded job may go back too, to run again.
+    With ``rerun`` (fold version 3) a succeeded job may go back too, to run again; with
+    ``rewait`` (fold version 5) a workflow's child goes back to waiting on its parents.
     """
 
     event_id: str
@@ -203,6 +204,9 @@ class JobRequeued:
     run_at: int | None = None
     trace: TraceContext | None = None
     rerun: bool = False
+    # Fold version 5 (core.workflow_ops): a workflow's dead or cancelled child waits again on
+    # the parents whose resolution was a failure, instead of being scheduled.
+    rewait: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, assert_never
 
-from evsched.core import ids, limits, retention, retry, unique, workflows
+from evsched.core import ids, limits, retention, retry, unique, workflow_ops, workflows
 from evsched.core.entries import judged
 from evsched.core.events import (
     AttemptCheckpointed,
@@ -42,7 +42,7 @@ from evsched.core.state import (
 )
 
 # Bump when a change to the fold could change any state or verdict: indexes then rebuild.
-FOLD_VERSION = 4
+FOLD_VERSION = 5
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
 # transition rules (they are rejected or stale), so a short window keeps state small.
@@ -236,6 +236,8 @@ def _cancelled(state: JobState | None, event: JobCancelled, position: Position) 
 def _requeued(state: JobState | None, event: JobRequeued, position: Position) -> Step:
     if state is None:
         return None, Verdict.REJECTED, "unknown job"
+    if event.rewait:  # fold version 5: a workflow's child waits again on its parents
+        return workflow_ops.rewaited(state, event, position, _applied)
     rerun = event.rerun and state.status is Status.SUCCEEDED
     if state.status not in (Status.DEAD, Status.CANCELLED) and not rerun:
         why = " (a succeeded job needs rerun)" if state.status is Status.SUCCEEDED else ""

@@ -12,7 +12,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from evsched.core.events import ChildRegistered, JobEnqueued, JobEvent, ParentResolved, Position
+from evsched.core.events import (
+    ChildRegistered,
+    JobEnqueued,
+    JobEvent,
+    JobRequeued,
+    ParentResolved,
+    Position,
+)
 from evsched.core.state import TERMINAL_STATUSES, TimelineEntry, Verdict
 
 RELEASED_ONCE_BY_AN_ACCEPTED_END = "I8"
@@ -43,7 +50,7 @@ class Releases:
 
     records: dict[tuple[int, int], _Record] = field(default_factory=dict)
     # With the child's run: a new run of its id (a keyed enqueue past its key window, or after a
-    # purge) waits on its parents anew.
+    # purge) waits on its parents anew, and so does a child requeued to wait again (rewait).
     resolutions: list[tuple[ParentResolved, Position, int]] = field(default_factory=list)
     runs: Counter[str] = field(default_factory=Counter)
 
@@ -52,7 +59,7 @@ class Releases:
         child = event.child_id if isinstance(event, ChildRegistered) else None
         key = (position.partition, position.offset)
         self.records[key] = _Record(event.job_id, entry.kind, entry.verdict, status, child)
-        if isinstance(event, JobEnqueued) and entry.verdict is Verdict.APPLIED:
+        if entry.verdict is Verdict.APPLIED and _new_wait(event):
             self.runs[event.job_id] += 1
         if isinstance(event, ParentResolved) and entry.verdict is Verdict.APPLIED:
             self.resolutions.append((event, position, self.runs[event.job_id]))
@@ -81,6 +88,11 @@ class Releases:
         if record.status != event.outcome:
             return f"outcome {event.outcome}, but the parent became {record.status} at {at}"
         return None
+
+
+def _new_wait(event: JobEvent) -> bool:
+    """An event that starts a new wait of a job on its parents: an enqueue, or a rewait."""
+    return isinstance(event, JobEnqueued) or (isinstance(event, JobRequeued) and event.rewait)
 
 
 def _answer_breach(record: _Record, event: ParentResolved, at: str) -> str | None:

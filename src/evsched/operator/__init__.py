@@ -16,6 +16,7 @@ from evsched.operator import (
     cmd_rebuild,
     cmd_replay,
     cmd_undecodable,
+    cmd_workflow,
     cmd_write,
 )
 
@@ -72,6 +73,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(dlq_app(), name="dlq", epilog=EXIT_CODES_HELP)
     app.add_typer(schedules_app(), name="schedules", epilog=EXIT_CODES_HELP)
     app.add_typer(queues_app(), name="queues", epilog=EXIT_CODES_HELP)
+    app.add_typer(cmd_workflow.workflow_app(), name="workflow", epilog=EXIT_CODES_HELP)
 
 
 __all__ = ["EXIT_CODES_HELP", "register"]

@@ -161,6 +161,10 @@ def _cancelled(event: JobCancelled, before: JobState | None, _: JobState) -> str
 
 def _requeued(event: JobRequeued, before: JobState | None, after: JobState) -> str:
     was = f" from {before.status}" if before is not None else ""
+    if event.rewait:
+        left = len(after.after) - len(after.resolutions)
+        text = f"requeued{was} by {event.source} to wait again on {left} of its parents"
+        return text + (f": {_short(event.reason)}" if event.reason else "")
     again = " to run again (rerun)" if event.rerun and was == " from succeeded" else ""
     text = f"requeued{was} by {event.source}{again} with a fresh attempt budget"
     if after.run_at > after.updated_at:
@@ -300,8 +304,9 @@ def _stale(entry: TimelineEntry, before: JobState) -> str:
 def _refusal(entry: TimelineEntry, event: JobEvent, before: JobState) -> str:
     """Why a transition was refused, from the state it met; the fold's reason as a fallback."""
     match event:
-        case JobPurged() | ChildRegistered() | ParentResolved():
-            return entry.reason  # the fold names the run, the status, the limit or the parent
+        case JobPurged() | ChildRegistered() | ParentResolved() | JobRequeued(rewait=True):
+            # The fold names the run, the status, the limit, the parent or the rule.
+            return entry.reason
         case JobCancelled() | JobRequeued() if before.status in TERMINAL_STATUSES:
             return f"job is already {before.status}"
         case JobRequeued():

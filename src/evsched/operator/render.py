@@ -31,6 +31,7 @@ STATUS_STYLE = {
     Status.SUCCEEDED: "green",
     Status.DEAD: "red",
     Status.CANCELLED: "yellow",
+    Status.WAITING: "magenta",
 }
 VERDICT_STYLE = {
     Verdict.APPLIED: "green",
