@@ -50,6 +50,13 @@ METADATA_WAIT_S = 10.0
 # try finds or holds back at least one culprit, so a send never loops.
 TRANSACTION_TRIES = 5
 
+# The largest batch of records the producer builds per partition. aiokafka sends one batch per
+# partition per produce request and keeps one request in flight per broker, so with its default
+# (16 KiB) a step's changelog of a few hundred records took a produce round trip per 16 KiB,
+# one after the other. Kept under Kafka's default max.message.bytes (1 MiB), which limits a
+# batch of the events and dispatch topics as a whole; a single larger record still goes alone.
+BATCH_BYTES = 512 << 10
+
 
 class _Refused(Exception):
     """Records of these decisions were refused; the transaction is aborted and retried.
@@ -122,6 +129,7 @@ class KafkaOutbox:
             # Changelog records may exceed an event's size (topics.STATE_MAX_MESSAGE_BYTES);
             # each topic's own max.message.bytes still refuses what it does not take.
             max_request_size=STATE_MAX_MESSAGE_BYTES + (64 << 10),
+            max_batch_size=BATCH_BYTES,
         )
         try:
             await producer.start()
