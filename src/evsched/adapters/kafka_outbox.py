@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -206,9 +207,10 @@ async def _send_batched(
     producer: AIOKafkaProducer, records: Sequence[Outgoing], offset: ConsumerOffset | None
 ) -> None:
     refused: dict[str, str] = {}  # by send() itself: about this record alone
-    acks: list[tuple[Outgoing | None, Awaitable[object]]] = []
+    bulk = _bulk_topics(records)
+    acks = await _send_bulk(producer, [o for o in records if o.topic in bulk])
     for o in records:
-        if o.decision in refused:
+        if o.decision in refused or o.topic in bulk:
             continue
         try:
             acks.append((o, await _send(producer, o)))
@@ -250,6 +252,42 @@ def _refused_acks(sent: Sequence[Outgoing | None], outcomes: Sequence[object]) -
     if other is not None and not refused:
         raise other
     return refused
+
+
+def _bulk_topics(records: Sequence[Outgoing]) -> set[str]:
+    """Topics whose every record here has its partition and no decision or headers (the state
+    changelog's): they go as whole batches, with one ack per batch instead of per record.
+
+    A topic any other record goes to is left to ``send()``, so order per partition holds.
+    """
+    bulk: set[str] = set()
+    other: set[str] = set()
+    for o in records:
+        plain = o.partition is not None and o.decision is None and not o.headers
+        (bulk if plain else other).add(o.topic)
+    return bulk - other
+
+
+async def _send_bulk(
+    producer: AIOKafkaProducer, records: Sequence[Outgoing]
+) -> list[tuple[Outgoing | None, Awaitable[object]]]:
+    """``records`` in batches per partition, in order; the batches' acks."""
+    acks: list[tuple[Outgoing | None, Awaitable[object]]] = []
+    batches: dict[tuple[str, int], Any] = {}
+    for o in records:
+        assert o.partition is not None
+        where = (o.topic, o.partition)
+        batch = batches.get(where)
+        if batch is not None and batch.append(key=o.key, value=o.value, timestamp=None) is not None:
+            continue
+        if batch is not None:  # full: on its way, and a new one for the rest
+            acks.append((None, await producer.send_batch(batch, o.topic, partition=o.partition)))
+        batch = batches[where] = producer.create_batch()
+        # The first record always goes in, even one larger than a batch.
+        batch.append(key=o.key, value=o.value, timestamp=None)
+    for (topic, partition), batch in batches.items():
+        acks.append((None, await producer.send_batch(batch, topic, partition=partition)))
+    return acks
 
 
 async def _send(producer: AIOKafkaProducer, o: Outgoing) -> Awaitable[object]:
