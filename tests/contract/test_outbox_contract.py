@@ -204,6 +204,18 @@ async def test_order_per_key_is_preserved_across_transactions(kit: Kit) -> None:
         assert mine == [f"{b}-{i}".encode() for b in range(3) for i in (first, first + 2)]
 
 
+async def test_a_step_larger_than_a_produce_batch_commits_whole_and_in_order(kit: Kit) -> None:
+    # About 1.2 MB to one partition: more than one of the producer's batches (BATCH_BYTES).
+    box = await kit.outbox("tx-0")
+    topic = kit.topics.events
+    records = [event(topic, f"k{i}", f"{i:06d}".encode() * 50) for i in range(4_000)]
+    offset = ConsumerOffset(topic, 0, 5, "g")
+    sent = await box.send(records, offset=offset, holdback=Holds())
+    assert len(sent) == len(records)
+    assert values(await kit.visible(topic)) == [o.value for o in records]
+    assert await kit.committed("g", topic) == 5
+
+
 async def test_a_fenced_outbox_raises_fenced_and_its_transaction_is_never_visible(
     kit: Kit,
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -49,6 +50,13 @@ METADATA_WAIT_S = 10.0
 # Transactions tried per producer while records are refused, and producers per send; each failed
 # try finds or holds back at least one culprit, so a send never loops.
 TRANSACTION_TRIES = 5
+
+# The largest batch of records the producer builds per partition. aiokafka sends one batch per
+# partition per produce request and keeps one request in flight per broker, so with its default
+# (16 KiB) a step's changelog of a few hundred records took a produce round trip per 16 KiB,
+# one after the other. Kept under Kafka's default max.message.bytes (1 MiB), which limits a
+# batch of the events and dispatch topics as a whole; a single larger record still goes alone.
+BATCH_BYTES = 512 << 10
 
 
 class _Refused(Exception):
@@ -122,6 +130,7 @@ class KafkaOutbox:
             # Changelog records may exceed an event's size (topics.STATE_MAX_MESSAGE_BYTES);
             # each topic's own max.message.bytes still refuses what it does not take.
             max_request_size=STATE_MAX_MESSAGE_BYTES + (64 << 10),
+            max_batch_size=BATCH_BYTES,
         )
         try:
             await producer.start()
@@ -198,9 +207,10 @@ async def _send_batched(
     producer: AIOKafkaProducer, records: Sequence[Outgoing], offset: ConsumerOffset | None
 ) -> None:
     refused: dict[str, str] = {}  # by send() itself: about this record alone
-    acks: list[tuple[Outgoing | None, Awaitable[object]]] = []
+    bulk = _bulk_topics(records)
+    acks = await _send_bulk(producer, [o for o in records if o.topic in bulk])
     for o in records:
-        if o.decision in refused:
+        if o.decision in refused or o.topic in bulk:
             continue
         try:
             acks.append((o, await _send(producer, o)))
@@ -242,6 +252,42 @@ def _refused_acks(sent: Sequence[Outgoing | None], outcomes: Sequence[object]) -
     if other is not None and not refused:
         raise other
     return refused
+
+
+def _bulk_topics(records: Sequence[Outgoing]) -> set[str]:
+    """Topics whose every record here has its partition and no decision or headers (the state
+    changelog's): they go as whole batches, with one ack per batch instead of per record.
+
+    A topic any other record goes to is left to ``send()``, so order per partition holds.
+    """
+    bulk: set[str] = set()
+    other: set[str] = set()
+    for o in records:
+        plain = o.partition is not None and o.decision is None and not o.headers
+        (bulk if plain else other).add(o.topic)
+    return bulk - other
+
+
+async def _send_bulk(
+    producer: AIOKafkaProducer, records: Sequence[Outgoing]
+) -> list[tuple[Outgoing | None, Awaitable[object]]]:
+    """``records`` in batches per partition, in order; the batches' acks."""
+    acks: list[tuple[Outgoing | None, Awaitable[object]]] = []
+    batches: dict[tuple[str, int], Any] = {}
+    for o in records:
+        assert o.partition is not None
+        where = (o.topic, o.partition)
+        batch = batches.get(where)
+        if batch is not None and batch.append(key=o.key, value=o.value, timestamp=None) is not None:
+            continue
+        if batch is not None:  # full: on its way, and a new one for the rest
+            acks.append((None, await producer.send_batch(batch, o.topic, partition=o.partition)))
+        batch = batches[where] = producer.create_batch()
+        # The first record always goes in, even one larger than a batch.
+        batch.append(key=o.key, value=o.value, timestamp=None)
+    for (topic, partition), batch in batches.items():
+        acks.append((None, await producer.send_batch(batch, topic, partition=partition)))
+    return acks
 
 
 async def _send(producer: AIOKafkaProducer, o: Outgoing) -> Awaitable[object]:
