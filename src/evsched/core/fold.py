@@ -41,8 +41,9 @@ from evsched.core.state import (
     Verdict,
 )
 
-# Bump when a change to the fold could change any state or verdict: indexes then rebuild.
-FOLD_VERSION = 4
+# Bump when a change to the fold could change any state or verdict, or the index holds something
+# an older one lacks (5: the partition's tallies, core.tallies): indexes then rebuild.
+FOLD_VERSION = 5
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
 # transition rules (they are rejected or stale), so a short window keeps state small.
