@@ -75,9 +75,8 @@ async def test_totals_outlive_an_api_restart_and_a_restore_from_the_changelog(
         stack.start_worker("worker-1")
         async with stack.app() as app:
             failing = app.get_task("s.always_fail")  # 2 attempts: a retry, then dead
-            for _ in range(FAILING):
-                await failing.enqueue()
-        await stack.enqueue_effects(SUCCEEDING, "totals")
+            ids = [await failing.enqueue() for _ in range(FAILING)]
+        ids += await stack.enqueue_effects(SUCCEEDING, "totals")
         expected = {
             tallies.RETRIES: FAILING,
             tallies.DEAD_LETTERS: FAILING,
@@ -105,6 +104,7 @@ async def test_totals_outlive_an_api_restart_and_a_restore_from_the_changelog(
         await stack.trim(committed)
         async with api_over(stack, tmp_path / "fresh-api") as (http, replica):
             assert replica.failing == {}
+            assert all([await replica.job(job_id) is not None for job_id in ids])  # restored
             assert await totals_of(http) == watched
         assert not logged(node, "partition_index_rebuild_refused")
     finally:
