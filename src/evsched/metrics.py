@@ -31,6 +31,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from evsched.adapters.index import PartitionIndex
+from evsched.core import tallies
 from evsched.core.failures import BUILTIN_CATEGORIES, category_of
 from evsched.core.state import FoldedEvent, JobState, Status, Verdict
 
@@ -38,7 +39,6 @@ log = structlog.get_logger("evsched.metrics")
 
 ENQUEUE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 LATENESS_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-COMPLETIONS = frozenset({"AttemptSucceeded", "AttemptFailed"})
 # Events that end an attempt with an error (a lease expiry of a started attempt records one).
 FAILURES = frozenset({"AttemptFailed", "LeaseExpired"})
 MAX_APP_CATEGORIES = 20
@@ -213,9 +213,9 @@ class Metrics:
             elif entry.verdict is Verdict.APPLIED:
                 self.jobs.move(folded.before, after)
                 self._applied(entry.kind, entry.log_at, after, folded.before)
-                if after.status is Status.DEAD and not _was_dead(folded.before):
+                if tallies.DEAD_LETTERS in tallies.tallied(folded):
                     self.dead_letters.labels(after.queue).inc()
-            elif entry.verdict is Verdict.STALE and entry.kind in COMPLETIONS:
+            elif tallies.STALE_COMPLETIONS in tallies.tallied(folded):
                 self.stale_completions.labels(after.queue, entry.kind).inc()
         for follower in self.followers:
             follower(events)
@@ -284,10 +284,6 @@ class CategoryLabels:
             self._seen.add(category)
             return category
         return OTHER_CATEGORY
-
-
-def _was_dead(before: JobState | None) -> bool:
-    return before is not None and before.status is Status.DEAD
 
 
 @dataclass(frozen=True, slots=True)

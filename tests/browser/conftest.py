@@ -121,7 +121,8 @@ async def dash(
             except httpx.TransportError:
                 return False
 
-        await wait_for(ready, what="the API to be ready", timeout_s=90)
+        # Three processes start first: minutes on a loaded 2-core machine.
+        await wait_for(ready, what="the API to be ready", timeout_s=300)
         yield Dash(stack=stack, url=url, http=http, marks=marks, shots=shots)
     finally:
         await http.aclose()

@@ -47,6 +47,8 @@ async def test_overview_shows_real_counts_and_updates_live(page: Any, dash: Dash
     await expect(page.locator("#live-state")).to_have_text("live")
     succeeded = int(await page.locator("#status-succeeded").inner_text())
     assert succeeded >= 1
+    retries = int(await page.locator("#total-retries").inner_text())
+    assert retries >= 1  # b.flaky's first attempt fails on purpose
     assert await page.evaluate(
         "Chart.getChart(document.getElementById('chart-rates')) !== undefined"
     )
@@ -56,6 +58,8 @@ async def test_overview_shows_real_counts_and_updates_live(page: Any, dash: Dash
     # No reload: the server-sent events bring the new count.
     await expect(page.locator("#status-succeeded")).not_to_have_text(str(succeeded))
     assert int(await page.locator("#status-succeeded").inner_text()) > succeeded
+    await expect(page.locator("#total-retries")).not_to_have_text(str(retries))
+    await expect(page.locator("#totals-note")).to_contain_text("since the namespace began")
     assert await page.evaluate("document.body.dataset.version") != loaded_version
     await expect(page.locator("#workers")).to_contain_text("worker-")
     await expect(page.locator("#partitions tbody tr")).to_have_count(3)
@@ -101,6 +105,27 @@ async def test_requeue_from_the_dead_letters_runs_the_job_again(page: Any, dash:
     await page.goto(f"/jobs/{job_id}")
     await expect(page.locator("#state-status")).to_have_text("succeeded")
     await expect(page.locator("#timeline")).to_contain_text("JobRequeued")
+
+
+async def test_schedules_page_shows_a_schedule_paused_resumed_and_deleted(
+    page: Any, dash: Dash
+) -> None:
+    body = {"cron": "*/5 * * * *", "timezone": "UTC", "task": "b.flaky"}
+    created = await dash.http.put("/v1/schedules/browser-five", json=body)
+    assert created.status_code == 201, created.text
+    await page.goto("/schedules")
+    row = page.locator("#schedules tbody tr", has_text="browser-five")
+    await expect(row).to_contain_text("*/5 * * * *")
+    await expect(row.locator("td").nth(6)).not_to_have_text("—")  # its next fire
+    await expect(row.locator(".schedule-state")).to_have_text("active")
+    await row.get_by_role("button", name="Pause").click()
+    await expect(row.locator(".schedule-state")).to_have_text("paused")
+    await row.get_by_role("button", name="Resume").click()
+    await expect(row.locator(".schedule-state")).to_have_text("active")
+    await row.get_by_role("button", name="Delete").click()
+    await expect(page.locator(".flash")).to_contain_text("browser-five")
+    gone = await dash.http.get("/v1/schedules/browser-five")
+    assert gone.status_code == 404
 
 
 async def test_500_jobs_through_a_worker_sigkill_succeed_once_each(page: Any, dash: Dash) -> None:

@@ -83,3 +83,19 @@ def test_an_installed_wheel_reads_its_packaged_schemas(wheel: Path, tmp_path: Pa
 def test_a_source_checkout_falls_back_to_the_top_level_folders() -> None:
     assert Path(str(contract_dir("schemas"))) == ROOT / "schemas"
     assert Path(str(contract_dir("projections"))) == ROOT / "projections"
+
+
+def test_the_wheel_ships_the_dashboards_templates_and_assets(wheel: Path) -> None:
+    """``evsched api`` serves the dashboard after a plain install: no build, nothing fetched."""
+    folder = ROOT / "src" / "evsched" / "api" / "dashboard"
+    expected = {
+        f"evsched/api/dashboard/{path.relative_to(folder).as_posix()}": path.read_bytes()
+        for sub in ("templates", "static")
+        for path in sorted((folder / sub).rglob("*"))
+        if path.is_file()
+    }
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {name: archive.read(name) for name in expected if name in archive.namelist()}
+
+    assert "evsched/api/dashboard/static/chart.umd.min.js" in expected
+    assert shipped == expected

@@ -12,7 +12,8 @@ import pytest
 
 from evsched.api.auth import Tokens
 from evsched.api.dashboard.session import COOKIE, Role, Sessions
-from evsched.core.events import AttemptFailed, AttemptStarted, JobLeased
+from evsched.core import tallies
+from evsched.core.events import AttemptFailed, AttemptStarted, JobCancelled, JobLeased
 from tests.unit.test_api_twin import TOKEN, Harness
 
 STATIC = Path(__file__).resolve().parents[2] / "src/evsched/api/dashboard/static"
@@ -79,6 +80,14 @@ async def kill(h: Harness, job_id: str) -> None:
     h.replica.sync()
 
 
+def cancel_event(job_id: str) -> JobCancelled:
+    return JobCancelled(event_id=f"c-{job_id}", job_id=job_id, emitted_at=0, source="client-c")
+
+
+def first_applied(h: Harness) -> int:
+    return sum(1 for w in h.log.records if w.topic == h.replica.topic) - 1
+
+
 async def test_overview_renders_the_counts_without_a_login_when_reads_are_open(
     board: Harness,
 ) -> None:
@@ -91,6 +100,25 @@ async def test_overview_renders_the_counts_without_a_login_when_reads_are_open(
     )
     data = (await board.http.get("/overview.json")).json()
     assert data["statuses"]["scheduled"] == 1 and data["queues"]["mail"]["scheduled"] == 1
+    assert data["totals"] == dict.fromkeys(tallies.NAMES, 0)
+    assert "Totals since the namespace began" in page.text
+
+
+async def test_the_totals_are_the_indexes_and_outlive_the_api(tmp_path: Path) -> None:
+    async with Harness(tmp_path, token=TOKEN) as first:
+        job_id = await enqueue(first)
+        await kill(first, job_id)
+        await first.replica.append(cancel_event(await enqueue(first)))
+        first.replica.sync()
+        before = (await first.http.get("/overview.json")).json()["totals"]
+        assert (before["dead_letters"], before["cancelled"], before["retries"]) == (1, 1, 0)
+        assert 'id="total-dead_letters">1<' in (await first.http.get("/")).text
+    # A new API over the kept data dir: nothing left to fold, the totals are already there.
+    second = Harness(tmp_path, token=TOKEN)
+    second.log = second.replica.log = first.log
+    async with second:
+        assert second.replica.index(0).applied_offset() == first_applied(first)
+        assert (await second.http.get("/overview.json")).json()["totals"] == before
 
 
 async def test_a_job_page_shows_state_timeline_and_an_earlier_state(board: Harness) -> None:

@@ -84,7 +84,6 @@ def test_counters_series_and_percentiles_follow_the_commits() -> None:
     assert live.version == 2
     assert [(s.at_s, s.started, s.finished) for s in live.series] == [(1000, 1, 0), (1001, 0, 1)]
     assert live.series[0].depth == {"q": 3}
-    assert live.totals["retries"] == 1 and live.totals["stale_completions"] == 1
     p = live.percentiles()
     # HdrHistogram with 2 significant digits: within 1 %
     assert p["lateness_s"]["p50"] == pytest.approx(0.25, rel=0.01)
@@ -109,7 +108,7 @@ def test_dead_letters_are_kept_once_seeded() -> None:
             )
         ]
     )
-    assert live.dead.groups() == [] and live.totals["dead_letters"] == 0
+    assert live.dead.groups() == []
 
 
 async def test_streams_wake_on_a_commit_and_end_on_close() -> None:

@@ -36,6 +36,7 @@ from evsched.adapters.index_keys import (
 )
 from evsched.adapters.index_priority import BUILT, DUE_PRIORITY, PriorityLevels, priority_key
 from evsched.adapters.index_purge import Purge, PurgeWriter
+from evsched.adapters.index_tallies import TALLIES, add_tallies, read_tallies
 from evsched.adapters.index_writes import Change, PreparedWrite, Recorder
 from evsched.core import retention
 from evsched.core.controls import ControlState
@@ -48,12 +49,12 @@ SCHEDULES, CRON_DUE, UNDECODABLE, META = "schedules", "cron_due", "undecodable",
 REFUSED, CONTROLS = "refused", "controls"
 COLUMN_FAMILIES = (
     JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS,
-    PURGES, MARKS, META, DUE_PRIORITY,
+    PURGES, MARKS, META, DUE_PRIORITY, TALLIES,
 )  # fmt: skip
 # What the digest covers: everything the fold derives, in a fixed order.
 DIGEST_FAMILIES = (
     JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS,
-    PURGES, MARKS,
+    PURGES, MARKS, TALLIES,
 )  # fmt: skip
 # Keyed by an 8-byte big-endian time, then the entity id.
 TIME_FAMILIES = (DUE, LEASES, CRON_DUE, PURGES, MARKS)
@@ -108,6 +109,8 @@ class IndexBatch:
     # Applied purges in log order; a purged job is in ``before_jobs`` and, until enqueued again
     # in the same batch, not in ``jobs``.
     purges: list[Purge] = field(default_factory=list)
+    # What the batch adds to the partition's lifetime tallies (core.tallies), by name.
+    tallies: dict[str, int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(
@@ -118,6 +121,7 @@ class IndexBatch:
             or self.controls
             or self.limits
             or self.purges
+            or self.tallies
         )
 
 
@@ -274,6 +278,10 @@ class PartitionIndex:
             for entry, raw in (_split_entry(v) for _, v in self._scan(REFUSED))
         ]
 
+    def tallies(self) -> dict[str, int]:
+        """This partition's lifetime tallies (core.tallies) by name; one never counted is absent."""
+        return read_tallies(self._scan(TALLIES))
+
     def jobs(self, after: str | None = None) -> Iterator[JobState]:
         """Every job, lazily, in id byte order; only ids above ``after`` when given (paging)."""
         for _, value in self._scan(JOBS, _start_after(after)):
@@ -325,6 +333,7 @@ class PartitionIndex:
             self._put_job(wb, batch.before_jobs.get(job_id), state)
         for schedule_id, schedule in batch.schedules.items():
             self._put_schedule(wb, batch.before_schedules.get(schedule_id), schedule)
+        add_tallies(self._cf[TALLIES].get, wb, self._h(TALLIES), batch.tallies)
         return PreparedWrite(wb, applied_offset, fold_version)
 
     def apply(self, prepared: PreparedWrite) -> None:

@@ -2,10 +2,13 @@
 
 A read-write open would take RocksDB's lock, which a running node holds, and could create
 files in the node's directory; a read-only open sees a consistent view of what was written.
+An index written by an older version may lack a family (a read-only open cannot create it):
+it reads as empty, so such an index is still read, and found to be of another fold version.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from rocksdict import AccessType, Options, Rdict
@@ -25,8 +28,10 @@ class ReadOnlyIndex(PartitionIndex):
             raise StoreError(f"no RocksDB index at {path}")
         self.path = path
         self.partition = partition
-        families = {name: Options(raw_mode=True) for name in COLUMN_FAMILIES}
         try:
+            present = set(Rdict.list_cf(str(path), Options(raw_mode=True)))
+            names = [name for name in COLUMN_FAMILIES if name in present]
+            families = {name: Options(raw_mode=True) for name in names}
             self._db = Rdict(
                 str(path),
                 Options(raw_mode=True),
@@ -35,5 +40,11 @@ class ReadOnlyIndex(PartitionIndex):
             )
         except Exception as exc:
             raise StoreError(f"cannot open index at {path} read-only: {exc}") from exc
-        self._cf = {name: self._db.get_column_family(name) for name in COLUMN_FAMILIES}
-        self._handles = {name: self._db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
+        self._cf = {name: self._db.get_column_family(name) for name in names}
+        self._handles = {name: self._db.get_column_family_handle(name) for name in names}
+
+    def _scan(
+        self, name: str, start: bytes = b"", end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        if name in self._cf:
+            yield from super()._scan(name, start, end)

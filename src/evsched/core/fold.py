@@ -41,7 +41,9 @@ from evsched.core.state import (
     Verdict,
 )
 
-# Bump when a change to the fold could change any state or verdict: indexes then rebuild.
+# Bump when a change to the fold could change any state or verdict, or the index holds something
+# an older one lacks (5: workflow rewaits; the partition's tallies, core.tallies): indexes then
+# rebuild.
 FOLD_VERSION = 5
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the

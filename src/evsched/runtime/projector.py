@@ -65,6 +65,7 @@ from evsched.core.state import (
     TimelineEntry,
     Verdict,
 )
+from evsched.core.tallies import tallied
 from evsched.errors import DecodeError
 from evsched.ports import Record
 
@@ -227,8 +228,7 @@ class Projector:
             entry = _undecodable(position, exc.reason)
             out.batch.undecodable.append((entry, raw))
             out.verdicts.append(("undecodable", Verdict.UNDECODABLE))
-            if self.on_commit is not None:
-                out.observed.append(FoldedEvent(entry))
+            self._judged(out, FoldedEvent(entry))
             return
         out.seen_event_ids.add(event.event_id)
         match event:
@@ -265,8 +265,7 @@ class Projector:
             after, entry = self._guard(event, before, after, entry, out)
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.job_id, entry, raw))
-        if self.on_commit is not None:
-            out.observed.append(FoldedEvent(entry, before, after))
+        self._judged(out, FoldedEvent(entry, before, after))
         out.resolutions += workflows.resolutions_to_send(
             before, after, event, entry.verdict, pos=position, source=self.source
         )
@@ -283,6 +282,13 @@ class Projector:
                 AcceptedEffect(job_id=event.job_id, token=event.token, index=i, effect=effect)
                 for i, effect in enumerate(event.effects)
             )
+
+    def _judged(self, out: Folded, folded: FoldedEvent) -> None:
+        """Count ``folded`` in the batch's tallies, and keep it for the commit hook."""
+        for name in tallied(folded):
+            out.batch.tallies[name] = out.batch.tallies.get(name, 0) + 1
+        if self.on_commit is not None:
+            out.observed.append(folded)
 
     def _purged(self, before: JobState, position: Position, out: Folded) -> None:
         """Record an applied purge: from here on the batch holds nothing for the job."""
@@ -310,8 +316,7 @@ class Projector:
         after, entry = fold_schedule_guarded(before, event, position, paused=paused)
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.schedule_id, entry, raw))
-        if self.on_commit is not None:
-            out.observed.append(FoldedEvent(entry))
+        self._judged(out, FoldedEvent(entry))
         if entry.verdict is Verdict.APPLIED and after is not None:
             out.batch.before_schedules.setdefault(event.schedule_id, before)
             out.batch.schedules[event.schedule_id] = after
@@ -331,8 +336,7 @@ class Projector:
         after, entry = fold_control(before, event, position, exists=target_exists(target, schedule))
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((name, entry, raw))
-        if self.on_commit is not None:
-            out.observed.append(FoldedEvent(entry))
+        self._judged(out, FoldedEvent(entry))
         if entry.verdict is Verdict.APPLIED and after is not None:
             out.batch.controls[control_key(target, name)] = after
 
@@ -398,9 +402,8 @@ class Projector:
     ) -> None:
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((entity, entry, raw))
-        if self.on_commit is not None:
-            # A permit's job is unchanged by it; metrics read when its grant came.
-            out.observed.append(FoldedEvent(entry, job, job))
+        # A permit's job is unchanged by it; metrics read when its grant came.
+        self._judged(out, FoldedEvent(entry, job, job))
         if entry.verdict is Verdict.APPLIED and after is not None:
             self._keep_limit(after, out)
         if forward is not None:

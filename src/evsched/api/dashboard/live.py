@@ -1,8 +1,9 @@
 """The overview's numbers, kept from the replica's commit hook so a page view never scans the index.
 
-``Live.observe_commit`` is one more commit hook beside the metrics': it moves counters,
-histograms and short per-second series as batches commit, and wakes the server-sent-event
-streams, which then send one snapshot each (at most one per ``min_interval_s``).
+``Live.observe_commit`` is one more commit hook beside the metrics': it moves histograms, short
+per-second series and the dead-letter groups as batches commit, and wakes the server-sent-event
+streams, which then send one snapshot each (at most one per ``min_interval_s``). The lifetime
+tallies (retries, dead letters...) are not kept here: each partition's index holds them.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from hdrh.histogram import HdrHistogram
 
 from evsched.core.failures import category_of
 from evsched.core.state import FoldedEvent, JobState, Status, Verdict
+from evsched.core.tallies import COMPLETIONS
 
 SERIES_S = 300  # seconds of per-second history the charts show
 MAX_RUNNING = 200_000  # attempts whose start time is remembered for their processing time
 WORKER_EVENTS = frozenset({"AttemptStarted", "LeaseRenewed", "AttemptSucceeded", "AttemptFailed"})
 DECISIONS = frozenset({"JobLeased", "LeaseExpired", "JobPurged"})
-COMPLETIONS = frozenset({"AttemptSucceeded", "AttemptFailed"})
 PERCENTILES = (50.0, 90.0, 99.0)
 
 
@@ -87,13 +88,11 @@ class Live:
         self.series: deque[Second] = deque(maxlen=SERIES_S)
         self.lateness = _histogram()
         self.processing = _histogram()
-        self.totals: Counter[str] = Counter()
         self.deciders: dict[int, tuple[str, int]] = {}
         self.workers: dict[str, int] = {}
         self.dead = DeadLetters()
         self.version = 0
         self.last_log_at = 0
-        self.first_log_at: int | None = None  # the totals count from here (this API's start)
         self._starts: dict[tuple[str, int], int] = {}
         self._changed = asyncio.Event()
         self._closing = asyncio.Event()
@@ -110,8 +109,6 @@ class Live:
     def _observe(self, folded: FoldedEvent) -> None:
         entry, after = folded.entry, folded.after
         self.last_log_at = max(self.last_log_at, entry.log_at)
-        if self.first_log_at is None:
-            self.first_log_at = entry.log_at
         if entry.kind in DECISIONS:
             self.deciders[entry.partition] = (entry.source, entry.log_at)
         if entry.kind in WORKER_EVENTS and entry.verdict is Verdict.APPLIED:
@@ -119,12 +116,8 @@ class Live:
         if (purged := folded.purged) is not None:
             self.dead.jobs.pop(purged.job_id, None)
             return
-        if after is None:
-            return
-        if entry.verdict is Verdict.APPLIED:
+        if after is not None and entry.verdict is Verdict.APPLIED:
             self._applied(folded, after)
-        elif entry.verdict is Verdict.STALE and entry.kind in COMPLETIONS:
-            self.totals["stale_completions"] += 1
 
     def _applied(self, folded: FoldedEvent, after: JobState) -> None:
         entry = folded.entry
@@ -139,14 +132,9 @@ class Live:
             began = self._starts.pop((after.job_id, after.token), None)
             if began is not None:
                 self.processing.record_value(max(1, entry.log_at - began))
-            if after.status is Status.SCHEDULED:
-                self.totals["retries"] += 1
         elif entry.kind == "LeaseExpired":
             self._starts.pop((after.job_id, after.token), None)
-            self.totals["lease_expirations"] += 1
         before = folded.before
-        if after.status is Status.DEAD and (before is None or before.status is not Status.DEAD):
-            self.totals["dead_letters"] += 1
         if self.dead.seeded and (after.status is Status.DEAD or before is not None):
             self.dead.move(after)
 

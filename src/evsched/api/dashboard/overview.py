@@ -13,6 +13,7 @@ from evsched.adapters.topics import Topics
 from evsched.api import reader
 from evsched.api.context import ApiContext
 from evsched.api.dashboard.live import Live
+from evsched.core import tallies
 from evsched.core.state import Status
 from evsched.errors import EvschedError
 
@@ -96,14 +97,19 @@ def snapshot(ctx: ApiContext, live: Live, facts: BrokerFacts) -> dict[str, Any]:
             else {},
         },
         "percentiles": live.percentiles(),
-        "totals_since": live.first_log_at,
-        "totals": {
-            k: live.totals[k]
-            for k in ("retries", "dead_letters", "stale_completions", "lease_expirations")
-        },
+        "totals": totals(ctx),
         "partitions": _partitions(ctx, live, facts),
         "workers": [{"id": w, "seen_at": at} for w, at in live.workers_seen()],
     }
+
+
+def totals(ctx: ApiContext) -> dict[str, int]:
+    """The namespace's lifetime tallies (core.tallies): each partition's index's, summed."""
+    found = dict.fromkeys(tallies.NAMES, 0)
+    for p in reader.partitions(ctx.replica):
+        for name, count in ctx.replica.index(p).tallies().items():
+            found[name] = found.get(name, 0) + count
+    return found
 
 
 def _partitions(ctx: ApiContext, live: Live, facts: BrokerFacts) -> list[dict[str, Any]]:

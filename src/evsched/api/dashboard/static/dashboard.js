@@ -59,9 +59,6 @@ function updateOverview(charts, data) {
   setText("total", data.total);
   for (const [s, n] of Object.entries(data.statuses)) setText(`status-${s}`, n);
   for (const [k, n] of Object.entries(data.totals)) setText(`total-${k}`, n);
-  if (data.totals_since !== null) {
-    setText("totals-since-at", new Date(data.totals_since).toISOString().replace("T", " "));
-  }
   for (const [name, ps] of Object.entries(data.percentiles)) {
     setText(`pct-${name}`, Object.entries(ps).map(([p, v]) => `${p} ${fmt(v)}`).join(" · "));
   }
