@@ -1,6 +1,9 @@
-"""The bounded wait for an ack (adapters.kafka_replicas): an ack that never comes while the
-partition lacks replicas fails at once with the cause named; one that is only slow fails at the
-timeout; one that comes is returned. No broker: the ack is a future and the cluster a function."""
+"""A producer's bounded waits, with no broker (the ack is a future, the cluster a function).
+
+For an ack (adapters.kafka_replicas): one that never comes while the partition lacks replicas
+fails at once with the cause named, one that is only slow fails at the timeout, one that comes is
+returned. To close (adapters.kafka.stop_producer): records it cannot deliver do not hold it.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import asyncio
 
 import pytest
 
+from evsched.adapters.kafka import stop_producer
 from evsched.adapters.kafka_replicas import PartitionReplicas, ReplicaCheck, acknowledged
 from evsched.errors import NotEnoughReplicas, PublishError
 
@@ -87,3 +91,25 @@ async def test_the_check_describes_once_for_many_waiters_and_survives_failures()
         raise OSError("no broker answers")
 
     assert await ReplicaCheck(broken).problem("ns.events", 0) is None
+
+
+class _StuckProducer:
+    """A producer whose stop() waits for records it cannot deliver, until they are failed."""
+
+    def __init__(self) -> None:
+        self._message_accumulator = self
+        self.released = asyncio.Event()
+        self.failed: BaseException | None = None
+
+    def fail_all(self, exc: BaseException) -> None:
+        self.failed = exc
+        self.released.set()
+
+    async def stop(self) -> None:
+        await self.released.wait()
+
+
+async def test_closing_a_producer_holding_undeliverable_records_ends_within_its_timeout() -> None:
+    stuck = _StuckProducer()
+    await asyncio.wait_for(stop_producer(stuck, timeout_s=0.05), 5)  # type: ignore[arg-type]
+    assert "unacknowledged after 0.05 s" in str(stuck.failed)
