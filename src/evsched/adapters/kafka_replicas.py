@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -58,7 +58,7 @@ class PartitionReplicas:
         return None
 
 
-Describe = Callable[[str], Awaitable[dict[int, PartitionReplicas]]]
+Describe = Callable[[str], Coroutine[Any, Any, dict[int, PartitionReplicas]]]
 
 
 async def describe_partitions(settings: Settings, topic: str) -> dict[int, PartitionReplicas]:
