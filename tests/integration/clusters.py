@@ -87,9 +87,7 @@ async def all_in_sync(bootstrap: str) -> bool:
     finally:
         await admin.close()
     partitions = [p for t in described for p in t.get("partitions") or []]
-    return bool(partitions) and all(
-        p["leader"] >= 0 and set(p["isr"]) == set(p["replicas"]) for p in partitions
-    )
+    return all(p["leader"] >= 0 and set(p["isr"]) == set(p["replicas"]) for p in partitions)
 
 
 async def heal(cluster: LocalCluster, timeout_s: float = 180.0) -> None:
