@@ -90,7 +90,7 @@ class Loaded:
 
         await wait_for(enough, what=f"{target} acknowledged enqueues", timeout_s=timeout_s)
 
-    async def finish(self, timeout_s: float = 180.0) -> Replay:
+    async def finish(self, timeout_s: float = 300.0) -> Replay:
         """Stop the load; every acknowledged job succeeded once, and the log holds no breach."""
         self.stop.set()
         await self.task
@@ -145,7 +145,7 @@ async def loaded_stack(bootstrap: str, tmp_path: Path, prefix: str) -> AsyncIter
         await wait_for(
             lambda: leasing_on(stack, set(range(PARTITIONS))),
             what="the node to lease jobs on every partition",
-            timeout_s=120,
+            timeout_s=300,  # two processes' start on a loaded 2-core box
         )
         yield loaded
     finally:

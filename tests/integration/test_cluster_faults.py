@@ -36,7 +36,7 @@ from evsched.adapters.topics import topic_specs
 from evsched.api import create_app
 from evsched.devstack.cluster import LocalCluster
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(900)]
 
 # From a leader's SIGKILL to the node's first lease on each partition it led. The controller
 # fences the dead broker after broker.session.timeout.ms (9 s) and elects new leaders; the node's
