@@ -43,6 +43,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -152,6 +153,7 @@ class Cluster:
     bootstrap: str = ""
     broker_dir: Path | None = None
     broker_pid: int | None = None
+    broker_pids: list[int] = field(default_factory=list)  # every node's, when started here
     namespace: str = field(default_factory=lambda: f"bench-{uuid.uuid4().hex[:10]}")
     app_ref: str = "e2e:app"  # what the workers serve, importable from this folder
     nodes: list[Proc] = field(default_factory=list)
@@ -178,29 +180,30 @@ class Cluster:
             "EVSCHED_DISPATCH_KEY": self.dispatch_key,
         }
 
+    @property
+    def brokers(self) -> int:
+        """``--brokers`` (benches of their own arguments start one)."""
+        return int(getattr(self.args, "brokers", 1))
+
     def start_broker(self, port: int | None = None, controller: int | None = None) -> None:
-        """Use ``--bootstrap``, else start a broker (on these ports, else on free ones)."""
+        """Use ``--bootstrap``, else start ``--brokers`` brokers (on these ports, else free ones).
+
+        A cluster's node i listens on port+2(i-1) and controller+2(i-1) (``evsched kafka up``).
+        """
         if self.args.bootstrap:
             self.bootstrap = self.args.bootstrap
             self.broker_pid = self.args.broker_pid
             return
         self.broker_dir = self.run_dir / "broker"
-        port, controller = port or free_port(), controller or free_port()
-        command = [_script("evsched"), "kafka", "up", "--data-dir", str(self.broker_dir)]
+        if port is None or controller is None:
+            port, controller = free_port_pairs(self.brokers)
+        command = [_script("evsched"), "kafka", "up", "--data-dir", str(self.broker_dir), "--json"]
         command += ["--port", str(port), "--controller-port", str(controller)]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-        self.bootstrap = f"127.0.0.1:{port}"
-        status = [
-            _script("evsched"),
-            "kafka",
-            "status",
-            "--json",
-            "--data-dir",
-            str(self.broker_dir),
-        ]
-        self.broker_pid = json.loads(
-            subprocess.run(status, check=True, capture_output=True).stdout
-        )["pid"]
+        command += ["--brokers", str(self.brokers)]
+        status = json.loads(subprocess.run(command, check=True, capture_output=True).stdout)
+        self.bootstrap = status["bootstrap"]
+        self.broker_pids = [int(p) for p in status.get("pids") or [status["pid"]]]
+        self.broker_pid = self.broker_pids[0]
 
     def spawn(self, name: str, command: Sequence[str], cwd: Path | None = None) -> Proc:
         log_path = self.run_dir / f"{name}.log"
@@ -248,7 +251,9 @@ class Cluster:
     def cpu(self) -> dict[str, float]:
         """CPU seconds used so far by each process of the run (the broker when started here)."""
         used = {p.name: p.cpu_s() for p in [*self.nodes, *self.workers]}
-        if self.broker_pid is not None:
+        if len(self.broker_pids) > 1:
+            used.update({f"broker-{i}": _cpu_s(p) for i, p in enumerate(self.broker_pids, 1)})
+        elif self.broker_pid is not None:
             used["broker"] = _cpu_s(self.broker_pid)
         used["bench"] = _cpu_s(os.getpid())
         used["machine"] = _machine_busy_s()
@@ -291,6 +296,24 @@ class Cluster:
         if self.broker_dir is not None:
             command = [_script("evsched"), "kafka", "down", "--data-dir", str(self.broker_dir)]
             subprocess.run(command, check=False, stdout=subprocess.DEVNULL)
+
+
+def free_port_pairs(brokers: int) -> tuple[int, int]:
+    """(port, controller port) whose node ports (port+2i, controller+2i) are all free now."""
+    while True:
+        port = free_port()
+        wanted = [port + i for i in range(2 * brokers)]
+        if max(wanted) <= 65535 and all(_bindable(p) for p in wanted[1:]):
+            return port, port + 1
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _cpu_s(pid: int) -> float:
@@ -685,6 +708,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--concurrency", type=int, default=100, help="attempts per worker at once")
+    p.add_argument(
+        "--brokers", type=int, default=1,
+        help="brokers to start: 3 makes a KRaft cluster, topics with RF 3 and min ISR 2",
+    )  # fmt: skip
     p.add_argument("--bootstrap", help="use this broker instead of starting one")
     p.add_argument("--broker-pid", type=int, help="with --bootstrap: count this pid's CPU")
     p.add_argument("--rss", action="store_true", help="measure the node's RSS instead")

@@ -65,6 +65,14 @@ class PublishError(EvschedError):
     """The broker did not acknowledge a write: the event may or may not be in the log."""
 
 
+class NotEnoughReplicas(PublishError):
+    """The write's partition has no leader or fewer in-sync replicas than its topic's
+    ``min.insync.replicas``: the broker acknowledges nothing it could lose. Retriable once the
+    brokers are back; the message names the partition and its replicas."""
+
+    retriable = True
+
+
 class NoJobReader(EvschedError):
     """A read (``get_job``) on an app that was given no JobReader."""
 

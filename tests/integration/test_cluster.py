@@ -8,6 +8,7 @@ touched), on free ports, with the jars the session broker uses.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator, Iterator
@@ -19,49 +20,24 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 from tests.conftest import unique_name
+from tests.integration.clusters import module_cluster
 from tests.integration.engine import wait_for
 
 from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.topics import TopicMisconfigured, TopicRefused, Topics, ensure_topics
 from evsched.devstack.cluster import LocalCluster
-from evsched.devstack.errors import DevstackError
-from evsched.devstack.process import free_port, is_alive
+from evsched.devstack.process import is_alive
+from evsched.ports import Appended
 from evsched.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(900)]
 
 
-def _free_ports(count: int) -> list[int]:
-    ports: set[int] = set()
-    while len(ports) < count:
-        ports.add(free_port())
-    return sorted(ports)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """Three KRaft nodes on free ports for this module alone."""
-    flat = _free_ports(6)
-    local = LocalCluster(
-        tmp_path_factory.mktemp("cluster"),
-        brokers=3,
-        ready_timeout_s=300.0,
-        ports=list(zip(flat[0::2], flat[1::2], strict=True)),
-    )
-    try:
-        local.up()
-    except DevstackError as exc:
-        local.down()
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"local cluster: {exc}")
-        pytest.skip(f"local cluster: {exc}")
-    try:
+    with module_cluster(tmp_path_factory.mktemp("cluster")) as local:
         yield local
-    finally:
-        for node in local.nodes:  # a frozen JVM ignores SIGTERM until continued
-            if (pid := node.status().pid) is not None:
-                os.kill(pid, signal.SIGCONT)
-        local.down()
 
 
 @pytest.fixture
@@ -197,6 +173,14 @@ async def test_acknowledged_writes_survive_a_killed_broker_and_it_rejoins(
 async def test_a_broker_frozen_past_its_session_timeout_is_fenced_then_rejoins(
     cluster: LocalCluster, admin: AIOKafkaAdminClient
 ) -> None:
+    """Appends go on while a leader is frozen; the controller fences it, it rejoins every ISR
+    once thawed, and every acknowledged append is where its ack said.
+
+    Every wait has a deadline and every request a short timeout of its own: on a loaded box an
+    append to the frozen leader waits out the producer's request timeout (30 s) before going to
+    the new leader, and a probe that asks the frozen broker must not hold the test (the first
+    version waited on each append and asked the frozen broker inside one probe).
+    """
     namespace = unique_name("cl")
     await ensure_topics(cluster.bootstrap, namespace, event_partitions=3, queues=[])
     events = Topics(namespace).events
@@ -205,43 +189,100 @@ async def test_a_broker_frozen_past_its_session_timeout_is_fenced_then_rejoins(
     pid = cluster.node(leader).status().pid
     assert pid is not None
     settings = Settings(bootstrap=cluster.bootstrap, namespace=namespace, event_partitions=3)
-    log = KafkaEventLog(settings, client_id="cluster-test")
+    log = KafkaEventLog(settings, client_id="cluster-test", ack_timeout_s=120)
+    acked: dict[str, Appended] = {}
+    stop = asyncio.Event()
+
+    async def append_steadily() -> None:
+        while not stop.is_set():
+            key = f"job-{len(acked)}"
+            acked[key] = await log.append(events, key, key.encode())
+            with contextlib.suppress(TimeoutError):  # paced, not a wait on a condition
+                await asyncio.wait_for(stop.wait(), 0.05)
+
+    async def acked_past(count: int) -> bool:
+        return len(acked) >= count
+
     await log.start()
-    written = 0
-
-    async def fenced() -> bool:
-        nonlocal written
-        await log.append(events, f"job-{written}", b"during")
-        written += 1
-        try:
-            brokers = (await admin.describe_cluster())["brokers"]
-        except KafkaError:  # the admin client asked the frozen broker: ask again
-            return False
-        return leader not in {b["node_id"] for b in brokers}
-
+    appender = asyncio.create_task(append_steadily())
     try:
+        await wait_for(lambda: acked_past(10), what="appends before the freeze", timeout_s=60)
         os.kill(pid, signal.SIGSTOP)
         try:
-            # Appends go on (to the new leaders) until the controller fences the frozen broker.
-            await wait_for(fenced, what="the frozen broker to be fenced", timeout_s=180)
+            await wait_for(
+                lambda: _fenced(cluster, leader), what="the frozen broker fenced", timeout_s=180
+            )
+            after_fence = len(acked)
+            # The others lead its partitions now: appends go on (past the frozen leader's
+            # request timeout, for any that was in flight to it).
+            await wait_for(
+                lambda: acked_past(after_fence + 10), what="appends after the fence", timeout_s=120
+            )
         finally:
             os.kill(pid, signal.SIGCONT)
-
-        async def rejoined() -> bool:
-            try:
-                [topic] = await admin.describe_topics([events])
-            except KafkaError:
-                return False
-            return all(len(p["isr"]) == 3 for p in topic["partitions"])
-
-        await wait_for(rejoined, what="the thawed broker to rejoin every ISR", timeout_s=180)
-        await log.append(events, "job-after", b"after")
+        await wait_for(
+            lambda: _rejoined(cluster, events), what="the thawed broker in every ISR", timeout_s=180
+        )
+        after_thaw = len(acked)
+        await wait_for(
+            lambda: acked_past(after_thaw + 10), what="appends after the thaw", timeout_s=120
+        )
     finally:
+        stop.set()
+        await asyncio.wait_for(appender, 180)
         await log.close()
-    consumer = AIOKafkaConsumer(bootstrap_servers=cluster.bootstrap)
+    written = {(a.partition, a.offset): key for key, a in acked.items()}
+    found_records = await _read_all(cluster.bootstrap, events)
+    missing = {pos: key for pos, key in written.items() if found_records.get(pos) != key}
+    assert not missing, f"acknowledged appends not where their acks said: {missing}"
+    assert set(found_records.values()) == set(acked), "records that no append wrote"
+
+
+async def _fenced(cluster: LocalCluster, node_id: int) -> bool:
+    """Whether the cluster's metadata no longer lists ``node_id`` (asked with a short timeout)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=5_000)
+    try:
+        await admin.start()
+        brokers = (await admin.describe_cluster())["brokers"]
+    except KafkaError:  # it asked the frozen broker: ask again
+        return False
+    finally:
+        await admin.close()
+    if node_id in {b["node_id"] for b in brokers}:
+        await asyncio.sleep(0.5)
+        return False
+    return True
+
+
+async def _rejoined(cluster: LocalCluster, topic: str) -> bool:
+    admin = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=5_000)
+    try:
+        await admin.start()
+        [described_] = await admin.describe_topics([topic])
+    except KafkaError:
+        return False
+    finally:
+        await admin.close()
+    if all(len(p["isr"]) == 3 for p in described_["partitions"]):
+        return True
+    await asyncio.sleep(0.5)
+    return False
+
+
+async def _read_all(bootstrap: str, topic: str) -> dict[tuple[int, int], str]:
+    """Every record of ``topic``: (partition, offset) -> its value (the key it was written as)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
     await consumer.start()
     try:
-        ends = await consumer.end_offsets([TopicPartition(events, p) for p in range(3)])
+        partitions = [TopicPartition(topic, p) for p in range(3)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        found: dict[tuple[int, int], str] = {}
+        while any([await consumer.position(tp) < ends[tp] for tp in partitions]):
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                found.update({(r.partition, r.offset): r.value.decode() for r in records})
+        return found
     finally:
         await consumer.stop()
-    assert sum(ends.values()) == written + 1  # every acknowledged append, none twice

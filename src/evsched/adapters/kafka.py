@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import structlog
@@ -9,6 +11,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import (
     InvalidProducerEpoch,
     KafkaError,
+    KafkaTimeoutError,
     OutOfOrderSequenceNumber,
     ProducerFenced,
     TransactionalIdAuthorizationFailed,
@@ -20,6 +23,9 @@ from evsched.ports import Record
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.transport")
+
+# How long closing a producer may take to deliver what it still holds (stop_producer).
+STOP_TIMEOUT_S = 10.0
 
 # Errors after which a producer can never be used again: close it and make a new one.
 FATAL_PRODUCER_ERRORS: tuple[type[BaseException], ...] = (
@@ -80,10 +86,26 @@ async def start_producer(
     return fresh
 
 
-async def stop_producer(spent: AIOKafkaProducer) -> None:
-    """Stop a producer; a failure is only logged (what it had not sent was reported already)."""
+async def stop_producer(spent: AIOKafkaProducer, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Stop a producer within ``timeout_s``; a failure is only logged (what it had not sent was
+    reported already).
+
+    ``stop()`` first delivers every record the producer holds, and an idempotent producer retries
+    a record for as long as its partition lacks replicas: past the timeout the records still held
+    are failed (their senders were told already: an append gives up on its ack, not on the
+    record) so that closing a client during an outage does not hang.
+    """
+    stopping = asyncio.ensure_future(spent.stop())
     try:
-        await spent.stop()
+        await asyncio.wait_for(asyncio.shield(stopping), timeout_s)
+    except TimeoutError:
+        held = KafkaTimeoutError(f"producer closed with records unacknowledged after {timeout_s} s")
+        log.warning("producer_stop_abandoned", error=str(held))
+        # aiokafka has no public way to drop what it holds; this is what its own sender does
+        # when it dies (Sender._fail_all).
+        spent._message_accumulator.fail_all(held)
+        with contextlib.suppress(KafkaError):
+            await stopping
     except KafkaError as exc:
         log.warning("producer_stop_failed", error=repr(exc))
 

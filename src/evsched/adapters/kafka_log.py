@@ -14,6 +14,8 @@ from evsched.adapters.kafka import (
     start_producer,
     stop_producer,
 )
+from evsched.adapters.kafka_events import partition_for
+from evsched.adapters.kafka_replicas import ReplicaCheck, acknowledged, describe_partitions
 from evsched.adapters.kafka_txn import AtomicWriter, appended
 from evsched.errors import PublishError
 from evsched.ports import Appended, Outbound
@@ -21,15 +23,27 @@ from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.transport")
 
+# The longest an append waits for its ack: twice the producer's request timeout, so a request
+# to a leader that froze can time out and go to the new leader within it. A partition that cannot
+# take writes at all (no leader, too few replicas in sync) fails the append sooner, naming why.
+ACK_TIMEOUT_S = 60.0
+
 
 class KafkaEventLog:
     """An idempotent aiokafka producer, replaced by a new one after a fatal producer error.
 
-    Bound to the event loop it starts on, like every aiokafka client.
+    Bound to the event loop it starts on, like every aiokafka client. An append returns within
+    ``ack_timeout_s``: acknowledged, or PublishError (NotEnoughReplicas as soon as the record's
+    partition is seen to have no leader or too few replicas in sync); the producer never gives
+    up on an idempotent record by itself.
     """
 
-    def __init__(self, settings: Settings, *, client_id: str) -> None:
+    def __init__(
+        self, settings: Settings, *, client_id: str, ack_timeout_s: float = ACK_TIMEOUT_S
+    ) -> None:
         self._settings = settings
+        self._ack_timeout_s = ack_timeout_s
+        self._replicas = ReplicaCheck(lambda topic: describe_partitions(settings, topic))
         self._client_id = client_id
         self._producer: Any = None
         self._lock = asyncio.Lock()
@@ -50,7 +64,7 @@ class KafkaEventLog:
             current = await self._current()
             try:
                 future = await current.send(topic, value, key=key.encode())
-                metadata = await future
+                metadata = await self._acknowledged(current, future, topic, key)
             except KafkaError as exc:
                 # A fatal error poisons this producer only; the event carries its own event_id,
                 # so sending it again through a new producer can at worst make a duplicate
@@ -99,6 +113,20 @@ class KafkaEventLog:
         except KafkaError as exc:
             raise PublishError(f"cannot read the partitions of {topic!r}: {exc!r}") from exc
         return len(found)
+
+    async def _acknowledged(self, current: Any, future: Any, topic: str, key: str) -> Any:
+        """The ack, within the timeout; NotEnoughReplicas once the partition cannot take it."""
+
+        async def problem() -> str | None:
+            count = len(await current.partitions_for(topic))
+            return await self._replicas.problem(topic, partition_for(key, count))
+
+        return await acknowledged(
+            future,
+            what=f"writing to {topic!r}",
+            timeout_s=self._ack_timeout_s,
+            problem=problem,
+        )
 
     async def _current(self) -> Any:
         async with self._lock:

@@ -426,7 +426,7 @@ async def partition_count(
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
-            (described,) = await admin.describe_topics([topic])
+            (described,) = await _describe_retrying(admin, topic)
     except KafkaError as exc:
         await raise_if_refused(bootstrap, exc, **client_options)
         raise TopicProvisioningError(f"describing {topic} on {bootstrap} failed: {exc!r}") from exc
@@ -436,3 +436,15 @@ async def partition_count(
         await admin.close()
     _raise_for_code(described["error_code"], topic)
     return len(described["partitions"])
+
+
+async def _describe_retrying(admin: AIOKafkaAdminClient, topic: str) -> Any:
+    """describe_topics, asked again while the broker it picked is down (the caller's timeout
+    bounds it): a dead broker stays in the metadata until the controller fences it."""
+    while True:
+        try:
+            return await admin.describe_topics([topic])
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+        await asyncio.sleep(0.2)

@@ -29,5 +29,9 @@ WRITE: Responses = {
     403: error("Wrong token."),
     413: error("Body too large."),
     422: error("Invalid body or parameters, or a queue that is not declared."),
-    503: error("The broker did not acknowledge the write."),
+    503: error(
+        "The broker did not acknowledge the write: `broker_unavailable`, or "
+        "`not_enough_replicas` (with Retry-After) when its partition has no leader or fewer "
+        "in-sync replicas than min.insync.replicas; retriable."
+    ),
 }

@@ -49,7 +49,7 @@ from evsched.core.events import (
     entity_id,
 )
 from evsched.core.state import TimelineEntry
-from evsched.errors import InvalidEnqueue, PublishError
+from evsched.errors import InvalidEnqueue, NotEnoughReplicas, PublishError
 from evsched.metrics import Metrics
 from evsched.ports import Appended
 
@@ -127,6 +127,10 @@ class Writer:
         send = asyncio.ensure_future(sending)
         try:
             return await asyncio.wait_for(asyncio.shield(send), self.wait_timeout_s)
+        except NotEnoughReplicas as exc:  # retriable: the brokers are down, not this request
+            raise ApiError(
+                503, "not_enough_replicas", str(exc), headers={"Retry-After": "5"}
+            ) from exc
         except PublishError as exc:
             raise ApiError(503, "broker_unavailable", str(exc)) from exc
         except TimeoutError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -145,6 +146,12 @@ def run(main: Callable[[], Awaitable[ExitCode | None]]) -> None:
 
 def guarded(main: Callable[[], ExitCode | None]) -> None:
     """Run a command's body; its exit code, or the exit code of the evsched error it raised."""
+    if not os.environ.get("EVSCHED_DEBUG"):
+        # The Kafka client logs every retry while a broker is down (through logging's last
+        # resort, to stderr): the operator gets evsched's one line about it instead.
+        kafka_log = logging.getLogger("aiokafka")
+        kafka_log.addHandler(logging.NullHandler())
+        kafka_log.propagate = False
     try:
         code = main()
     except OperatorError as exc:

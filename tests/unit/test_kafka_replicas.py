@@ -1,0 +1,115 @@
+"""A producer's bounded waits, with no broker (the ack is a future, the cluster a function).
+
+For an ack (adapters.kafka_replicas): one that never comes while the partition lacks replicas
+fails at once with the cause named, one that is only slow fails at the timeout, one that comes is
+returned. To close (adapters.kafka.stop_producer): records it cannot deliver do not hold it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from evsched.adapters.kafka import stop_producer
+from evsched.adapters.kafka_replicas import PartitionReplicas, ReplicaCheck, acknowledged
+from evsched.errors import NotEnoughReplicas, PublishError
+
+
+def described(
+    *, leader: int = 1, isr: tuple[int, ...] = (1, 2, 3), min_isr: int = 2
+) -> dict[int, PartitionReplicas]:
+    return {
+        0: PartitionReplicas(
+            topic="ns.events", partition=0, leader=leader, replicas=(1, 2, 3), isr=isr,
+            min_isr=min_isr,
+        )
+    }  # fmt: skip
+
+
+def test_a_partition_below_min_isr_or_leaderless_is_named() -> None:
+    assert described()[0].problem() is None
+    short = described(isr=(1,))[0].problem()
+    assert short is not None
+    assert "partition 0 of 'ns.events' has 1 in-sync replica(s) [1]" in short
+    assert "min.insync.replicas=2" in short and "brokers [2, 3]" in short
+    leaderless = described(leader=-1)[0].problem()
+    assert leaderless is not None and "has no leader" in leaderless
+
+
+async def test_an_ack_that_comes_is_returned() -> None:
+    future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    asyncio.get_running_loop().call_later(0.05, future.set_result, 7)
+
+    async def never() -> str | None:
+        raise AssertionError("not asked: the ack came before the first check")
+
+    assert await acknowledged(future, what="w", timeout_s=5, problem=never, check_after_s=1) == 7
+
+
+async def test_a_missing_ack_fails_at_once_when_the_partition_lacks_replicas() -> None:
+    future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    asked: list[int] = []
+
+    async def problem() -> str | None:
+        asked.append(1)
+        return None if len(asked) < 2 else "partition 0 of 'ns.events' has 1 in-sync replica"
+
+    with pytest.raises(NotEnoughReplicas, match="has 1 in-sync replica; retry once") as caught:
+        await acknowledged(future, what="w", timeout_s=30, problem=problem, check_after_s=0.01)
+    assert caught.value.retriable and len(asked) == 2
+    future.set_exception(RuntimeError("later"))  # retrieved by the abandoned ack's callback
+    await asyncio.sleep(0)
+
+
+async def test_a_slow_ack_fails_at_the_timeout_saying_it_may_still_land() -> None:
+    future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def fine() -> str | None:
+        return None
+
+    with pytest.raises(PublishError, match=r"not acknowledged within 0\.05 s") as caught:
+        await acknowledged(future, what="w", timeout_s=0.05, problem=fine, check_after_s=0.01)
+    assert not isinstance(caught.value, NotEnoughReplicas)
+    assert "may still be written" in str(caught.value)
+
+
+async def test_the_check_describes_once_for_many_waiters_and_survives_failures() -> None:
+    calls: list[str] = []
+
+    async def describe(topic: str) -> dict[int, PartitionReplicas]:
+        calls.append(topic)
+        await asyncio.sleep(0.01)
+        return described(isr=(3,))
+
+    check = ReplicaCheck(describe, fresh_s=60)
+    found = await asyncio.gather(*(check.problem("ns.events", 0) for _ in range(20)))
+    assert calls == ["ns.events"] and all(f and "[1, 2]" in f for f in found)
+    assert await check.problem("ns.events", 5) is None  # a partition it does not know
+
+    async def broken(topic: str) -> dict[int, PartitionReplicas]:
+        raise OSError("no broker answers")
+
+    assert await ReplicaCheck(broken).problem("ns.events", 0) is None
+
+
+class _StuckProducer:
+    """A producer whose stop() waits for records it cannot deliver, until they are failed."""
+
+    def __init__(self) -> None:
+        self._message_accumulator = self
+        self.released = asyncio.Event()
+        self.failed: BaseException | None = None
+
+    def fail_all(self, exc: BaseException) -> None:
+        self.failed = exc
+        self.released.set()
+
+    async def stop(self) -> None:
+        await self.released.wait()
+
+
+async def test_closing_a_producer_holding_undeliverable_records_ends_within_its_timeout() -> None:
+    stuck = _StuckProducer()
+    await asyncio.wait_for(stop_producer(stuck, timeout_s=0.05), 5)  # type: ignore[arg-type]
+    assert "unacknowledged after 0.05 s" in str(stuck.failed)
