@@ -12,6 +12,7 @@ from evsched.operator import (
     cmd_controls,
     cmd_export,
     cmd_limits,
+    cmd_partitions,
     cmd_read,
     cmd_rebuild,
     cmd_replay,
@@ -45,11 +46,15 @@ def schedules_app() -> typer.Typer:
 
 
 def queues_app() -> typer.Typer:
-    queues = typer.Typer(no_args_is_help=True, help="Queues: pause, resume and concurrency limits.")
+    queues = typer.Typer(
+        no_args_is_help=True,
+        help="Queues: pause, resume, concurrency limits and dispatch partitions.",
+    )
     queues.command("pause")(cmd_controls.queues_pause)
     queues.command("resume")(cmd_controls.queues_resume)
     queues.command("show")(cmd_controls.queues_show)
     queues.command("limit")(cmd_limits.queues_limit)
+    queues.command("partitions")(cmd_partitions.queues_partitions)
     return queues
 
 
