@@ -21,7 +21,7 @@ from evsched.core.events import AttemptStarted
 from evsched.core.invariants import Replay
 from evsched.core.state import Verdict
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(600)]
 DEADLINE_S = 180.0
 
 

@@ -12,6 +12,7 @@ from evsched.operator import (
     cmd_controls,
     cmd_export,
     cmd_limits,
+    cmd_namespace,
     cmd_partitions,
     cmd_read,
     cmd_rebuild,
@@ -58,6 +59,12 @@ def queues_app() -> typer.Typer:
     return queues
 
 
+def namespace_app() -> typer.Typer:
+    namespace = typer.Typer(no_args_is_help=True, help="The namespace: move it into a new one.")
+    namespace.command("migrate")(cmd_namespace.namespace_migrate)
+    return namespace
+
+
 def register(app: typer.Typer) -> None:
     """Add the operator commands to ``app`` (the ``evsched`` command line)."""
     for name, command in (
@@ -77,6 +84,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(dlq_app(), name="dlq", epilog=EXIT_CODES_HELP)
     app.add_typer(schedules_app(), name="schedules", epilog=EXIT_CODES_HELP)
     app.add_typer(queues_app(), name="queues", epilog=EXIT_CODES_HELP)
+    app.add_typer(namespace_app(), name="namespace", epilog=EXIT_CODES_HELP)
 
 
 __all__ = ["EXIT_CODES_HELP", "register"]
