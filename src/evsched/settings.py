@@ -18,6 +18,7 @@ DEFAULT_BOOTSTRAP = f"127.0.0.1:{DEFAULT_BROKER_PORT}"
 DEFAULT_NAMESPACE = "evsched"
 DEFAULT_EVENT_PARTITIONS = 6
 REPLICATION_FACTOR_ENV = "EVSCHED_REPLICATION_FACTOR"
+DISPATCH_PARTITIONS_ENV = "EVSCHED_DISPATCH_PARTITIONS"
 
 # Client security settings passed through to the Kafka client, for clusters beyond the local one
 # (docs/security.md lists them); the password may come from a file instead.
@@ -45,6 +46,8 @@ class Settings:
     bootstrap: str = DEFAULT_BOOTSTRAP
     namespace: str = DEFAULT_NAMESPACE
     event_partitions: int = DEFAULT_EVENT_PARTITIONS
+    # Of every ``<ns>.dispatch.<queue>`` topic evsched creates; None: as many as the events.
+    dispatch_partitions: int | None = None
     # None: min(3, brokers) at provisioning (evsched.adapters.topics.choose_replication).
     replication_factor: int | None = None
     # Stamped on jobs enqueued without their own (None: the fold's defaults, 7 days and 24 h).
@@ -67,6 +70,7 @@ class Settings:
         return (
             f"Settings(bootstrap={self.bootstrap!r}, namespace={self.namespace!r}, "
             f"event_partitions={self.event_partitions!r}, "
+            f"dispatch_partitions={self.dispatch_partitions!r}, "
             f"replication_factor={self.replication_factor!r}, kafka_options={options!r})"
         )
 
@@ -82,6 +86,9 @@ class Settings:
                 low=1,
                 default=DEFAULT_EVENT_PARTITIONS,
                 empty_ok=False,
+            ),
+            dispatch_partitions=_int_env(
+                env, DISPATCH_PARTITIONS_ENV, low=1, default=None, empty_ok=True
             ),
             replication_factor=_int_env(
                 env, REPLICATION_FACTOR_ENV, low=1, default=None, empty_ok=True

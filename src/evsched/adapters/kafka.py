@@ -124,6 +124,12 @@ GROUP_TIMEOUTS = {
 }
 
 
+# How soon a producer or a worker pool sees partitions added to a dispatch topic while it runs
+# (``evsched queues partitions``): their metadata is read again at least this often (Kafka's
+# default is 5 minutes).
+GROWTH_NOTICE_MS = 10_000
+
+
 def consumer(
     settings: Settings, *topics: str, group_id: str | None, **extra: Any
 ) -> AIOKafkaConsumer:
@@ -148,6 +154,7 @@ def consumer(
 
 
 __all__ = [
+    "GROWTH_NOTICE_MS",
     "KafkaError",
     "consumer",
     "is_fatal_producer_error",

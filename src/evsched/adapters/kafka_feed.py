@@ -11,7 +11,13 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from evsched.adapters.clock import SYSTEM_CLOCK
-from evsched.adapters.kafka import GROUP_TIMEOUTS, KafkaError, consumer, to_record
+from evsched.adapters.kafka import (
+    GROUP_TIMEOUTS,
+    GROWTH_NOTICE_MS,
+    KafkaError,
+    consumer,
+    to_record,
+)
 from evsched.errors import BrokerUnavailable, RebalanceCommitFailed
 from evsched.ports import Clock, Record
 from evsched.settings import Settings
@@ -20,6 +26,8 @@ log = structlog.get_logger("evsched.worker")
 # Where a pool with no committed offset starts on a dispatch partition: records of the last
 # minute, twice the default dispatch timeout (older ones are past their start deadline).
 START_LOOKBACK_MS = 60_000
+# The metadata of every commit of a pool: the topic's partition count the member knew then.
+LAYOUT = "partitions="
 
 
 class KafkaDispatchFeed:
@@ -32,6 +40,16 @@ class KafkaDispatchFeed:
     starts at the records of the last ``start_lookback_ms``, not at offset 0: anything older is
     past its start deadline and would only be skipped, or re-run a job that has long finished.
     That start is committed at once, so every later member of the pool starts there as well.
+
+    A partition added to a topic the pool already reads (``evsched queues partitions``) starts
+    at its first record instead: nodes may have written to it before the pool noticed it, and
+    its records are all younger than the partition; those past their start deadline are
+    dropped by the worker like any stale dispatch, and their leases expire and are granted again.
+    Every commit carries, as its metadata, how many partitions the topic had for the member
+    (``partitions=N``): a fresh partition numbered at least the N of a sibling's commit did not
+    exist when the pool read that sibling. (Only "some sibling is committed" would not do: the
+    members of a new pool position their partitions at the same time, and one would take
+    another's fresh commit for a sign that the topic grew, and read it from the beginning.)
     """
 
     def __init__(
@@ -60,7 +78,14 @@ class KafkaDispatchFeed:
     ) -> KafkaDispatchFeed:
         """The feed of pool ``group_id``, with the group timeouts every evsched member uses."""
         return cls(
-            lambda: consumer(settings, group_id=group_id, client_id=client_id, **GROUP_TIMEOUTS),
+            lambda: consumer(
+                settings,
+                group_id=group_id,
+                client_id=client_id,
+                # A dispatch topic grown while the pool runs is noticed (and rebalanced) this soon.
+                metadata_max_age_ms=GROWTH_NOTICE_MS,
+                **GROUP_TIMEOUTS,
+            ),
             topics,
             start_lookback_ms=start_lookback_ms,
         )
@@ -117,24 +142,64 @@ class KafkaDispatchFeed:
         fresh = [tp for tp in assigned if await c.committed(tp) is None]
         if not fresh:
             return
+        added = await self._added(fresh)
+        starts = await self._recent_starts([tp for tp in fresh if tp not in added])
+        if added:
+            starts |= await c.beginning_offsets(added)
+        for tp, offset in starts.items():
+            c.seek(tp, offset)
+        log.info(
+            "dispatch_start_positioned",
+            offsets=_named(starts),
+            lookback_ms=self._lookback_ms,
+            added=sorted(f"{tp.topic}[{tp.partition}]" for tp in added),
+        )
+        try:
+            await c.commit(self._with_layout(starts))
+        except KafkaError as exc:  # the next take commits it; until then a rebalance re-decides
+            log.warning("dispatch_start_commit_failed", error=repr(exc))
+
+    async def _added(self, fresh: Sequence[TopicPartition]) -> list[TopicPartition]:
+        """The partitions of ``fresh`` that were added to their topic since the pool read it."""
+        c = self._consumer
+        added: list[TopicPartition] = []
+        for topic in sorted({tp.topic for tp in fresh}):
+            siblings = [
+                TopicPartition(topic, p)
+                for p in sorted(c.partitions_for_topic(topic) or ())
+                if TopicPartition(topic, p) not in fresh
+            ]
+            seen = [_layout(m) for m in (await _committed_metadata(c, siblings)).values()]
+            known = [n for n in seen if n is not None]
+            if known:
+                added += [tp for tp in fresh if tp.topic == topic and tp.partition >= min(known)]
+        return added
+
+    def _with_layout(self, offsets: dict[Any, int]) -> dict[Any, tuple[int, str]]:
+        """``offsets`` with the metadata of each commit: its topic's partition count now."""
+        layout = {tp.topic: self._consumer.partitions_for_topic(tp.topic) for tp in offsets}
+        # Without metadata for the topic, nothing is recorded rather than a count of 0.
+        return {
+            tp: (o, f"{LAYOUT}{len(layout[tp.topic])}" if layout[tp.topic] else "")
+            for tp, o in offsets.items()
+        }
+
+    async def _recent_starts(self, fresh: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        """The first offset of the last ``lookback_ms`` on each of ``fresh``."""
+        if not fresh:
+            return {}
+        c = self._consumer
         since = self._clock.now_ms() - self._lookback_ms
         # The ends first: a record written between the two requests is then either found by
         # time or at or after its partition's end, never skipped.
         ends = await c.end_offsets(fresh)
         found = await c.offsets_for_times(dict.fromkeys(fresh, since))
-        starts = {tp: ends[tp] if found.get(tp) is None else found[tp].offset for tp in fresh}
-        for tp, offset in starts.items():
-            c.seek(tp, offset)
-        log.info("dispatch_start_positioned", offsets=_named(starts), lookback_ms=self._lookback_ms)
-        try:
-            await c.commit(starts)
-        except KafkaError as exc:  # the next take commits it; until then a rebalance re-decides
-            log.warning("dispatch_start_commit_failed", error=repr(exc))
+        return {tp: ends[tp] if found.get(tp) is None else found[tp].offset for tp in fresh}
 
     async def _commit(self, offsets: dict[Any, int]) -> None:
         """Commit what was taken; RebalanceCommitFailed when the group took the partitions."""
         try:
-            await self._consumer.commit(offsets)
+            await self._consumer.commit(self._with_layout(offsets))
         except (CommitFailedError, IllegalStateError) as exc:
             # CommitFailedError: the group rebalanced under this member (e.g. it was evicted
             # after a freeze). IllegalStateError: a rebalance began, or ended, without these
@@ -144,6 +209,22 @@ class KafkaDispatchFeed:
             # Anything else: the records may be dispatched again, which fencing makes safe;
             # dropping them could lose them.
             log.warning("dispatch_commit_failed", error=repr(exc))
+
+
+async def _committed_metadata(c: Any, tps: Sequence[TopicPartition]) -> dict[TopicPartition, str]:
+    """The metadata of each committed offset of ``tps`` (never committed ones are missing).
+
+    aiokafka's ``committed()`` returns the offset alone; its group coordinator's fetch (what
+    ``committed()`` calls) also has the metadata.
+    """
+    found = await c._coordinator.fetch_committed_offsets(list(tps))
+    return {tp: meta.metadata or "" for tp, meta in found.items() if meta.offset >= 0}
+
+
+def _layout(metadata: str) -> int | None:
+    """The partition count a commit's metadata recorded, None when it recorded none."""
+    count = metadata.removeprefix(LAYOUT)
+    return int(count) if metadata.startswith(LAYOUT) and count.isdigit() else None
 
 
 def _named(offsets: dict[Any, int]) -> dict[str, int]:

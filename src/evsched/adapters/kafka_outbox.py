@@ -131,6 +131,9 @@ class KafkaOutbox:
             # each topic's own max.message.bytes still refuses what it does not take.
             max_request_size=STATE_MAX_MESSAGE_BYTES + (64 << 10),
             max_batch_size=BATCH_BYTES,
+            # Dispatch records are spread by key over every partition the producer knows of:
+            # partitions added to a dispatch topic take work within this.
+            metadata_max_age_ms=kafka.GROWTH_NOTICE_MS,
         )
         try:
             await producer.start()

@@ -114,6 +114,9 @@ class TopicSpec:
     configs: Mapping[str, str] = field(default_factory=dict)
     # Set on the events topic: an existing topic's retention.ms may be infinite or this or more.
     retention_floor_ms: int | None = None
+    # Set on dispatch topics: an existing one may have been grown past ``partitions``
+    # (``evsched queues partitions``); fewer is still reported.
+    partitions_may_grow: bool = False
 
 
 MIN_INSYNC = "min.insync.replicas"
@@ -157,7 +160,11 @@ def topic_specs(
     dispatch_retention_ms: int = DISPATCH_RETENTION_MS,
     events_retention_floor_ms: int = EVENTS_RETENTION_FLOOR_MS,
 ) -> list[TopicSpec]:
-    """The namespace's topics; dispatch and effects default to as many partitions as events."""
+    """The namespace's topics; dispatch and effects default to as many partitions as events.
+
+    A dispatch topic may have more partitions than ``dispatch_partitions`` (it was grown while
+    its queue ran): the node spreads dispatch records over however many it has.
+    """
     names = Topics(namespace)
     forever = {"cleanup.policy": "delete", "retention.ms": INFINITE, "retention.bytes": INFINITE}
     # The fold reads time from the broker's append time, never from a producer's clock.
@@ -188,6 +195,7 @@ def topic_specs(
             partitions=dispatch_partitions or event_partitions,
             replication_factor=replication_factor,
             configs={"cleanup.policy": "delete", "retention.ms": str(dispatch_retention_ms)},
+            partitions_may_grow=True,
         )
         for queue in dict.fromkeys(queues)
     ]
@@ -206,10 +214,10 @@ class ObservedTopic:
 def find_mismatches(spec: TopicSpec, observed: ObservedTopic) -> list[Mismatch]:
     """Every way ``observed`` differs from ``spec``; more replicas or a higher min ISR is fine."""
     found = []
-    if observed.partitions != spec.partitions:
-        found.append(
-            Mismatch(spec.name, "partitions", str(observed.partitions), str(spec.partitions))
-        )
+    grown = spec.partitions_may_grow and observed.partitions > spec.partitions
+    if observed.partitions != spec.partitions and not grown:
+        expected = f">= {spec.partitions}" if spec.partitions_may_grow else str(spec.partitions)
+        found.append(Mismatch(spec.name, "partitions", str(observed.partitions), expected))
     if (
         spec.replication_factor is not None
         and observed.replication_factor < spec.replication_factor
@@ -289,6 +297,7 @@ async def ensure_namespace_topics(
         settings.namespace,
         event_partitions=settings.event_partitions,
         queues=queues,
+        dispatch_partitions=settings.dispatch_partitions,
         replication_factor=settings.replication_factor,
         **options,
         **dict(settings.kafka_options),

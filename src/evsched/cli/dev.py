@@ -21,7 +21,7 @@ import typer
 from evsched.adapters.signing import KEY_ENV, KEY_FILE_ENV, DispatchKey
 from evsched.adapters.topics import ensure_topics
 from evsched.devstack.broker import LocalBroker
-from evsched.settings import DEFAULT_EVENT_PARTITIONS, DEFAULT_NAMESPACE
+from evsched.settings import DEFAULT_EVENT_PARTITIONS, DEFAULT_NAMESPACE, Settings
 
 
 @dataclass
@@ -61,7 +61,12 @@ class DevStack:
         queues = self._queues()
         asyncio.run(
             ensure_topics(
-                bootstrap, self.namespace, event_partitions=self.partitions, queues=queues
+                bootstrap,
+                self.namespace,
+                event_partitions=self.partitions,
+                queues=queues,
+                # The node and worker read it from the same environment: topics they accept.
+                dispatch_partitions=Settings.from_env().dispatch_partitions,
             )
         )
         env = self.env(bootstrap)

@@ -22,6 +22,7 @@ from evsched.settings import (
     DEFAULT_CONTROLLER_PORT,
     DEFAULT_EVENT_PARTITIONS,
     DEFAULT_NAMESPACE,
+    DISPATCH_PARTITIONS_ENV,
     REPLICATION_FACTOR_ENV,
     Settings,
     SettingsError,
@@ -175,6 +176,7 @@ def _brokers(status: Status) -> tuple[BrokerStatus, ...]:
 
 @kafka_app.command()
 def topics(
+    *,
     queue: Annotated[
         list[str] | None,
         typer.Option("--queue", help="A dispatch queue (repeatable). [default: default]"),
@@ -184,6 +186,17 @@ def topics(
     partitions: Annotated[
         int, typer.Option("--partitions", envvar="EVSCHED_EVENT_PARTITIONS")
     ] = DEFAULT_EVENT_PARTITIONS,
+    dispatch_partitions: Annotated[
+        int | None,
+        typer.Option(
+            "--dispatch-partitions",
+            envvar=DISPATCH_PARTITIONS_ENV,
+            min=1,
+            help="Partitions of each new dispatch topic: a pool's workers past this sit idle. "
+            "[default: as many as the events]",
+            show_default=False,
+        ),
+    ] = None,
     replication_factor: Annotated[
         int | None,
         typer.Option(
@@ -210,6 +223,7 @@ def topics(
                 namespace,
                 event_partitions=partitions,
                 queues=queue or ["default"],
+                dispatch_partitions=dispatch_partitions,
                 replication_factor=replication_factor,
                 **security,
             )

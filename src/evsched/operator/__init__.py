@@ -12,6 +12,8 @@ from evsched.operator import (
     cmd_controls,
     cmd_export,
     cmd_limits,
+    cmd_namespace,
+    cmd_partitions,
     cmd_read,
     cmd_rebuild,
     cmd_replay,
@@ -46,12 +48,22 @@ def schedules_app() -> typer.Typer:
 
 
 def queues_app() -> typer.Typer:
-    queues = typer.Typer(no_args_is_help=True, help="Queues: pause, resume and concurrency limits.")
+    queues = typer.Typer(
+        no_args_is_help=True,
+        help="Queues: pause, resume, concurrency limits and dispatch partitions.",
+    )
     queues.command("pause")(cmd_controls.queues_pause)
     queues.command("resume")(cmd_controls.queues_resume)
     queues.command("show")(cmd_controls.queues_show)
     queues.command("limit")(cmd_limits.queues_limit)
+    queues.command("partitions")(cmd_partitions.queues_partitions)
     return queues
+
+
+def namespace_app() -> typer.Typer:
+    namespace = typer.Typer(no_args_is_help=True, help="The namespace: move it into a new one.")
+    namespace.command("migrate")(cmd_namespace.namespace_migrate)
+    return namespace
 
 
 def register(app: typer.Typer) -> None:
@@ -74,6 +86,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(schedules_app(), name="schedules", epilog=EXIT_CODES_HELP)
     app.add_typer(queues_app(), name="queues", epilog=EXIT_CODES_HELP)
     app.add_typer(cmd_workflow.workflow_app(), name="workflow", epilog=EXIT_CODES_HELP)
+    app.add_typer(namespace_app(), name="namespace", epilog=EXIT_CODES_HELP)
 
 
 __all__ = ["EXIT_CODES_HELP", "register"]
