@@ -42,7 +42,7 @@ from evsched.core.state import (
 )
 
 # Bump when a change to the fold could change any state or verdict: indexes then rebuild.
-FOLD_VERSION = 4
+FOLD_VERSION = 5
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
 # transition rules (they are rejected or stale), so a short window keeps state small.
