@@ -41,6 +41,7 @@ from replay import (  # noqa: E402
     scenario_controls,
     scenario_limits,
     scenario_policies,
+    scenario_workflow_results,
     scenario_workflows,
     scenarios,
     scenarios_failures,
@@ -164,6 +165,15 @@ SCENARIOS = {
             "one from a parent the child does not wait on, and a repeated resolution (duplicate).",
             scenario_workflows.workflows,
             all_terminal=False,  # the forged self-waiter is never a job
+        ),
+        Scenario(
+            "workflow_results",
+            "A job keeps at most MAX_RESULTS_BYTES of its parents' results (fold version 5): "
+            "five parents returning 250,002 bytes each; a group callback that was to get them "
+            "is cancelled with the reason at the fifth resolution, and a plain after= child of "
+            "the same parents (no results passed) is released and runs, the fifth result kept "
+            "out of its state.",
+            scenario_workflow_results.workflow_results,
         ),
     )
 }
