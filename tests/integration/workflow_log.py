@@ -92,7 +92,7 @@ async def judge(stack: Stack, *, all_terminal: bool = True) -> Judgement:
 
 
 async def wait_logged(
-    stack: Stack, job_id: str, kind: type[Event], *, timeout_s: float = 60.0
+    stack: Stack, job_id: str, kind: type[Event], *, timeout_s: float = 180.0
 ) -> tuple[Event, int, int]:
     """Until the log holds an event of ``kind`` for ``job_id``; the first, with its position."""
 
