@@ -111,7 +111,7 @@ async def test_a_parent_killed_mid_run_releases_its_child_once_by_the_rerun(
     await wait_for(rerun_on_b, what="the parent's rerun on worker-b", timeout_s=STARTUP_S)
     await still_waiting(stack, child)  # the killed attempt released nothing
     (marks / "go").touch()
-    done = await stack.wait_status(child, Status.SUCCEEDED)
+    done = await stack.wait_status(child, Status.SUCCEEDED, timeout_s=STARTUP_S)
     assert json.loads(done.result or b"") == "parent"  # the rerun's result, passed on
 
     judged = await judge(stack)
@@ -147,7 +147,7 @@ async def test_a_node_frozen_before_the_parents_success_and_killed_releases_once
     await still_waiting(stack, child)  # the success is in the log, the release is not
     frozen.kill()
     heir = start_node(stack, "node-2")
-    done = await stack.wait_status(child, Status.SUCCEEDED, timeout_s=90)
+    done = await stack.wait_status(child, Status.SUCCEEDED, timeout_s=STARTUP_S)
     assert json.loads(done.result or b"") == "parent"
 
     judged = await judge(stack)
@@ -175,7 +175,7 @@ async def test_a_node_killed_right_after_committing_the_release_never_sends_it_a
     shutil.copytree(stack.node_data("node-1"), before_success, symlinks=True)
     node.signal(signal.SIGCONT)
     (marks / "go").touch()
-    done = await stack.wait_status(child, Status.SUCCEEDED)
+    done = await stack.wait_status(child, Status.SUCCEEDED, timeout_s=STARTUP_S)
     [resolution] = await logged_resolutions(stack, child)  # committed: read_committed sees it
     await stack.wait_node_past(resolution.parent_partition, resolution.parent_offset)
     node.kill()
