@@ -42,6 +42,7 @@ from replay import (  # noqa: E402
     scenario_limits,
     scenario_policies,
     scenario_workflow_ops,
+    scenario_workflow_results,
     scenario_workflows,
     scenarios,
     scenarios_failures,
@@ -176,6 +177,15 @@ SCENARIOS = {
             "hostile producer's rewaits (of a succeeded job, of a job without parents, of an "
             "unknown job), each rejected.",
             scenario_workflow_ops.workflow_ops,
+        ),
+        Scenario(
+            "workflow_results",
+            "A job keeps at most MAX_RESULTS_BYTES of its parents' results (fold version 5): "
+            "five parents returning 250,002 bytes each; a group callback that was to get them "
+            "is cancelled with the reason at the fifth resolution, and a plain after= child of "
+            "the same parents (no results passed) is released and runs, the fifth result kept "
+            "out of its state.",
+            scenario_workflow_results.workflow_results,
         ),
     )
 }

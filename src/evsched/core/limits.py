@@ -84,6 +84,11 @@ MAX_PRELEASE_MS = 60_000
 # (both lists live in the job's state), the rules, result placements and parent outcomes.
 MAX_PARENTS = 1_000
 MAX_CHILDREN = 1_000
+# The parents' results a waiting job keeps, in bytes all together (fold version 5). They live in
+# its state twice once released (resolutions and args), which must fit one changelog record
+# (4 MB) with the job's own args; any one result of a 1 MB event fits. Past it a resolution is
+# kept without its result, and a job that was to get the results is cancelled.
+MAX_RESULTS_BYTES = 1 << 20
 AFTER_RULES = ("all_succeeded", "all_finished", "any_succeeded")
 RESULT_PLACEMENTS = ("none", "append", "list")
 PARENT_OUTCOMES = ("succeeded", "dead", "cancelled", "unknown", "refused")

@@ -65,19 +65,35 @@ def resolved(state: JobState | None, event: ParentResolved, pos: Position, apply
         return state, Verdict.REJECTED, f"job does not wait on {parent}"
     if any(r.parent_id == parent for r in state.resolutions):
         return state, Verdict.DUPLICATE, f"parent {parent} already resolved"
+    result, too_much = _kept_result(state.resolutions, event.result)
     resolution = Resolution(
         parent_id=parent,
         outcome=event.outcome,
         partition=event.parent_partition,
         offset=event.parent_offset,
-        result=event.result,
+        result=result,
     )
     done = (*state.resolutions, resolution)
     at = f"parent {parent} {event.outcome} at {event.parent_partition}@{event.parent_offset}"
     if state.status is not Status.WAITING:
         kept = apply(state, event, pos, resolutions=done)
         return kept, Verdict.APPLIED, f"{at}; recorded (job is already {state.status})"
+    if too_much and state.results_to_args != NONE:
+        gone = apply(state, event, pos, status=Status.CANCELLED, resolutions=done)
+        why = f"{at}: the parents' results exceed {limits.MAX_RESULTS_BYTES} bytes, cancelled"
+        return gone, Verdict.APPLIED, why
     return _decide(state, event, pos, apply, done=done, at=at)
+
+
+def _kept_result(kept: tuple[Resolution, ...], result: bytes | None) -> tuple[bytes | None, bool]:
+    """The result to keep, and whether it was dropped: the results a job keeps stay within
+    ``limits.MAX_RESULTS_BYTES`` all together, so its state always fits a changelog record."""
+    if result is None:
+        return None, False
+    held = sum(len(r.result) for r in kept if r.result is not None)
+    if held + len(result) > limits.MAX_RESULTS_BYTES:
+        return None, True
+    return result, False
 
 
 def _decide(
