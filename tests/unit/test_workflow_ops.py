@@ -210,6 +210,8 @@ def test_rewait_keeps_successes_and_drops_failures() -> None:
     log.add(register("a", "c"), register("b", "c"))
     log.resolve("c", "a", log.ended("a", ok=True))
     log.resolve("c", "b", log.ended("b", ok=False))
+    node = log.graph("c").nodes[-1]
+    assert node.decided_by is not None and node.decided_by.id == "b"  # a's left it waiting
     log.add(requeue("c", rewait=True, run_at=T0 + 50_000))
     c = log.states["c"]
     assert c is not None and [r.parent_id for r in c.resolutions] == ["a"]
