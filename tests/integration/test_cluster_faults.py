@@ -21,6 +21,7 @@ import httpx
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
 from tests.integration.cluster_load import (
     PARTITIONS,
     Loaded,
@@ -214,10 +215,13 @@ def _called_after(run: Loaded, at_ms: float) -> list[tuple[float, str, str, floa
 
 
 async def _gone_from_isr(bootstrap: str, topic: str, node_id: int) -> bool:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5_000)
     try:
+        await admin.start()
         [found] = await admin.describe_topics([topic])
+    except KafkaError:  # it asked the broker that is down: ask again
+        await asyncio.sleep(0.5)
+        return False
     finally:
         await admin.close()
     partitions = found.get("partitions") or []
