@@ -11,7 +11,7 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from evsched.adapters.clock import SYSTEM_CLOCK
-from evsched.adapters.kafka import GROUP_TIMEOUTS, KafkaError, consumer, to_record
+from evsched.adapters.kafka import KafkaError, consumer, group_timeouts, to_record
 from evsched.errors import BrokerUnavailable, RebalanceCommitFailed
 from evsched.ports import Clock, Record
 from evsched.settings import Settings
@@ -60,7 +60,9 @@ class KafkaDispatchFeed:
     ) -> KafkaDispatchFeed:
         """The feed of pool ``group_id``, with the group timeouts every evsched member uses."""
         return cls(
-            lambda: consumer(settings, group_id=group_id, client_id=client_id, **GROUP_TIMEOUTS),
+            lambda: consumer(
+                settings, group_id=group_id, client_id=client_id, **group_timeouts(settings)
+            ),
             topics,
             start_lookback_ms=start_lookback_ms,
         )

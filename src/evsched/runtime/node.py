@@ -320,12 +320,33 @@ class Node:
                 self.restores.start(consumer, exc.partition, _rebuilding(exc))
             except Exception as exc:
                 self._open_failed(partition, exc)
-        plans = await self._plans(consumer, indexes)
-        for index, plan in zip(indexes, plans, strict=True):
-            try:
-                await self._open(consumer, index, plan)
-            except Exception as exc:
-                self._open_failed(index.partition, exc)
+        # Side by side, and the producers while the plans are made: a producer's start (which
+        # aborts a killed owner's open transaction) is a take-over's longest wait, and in turn
+        # n partitions took n times as long (issue 9, F.19).
+        plans, outboxes = await asyncio.gather(
+            self._plans(consumer, indexes),
+            asyncio.gather(
+                *(self._start_outbox(i.partition) for i in indexes), return_exceptions=True
+            ),
+        )
+        await asyncio.gather(
+            *(
+                self._open_logged(consumer, index, plan, outbox)
+                for index, plan, outbox in zip(indexes, plans, outboxes, strict=True)
+            )
+        )
+
+    async def _open_logged(
+        self,
+        consumer: KafkaGroupConsumer,
+        index: PartitionIndex,
+        plan: OpenPlan | BaseException,
+        outbox: KafkaOutbox | BaseException,
+    ) -> None:
+        try:
+            await self._open(consumer, index, plan, outbox)
+        except Exception as exc:
+            self._open_failed(index.partition, exc)
 
     async def _plans(
         self, consumer: KafkaGroupConsumer, indexes: list[PartitionIndex]
@@ -367,23 +388,32 @@ class Node:
         for runner in runners:
             self.health.move(runner.owner.partition, Phase.CLOSING)
             runner.close()
-        for runner in runners:
-            await runner.stopped()
-            await self._close(runner.owner)
-            self.log.info(
-                "partition_revoked", partition=runner.owner.partition, **runner.owner.stats
-            )
+        # Side by side: the group's rebalance, and so every take-over, waits for the last one.
+        await asyncio.gather(*(self._closed(runner) for runner in runners))
         for partition in partitions:
             self.health.closed(partition)
         if self.metrics is not None:  # their jobs' starts and ends are folded elsewhere now
             self.metrics.waiting.forget(partitions)
 
+    async def _closed(self, runner: PartitionRunner) -> None:
+        """Wait for the runner's step in flight, then close its partition (revoked)."""
+        await runner.stopped()
+        await self._close(runner.owner)
+        self.log.info("partition_revoked", partition=runner.owner.partition, **runner.owner.stats)
+
     async def _open(
-        self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan | BaseException
+        self,
+        consumer: KafkaGroupConsumer,
+        index: PartitionIndex,
+        plan: OpenPlan | BaseException,
+        started: KafkaOutbox | BaseException | None = None,
     ) -> None:
-        """Run the partition on its (open) index as planned; ``plan`` may be why none was made."""
+        """Run the partition on its (open) index as planned; ``plan`` may be why none was made.
+
+        ``started``: its outbox, started already (or why it did not start); None: start it here.
+        """
         partition = index.partition
-        outbox: KafkaOutbox | None = None
+        outbox = started if isinstance(started, KafkaOutbox) else None
         owner: OwnedPartition | None = None
         try:
             if isinstance(plan, BaseException):
@@ -391,9 +421,15 @@ class Node:
             # Of another fold version, behind the log's start, or far behind the changelog.
             if plan.action is not Action.USE_LOCAL:
                 index.close()
+                if outbox is not None:  # a new one starts once the index is restored
+                    await outbox.close()
+                    outbox = None
                 self.restores.start(consumer, partition, f"index: {plan.action.value}", plan)
                 return
-            outbox = await self._start_outbox(partition)
+            if isinstance(started, BaseException):
+                raise started
+            if outbox is None:
+                outbox = await self._start_outbox(partition)
             committed = await consumer.committed(partition)
             end = (await consumer.end_offsets([partition]))[partition]
             owner = self._owner(index, outbox, committed, end)
