@@ -4,7 +4,8 @@ Not a test: it measures (issue 11, item 5). On ``--bootstrap`` (else a broker of
 makes a fresh namespace whose jobs keep ``--retention-s`` of log time after they end (the key
 window too), starts ``--nodes`` nodes, ``--workers`` workers and one API process (bench/e2e.py's
 ``Cluster``), and enqueues ``--jobs`` no-op jobs at ``--rate`` per second, open loop, a
-``--delayed-share`` of them delayed by ``--delay-s``. Every ``--sample-s`` it samples:
+``--delayed-share`` of them delayed by ``--delay-s`` (and keyed: the key window is exercised
+too). Every ``--sample-s`` it samples:
 
 - ``live_jobs``: jobs in the API's index (``evsched_jobs``, summed over statuses);
 - ``node_disk_mb`` / ``api_disk_mb``: the nodes' and the API's data dirs on disk (RocksDB);
@@ -49,6 +50,7 @@ from e2e import Cluster, Proc, _is_delayed, _script, define_noop, wait_for
 from evsched.adapters.avro import decode_event
 from evsched.adapters.topics import Topics, ensure_topics
 from evsched.client import App, Task
+from evsched.core import ids
 from evsched.core.events import AttemptStarted, Position
 from evsched.core.fold import fold
 from evsched.core.state import JobState, Verdict
@@ -102,6 +104,12 @@ class SoakCluster(Cluster):
         command = [_script("evsched"), "api", "--port", str(self.api_port), "--no-auth"]
         command += ["--data-dir", str(self.run_dir / "api")]
         self.api = self.spawn("api", command)
+
+    def poll_logs(self) -> None:
+        super().poll_logs()  # raises when a node or worker exited
+        if self.api is not None and self.api.popen.poll() is not None:
+            code, path = self.api.popen.returncode, self.api.log_path
+            raise RuntimeError(f"the API exited with {code}: {path}")
 
     def metrics(self) -> dict[str, float]:
         """The API's ``evsched_jobs`` (summed) and applied AttemptSucceeded, from /metrics."""
@@ -202,18 +210,35 @@ async def follow(settings: Settings, lateness: Lateness, stop: asyncio.Event) ->
 # --- load and samples ---------------------------------------------------------------------------
 
 
-async def offer(task: Task, args: argparse.Namespace, chunks: Chunks, late: Lateness) -> None:
-    """``--jobs`` enqueues at ``--rate``/s, open loop; each one's time goes to its chunk."""
-    delayed_task = task.options(delay=args.delay_s)
+async def offer(task: Task, args: argparse.Namespace, chunks: Chunks, late: Lateness) -> int:
+    """``--jobs`` enqueues at ``--rate``/s, open loop; each one's time goes to its chunk.
+
+    The delayed jobs carry an idempotency key (so the key window is exercised too), which gives
+    their id before the enqueue: the follower must know them before their JobEnqueued arrives.
+    """
     running: set[asyncio.Task[None]] = set()
+    failed = 0
 
     async def one(i: int) -> None:
-        delayed = _is_delayed(i, args.delayed_share)
+        nonlocal failed
         started = time.perf_counter()
-        job_id = await (delayed_task.enqueue() if delayed else task.enqueue())
-        chunks.of(i).enqueue_ms.append((time.perf_counter() - started) * 1000)
+        delayed = _is_delayed(i, args.delayed_share)
+        key = f"soak-{i}"
+        job_id = ids.job_id_for_key(task.spec.queue, key)
         if delayed:
             late.expect(job_id, i)
+        try:
+            if delayed:
+                await task.options(delay=args.delay_s, idempotency_key=key).enqueue()
+            else:
+                await task.enqueue()
+        except Exception as exc:  # not acknowledged (a broker too busy): counted, not owed
+            failed += 1
+            late.pending.pop(job_id, None)
+            if failed <= 3:
+                print(f"enqueue {i} failed: {exc!r}", flush=True)
+            return
+        chunks.of(i).enqueue_ms.append((time.perf_counter() - started) * 1000)
 
     t0 = time.perf_counter()
     for i in range(args.jobs):
@@ -225,6 +250,7 @@ async def offer(task: Task, args: argparse.Namespace, chunks: Chunks, late: Late
         job.add_done_callback(running.discard)
     if running:
         await asyncio.gather(*running)
+    return failed
 
 
 async def sample_every(
@@ -251,7 +277,7 @@ async def succeeded_at_least(cluster: SoakCluster, count: int, timeout_s: float)
 
     deadline = time.monotonic() + timeout_s
     while not await done():
-        cluster.poll_logs()  # raises when a node or worker exited
+        cluster.poll_logs()  # raises when a process exited
         if time.monotonic() > deadline:
             raise TimeoutError(f"fewer than {count} jobs succeeded after {timeout_s:.0f} s")
         await asyncio.sleep(1)
@@ -276,11 +302,11 @@ async def run(cluster: SoakCluster) -> dict[str, Any]:
         await succeeded_at_least(cluster, warm, 300)
         sampling = asyncio.create_task(sample_every(cluster, chunks, samples, stop_sampling))
         started = time.monotonic()
-        await offer(task, a, chunks, late)
+        failed = await offer(task, a, chunks, late)
         load_s = time.monotonic() - started
         stop_sampling.set()
         await sampling
-    await succeeded_at_least(cluster, warm + a.jobs, 600)
+    await succeeded_at_least(cluster, warm + a.jobs - failed, 600)
     deadline = time.monotonic() + 120
     while True:  # the delayed jobs' starts, folded by the follower
         if not late.pending or time.monotonic() > deadline:
@@ -292,6 +318,7 @@ async def run(cluster: SoakCluster) -> dict[str, Any]:
     return {
         "jobs": a.jobs,
         "rate": a.rate,
+        "enqueue_failed": failed,
         "achieved_rate": round(a.jobs / load_s),
         "retention_s": a.retention_s,
         "samples": len(samples),
