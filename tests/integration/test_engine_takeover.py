@@ -25,10 +25,13 @@ from evsched.core.state import JobState, Verdict
 
 APP = "tests.integration.node_app:app"
 # On a quiet machine the stall is about 7-8 s: the 6 s session timeout, then the rebalance, the
-# reopen and the first step. Several test suites sharing two cores stretch everything but the
-# session timeout two- to threefold, hence the margin; docs/benchmarks.md ("Take-over stall")
-# has the figures.
-STALL_BOUND_S = 15.0
+# reopen and the first step. On a machine several suites share (load average 30-50 on two
+# cores) it measured 17-18.5 s: everything but the session timeout runs ten times slower, and the
+# heir, busy opening and folding, can miss its own heartbeats long enough to be dropped from the
+# group and rebalance once more. Hence the margin; docs/benchmarks.md ("Take-over stall").
+STALL_BOUND_S = 30.0
+# Starting processes on a loaded machine takes long; only the stall itself is bounded tightly.
+START_S = 240.0
 
 
 async def _assigned(proc: Proc) -> bool:
@@ -80,6 +83,8 @@ def stalls(
 
 
 @pytest.mark.broker
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 async def test_a_killed_nodes_partitions_decide_again_within_the_bound(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -90,9 +95,9 @@ async def test_a_killed_nodes_partitions_decide_again_within_the_bound(
     load: asyncio.Task[None] | None = None
     try:
         victim = stack.start_node("node-1")
-        await wait_for(lambda: _assigned(victim), what="node-1 to own partitions")
+        await wait_for(lambda: _assigned(victim), what="node-1 to own", timeout_s=START_S)
         heir = stack.start_node("node-2")
-        await wait_for(lambda: _assigned(heir), what="node-2 to own partitions")
+        await wait_for(lambda: _assigned(heir), what="node-2 to own", timeout_s=START_S)
         stack.start_worker("worker-1", "--app", APP, "--concurrency", "20")
         load = asyncio.create_task(_enqueue_steadily(stack, stop))
 
@@ -117,7 +122,7 @@ async def test_a_killed_nodes_partitions_decide_again_within_the_bound(
             theirs = {p.partition for e, p in applied if e.source == "node-node-2"}
             return mine if mine and theirs else None
 
-        await wait_for(steady, what="jobs to succeed on every partition", timeout_s=300)
+        await wait_for(steady, what="jobs to succeed on every partition", timeout_s=START_S)
         await wait_for(both_deciding, what="both nodes to lease jobs")
         applied = await applied_decisions()  # a second later: leases flow on every partition
         owner = {p.partition: e.source for e, p in applied}

@@ -320,31 +320,19 @@ class Node:
                 self.restores.start(consumer, exc.partition, _rebuilding(exc))
             except Exception as exc:
                 self._open_failed(partition, exc)
-        # Side by side, and the producers while the plans are made: a producer's start (which
-        # aborts a killed owner's open transaction) is a take-over's longest wait, and in turn
-        # n partitions took n times as long (issue 9, F.19).
-        plans, outboxes = await asyncio.gather(
-            self._plans(consumer, indexes),
-            asyncio.gather(
-                *(self._start_outbox(i.partition) for i in indexes), return_exceptions=True
-            ),
-        )
+        plans = await self._plans(consumer, indexes)
+        # Side by side: each partition waits on its own producer's start (which aborts a killed
+        # owner's open transaction) and offset round trips; in turn, a take-over of n
+        # partitions took n times as long (issue 9, F.19).
         await asyncio.gather(
-            *(
-                self._open_logged(consumer, index, plan, outbox)
-                for index, plan, outbox in zip(indexes, plans, outboxes, strict=True)
-            )
+            *(self._open_logged(consumer, i, p) for i, p in zip(indexes, plans, strict=True))
         )
 
     async def _open_logged(
-        self,
-        consumer: KafkaGroupConsumer,
-        index: PartitionIndex,
-        plan: OpenPlan | BaseException,
-        outbox: KafkaOutbox | BaseException,
+        self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan | BaseException
     ) -> None:
         try:
-            await self._open(consumer, index, plan, outbox)
+            await self._open(consumer, index, plan)
         except Exception as exc:
             self._open_failed(index.partition, exc)
 
@@ -402,18 +390,11 @@ class Node:
         self.log.info("partition_revoked", partition=runner.owner.partition, **runner.owner.stats)
 
     async def _open(
-        self,
-        consumer: KafkaGroupConsumer,
-        index: PartitionIndex,
-        plan: OpenPlan | BaseException,
-        started: KafkaOutbox | BaseException | None = None,
+        self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan | BaseException
     ) -> None:
-        """Run the partition on its (open) index as planned; ``plan`` may be why none was made.
-
-        ``started``: its outbox, started already (or why it did not start); None: start it here.
-        """
+        """Run the partition on its (open) index as planned; ``plan`` may be why none was made."""
         partition = index.partition
-        outbox = started if isinstance(started, KafkaOutbox) else None
+        outbox: KafkaOutbox | None = None
         owner: OwnedPartition | None = None
         try:
             if isinstance(plan, BaseException):
@@ -421,15 +402,9 @@ class Node:
             # Of another fold version, behind the log's start, or far behind the changelog.
             if plan.action is not Action.USE_LOCAL:
                 index.close()
-                if outbox is not None:  # a new one starts once the index is restored
-                    await outbox.close()
-                    outbox = None
                 self.restores.start(consumer, partition, f"index: {plan.action.value}", plan)
                 return
-            if isinstance(started, BaseException):
-                raise started
-            if outbox is None:
-                outbox = await self._start_outbox(partition)
+            outbox = await self._start_outbox(partition)
             committed = await consumer.committed(partition)
             end = (await consumer.end_offsets([partition]))[partition]
             owner = self._owner(index, outbox, committed, end)
