@@ -298,7 +298,8 @@ def _print_stalls(auditor: Auditor, soak: Soak) -> None:
     for fault in soak.faults:
         at = time.strftime("%H:%M:%S", time.gmtime(fault.at_ms / 1000))
         what = sorted(fault.partitions) if fault.kind == "node" else fault.worker_id
-        print(f"stall: {fault.kind} kill at {at} UTC ({what}): {auditor.stall(fault)} s")
+        gap = f", {auditor.node_gap(fault)} s since the last lease" if fault.kind == "node" else ""
+        print(f"stall: {fault.kind} kill at {at} UTC ({what}): {auditor.stall(fault)} s{gap}")
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:

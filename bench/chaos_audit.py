@@ -365,12 +365,27 @@ class Auditor:
         worker), the time from the kill to the job's next start (or to its death, when it never
         started again), the largest over those jobs.
         """
-        out: dict[str, list[float]] = {"node": [], "worker": []}
+        out: dict[str, list[float]] = {"node": [], "node_gap": [], "worker": []}
         for fault in faults:
             stall = self.stall(fault)
             if stall is not None:
                 out.setdefault(fault.kind, []).append(stall)
+            if fault.kind == "node" and (gap := self.node_gap(fault)) is not None:
+                out["node_gap"].append(gap)
         return out
+
+    def node_gap(self, fault: Fault) -> float | None:
+        """Seconds without a decision on a killed node's partitions: per partition it owned,
+        from its last lease before the kill to its first after, the largest (issue 9, F.19);
+        None when no partition had a lease on both sides."""
+        gaps = []
+        for partition in fault.partitions:
+            leases = self.leases_by_partition.get(partition, [])
+            before = [t for t in leases if t < fault.at_ms]
+            after = [t for t in leases if t >= fault.at_ms]
+            if before and after:
+                gaps.append(min(after) - max(before))
+        return max(gaps) / 1000 if gaps else None
 
     def stall(self, fault: Fault) -> float | None:
         """Seconds ``fault`` held up work (see ``stalls``), or None when it held up nothing."""

@@ -53,6 +53,10 @@ class Settings:
     # Stamped on jobs enqueued without their own (None: the fold's defaults, 7 days and 24 h).
     retention_ms: int | None = None
     key_window_ms: int | None = None
+    # The consumer groups' failure detection (nodes, workers); None: adapters.kafka.GROUP_TIMEOUTS.
+    # A session below the broker's group.min.session.timeout.ms (6 s by default) is refused by it.
+    session_timeout_ms: int | None = None
+    heartbeat_interval_ms: int | None = None
     # Shown redacted by __repr__: it may hold the SASL password.
     kafka_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -109,6 +113,12 @@ class Settings:
                 high=MAX_DURATION_MS,
                 default=None,
                 empty_ok=True,
+            ),
+            session_timeout_ms=_int_env(
+                env, "EVSCHED_SESSION_TIMEOUT_MS", low=1, default=None, empty_ok=True
+            ),
+            heartbeat_interval_ms=_int_env(
+                env, "EVSCHED_HEARTBEAT_INTERVAL_MS", low=1, default=None, empty_ok=True
             ),
             kafka_options=kafka_options(env),
         )

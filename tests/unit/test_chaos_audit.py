@@ -235,6 +235,8 @@ def test_a_node_kill_stalls_its_partitions_until_their_next_lease() -> None:
     auditor = chaos_audit.Auditor(acknowledged=set()).feed_all(p0.records + p1.records)
     stalls = auditor.stalls([Fault("node", 2_000, partitions=frozenset({0, 1}))])
     assert stalls["node"] == [7.001]
+    # From each partition's last lease before the kill (p0's at 1,000 ms) to its first after.
+    assert stalls["node_gap"] == [8.0]
 
 
 def test_a_worker_kill_stalls_the_jobs_in_flight_until_they_start_again() -> None:

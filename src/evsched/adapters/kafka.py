@@ -112,14 +112,16 @@ async def stop_producer(spent: AIOKafkaProducer, timeout_s: float = STOP_TIMEOUT
 
 # The group's failure detection: a member (node or worker) killed without leaving the group is
 # noticed after session_timeout_ms, and its partitions move to the others. The broker's minimum
-# is 6 s (group.min.session.timeout.ms); heartbeats go twice as often as Kafka's rule of thumb,
-# so a survivor hears of the rebalance within a second. Live members get rebalance_timeout_ms to
-# rejoin (closing their partitions first). A SIGKILLed node's partitions stall for less than
-# 10 s (tests/integration/test_engine_takeover.py measures it); a SIGKILLed worker's dispatch
-# partitions move to the pool's other workers as fast.
+# is 6 s (group.min.session.timeout.ms). A survivor hears of the rebalance at its next
+# heartbeat, every half second: the survivors act at most 6.5 s after a kill (the session runs
+# from the victim's last heartbeat, before the kill). Live members get rebalance_timeout_ms to
+# rejoin (closing their partitions first). A SIGKILLed node's partitions stall for about 7-8 s
+# on a quiet machine (tests/integration/test_engine_takeover.py measures it; docs/benchmarks.md,
+# "Take-over stall"); a SIGKILLed worker's dispatch partitions move to the pool's other workers
+# as fast. EVSCHED_SESSION_TIMEOUT_MS and EVSCHED_HEARTBEAT_INTERVAL_MS override the first two.
 GROUP_TIMEOUTS = {
     "session_timeout_ms": 6_000,
-    "heartbeat_interval_ms": 1_000,
+    "heartbeat_interval_ms": 500,
     "rebalance_timeout_ms": 10_000,
 }
 
@@ -128,6 +130,16 @@ GROUP_TIMEOUTS = {
 # (``evsched queues partitions``): their metadata is read again at least this often (Kafka's
 # default is 5 minutes).
 GROWTH_NOTICE_MS = 10_000
+
+
+def group_timeouts(settings: Settings) -> dict[str, int]:
+    """GROUP_TIMEOUTS with the session timeout and heartbeat interval ``settings`` set, if any."""
+    session = settings.session_timeout_ms or GROUP_TIMEOUTS["session_timeout_ms"]
+    # Kafka wants heartbeats well inside the session: a third of it at most.
+    heartbeat = settings.heartbeat_interval_ms or min(
+        GROUP_TIMEOUTS["heartbeat_interval_ms"], session // 3
+    )
+    return {**GROUP_TIMEOUTS, "session_timeout_ms": session, "heartbeat_interval_ms": heartbeat}
 
 
 def consumer(
@@ -157,6 +169,7 @@ __all__ = [
     "GROWTH_NOTICE_MS",
     "KafkaError",
     "consumer",
+    "group_timeouts",
     "is_fatal_producer_error",
     "producer",
     "start_producer",

@@ -169,7 +169,7 @@ class KafkaGroupConsumer(_Reader):
             group_id=group_id,
             client_id=client_id,
             max_poll_records=max_records,
-            **kafka.GROUP_TIMEOUTS,
+            **kafka.group_timeouts(settings),
         )
         super().__init__(topic, consumer)
         consumer.subscribe([topic], listener=_Listener(listener))

@@ -11,13 +11,7 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from evsched.adapters.clock import SYSTEM_CLOCK
-from evsched.adapters.kafka import (
-    GROUP_TIMEOUTS,
-    GROWTH_NOTICE_MS,
-    KafkaError,
-    consumer,
-    to_record,
-)
+from evsched.adapters.kafka import GROWTH_NOTICE_MS, KafkaError, consumer, group_timeouts, to_record
 from evsched.errors import BrokerUnavailable, RebalanceCommitFailed
 from evsched.ports import Clock, Record
 from evsched.settings import Settings
@@ -84,7 +78,7 @@ class KafkaDispatchFeed:
                 client_id=client_id,
                 # A dispatch topic grown while the pool runs is noticed (and rebalanced) this soon.
                 metadata_max_age_ms=GROWTH_NOTICE_MS,
-                **GROUP_TIMEOUTS,
+                **group_timeouts(settings),
             ),
             topics,
             start_lookback_ms=start_lookback_ms,

@@ -321,11 +321,20 @@ class Node:
             except Exception as exc:
                 self._open_failed(partition, exc)
         plans = await self._plans(consumer, indexes)
-        for index, plan in zip(indexes, plans, strict=True):
-            try:
-                await self._open(consumer, index, plan)
-            except Exception as exc:
-                self._open_failed(index.partition, exc)
+        # Side by side: each partition waits on its own producer's start (which aborts a killed
+        # owner's open transaction) and offset round trips; in turn, a take-over of n
+        # partitions took n times as long (issue 9, F.19).
+        await asyncio.gather(
+            *(self._open_logged(consumer, i, p) for i, p in zip(indexes, plans, strict=True))
+        )
+
+    async def _open_logged(
+        self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan | BaseException
+    ) -> None:
+        try:
+            await self._open(consumer, index, plan)
+        except Exception as exc:
+            self._open_failed(index.partition, exc)
 
     async def _plans(
         self, consumer: KafkaGroupConsumer, indexes: list[PartitionIndex]
@@ -367,16 +376,18 @@ class Node:
         for runner in runners:
             self.health.move(runner.owner.partition, Phase.CLOSING)
             runner.close()
-        for runner in runners:
-            await runner.stopped()
-            await self._close(runner.owner)
-            self.log.info(
-                "partition_revoked", partition=runner.owner.partition, **runner.owner.stats
-            )
+        # Side by side: the group's rebalance, and so every take-over, waits for the last one.
+        await asyncio.gather(*(self._closed(runner) for runner in runners))
         for partition in partitions:
             self.health.closed(partition)
         if self.metrics is not None:  # their jobs' starts and ends are folded elsewhere now
             self.metrics.waiting.forget(partitions)
+
+    async def _closed(self, runner: PartitionRunner) -> None:
+        """Wait for the runner's step in flight, then close its partition (revoked)."""
+        await runner.stopped()
+        await self._close(runner.owner)
+        self.log.info("partition_revoked", partition=runner.owner.partition, **runner.owner.stats)
 
     async def _open(
         self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan | BaseException
