@@ -50,10 +50,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -74,6 +74,8 @@ from evsched.core.state import JobState, Verdict
 from evsched.devstack.process import free_port
 from evsched.errors import DecodeError
 from evsched.settings import Settings
+
+T = TypeVar("T")
 
 TASK_NAME = "bench.noop"
 HERE = Path(__file__).resolve().parent
@@ -724,19 +726,22 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main() -> None:
-    args = parse()
-    run_dir = Path(tempfile.mkdtemp(prefix="evsched-bench-"))
-    cluster = Cluster(args, run_dir)
+def run_once(cluster: Cluster, measure: Callable[[Cluster], Coroutine[Any, Any, T]]) -> T:
+    """Start ``cluster``'s broker, ``measure`` on it, stop everything it started (its run
+    directory too, unless ``--keep``); what ``measure`` returned."""
     try:
         cluster.start_broker()
-        print(f"namespace {cluster.namespace} on {cluster.bootstrap}, logs in {run_dir}")
-        line = asyncio.run(run(cluster))
+        print(f"namespace {cluster.namespace} on {cluster.bootstrap}, logs in {cluster.run_dir}")
+        return asyncio.run(measure(cluster))
     finally:
         cluster.stop()
-        if not args.keep:
-            shutil.rmtree(run_dir, ignore_errors=True)
-    print(line)
+        if not cluster.args.keep:
+            shutil.rmtree(cluster.run_dir, ignore_errors=True)
+
+
+def main() -> None:
+    args = parse()
+    print(run_once(Cluster(args, Path(tempfile.mkdtemp(prefix="evsched-bench-"))), run))
 
 
 if __name__ == "__main__":

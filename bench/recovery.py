@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -44,6 +43,7 @@ from e2e import (
     paced_with,
     pct,
     read_back,
+    run_once,
     warm_up,
 )
 from evsched.adapters.kafka_events import partition_for
@@ -166,17 +166,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse()
-    run_dir = Path(tempfile.mkdtemp(prefix="evsched-recovery-"))
-    cluster = Cluster(args, run_dir)
-    try:
-        cluster.start_broker()
-        print(f"namespace {cluster.namespace} on {cluster.bootstrap}, logs in {run_dir}")
-        line = asyncio.run(run(cluster))
-    finally:
-        cluster.stop()
-        if not args.keep:
-            shutil.rmtree(run_dir, ignore_errors=True)
-    print(line)
+    print(run_once(Cluster(args, Path(tempfile.mkdtemp(prefix="evsched-recovery-"))), run))
 
 
 if __name__ == "__main__":

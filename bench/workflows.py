@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -48,6 +47,7 @@ from e2e import (
     paced,
     pct,
     read_back,
+    run_once,
     wait_caught_up,
     wait_succeeded,
     warm_up,
@@ -233,16 +233,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse()
     run_dir = Path(tempfile.mkdtemp(prefix="evsched-bench-workflows-"))
-    cluster = Cluster(args, run_dir, app_ref="workflows:app")
-    try:
-        cluster.start_broker()
-        print(f"namespace {cluster.namespace} on {cluster.bootstrap}, logs in {run_dir}")
-        line = asyncio.run(run(cluster))
-    finally:
-        cluster.stop()
-        if not args.keep:
-            shutil.rmtree(run_dir, ignore_errors=True)
-    print(line)
+    print(run_once(Cluster(args, run_dir, app_ref="workflows:app"), run))
 
 
 if __name__ == "__main__":
