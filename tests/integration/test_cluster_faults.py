@@ -171,6 +171,7 @@ async def test_fewer_than_min_isr_replicas_fail_writes_fast_and_clearly_and_lose
     async with loaded_stack(healed.bootstrap, tmp_path, "fisr") as run:
         events = run.stack.topics.events
         await _set_min_isr(healed.bootstrap, run.stack.namespace, 3)
+        await run.stack.replica()  # the API's, started while every broker is up
         await run.acked_past(40)
         victim = 3
         await kill(healed, victim)

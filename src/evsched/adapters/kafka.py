@@ -104,7 +104,10 @@ async def stop_producer(spent: AIOKafkaProducer, timeout_s: float = STOP_TIMEOUT
         # aiokafka has no public way to drop what it holds; this is what its own sender does
         # when it dies (Sender._fail_all).
         spent._message_accumulator.fail_all(held)
-        with contextlib.suppress(KafkaError):
+        # A batch still in flight then finds itself gone when its answer comes (a KeyError in
+        # aiokafka's sender): the producer is being discarded, so whatever its sender raises
+        # now is of no use to anyone.
+        with contextlib.suppress(Exception):
             await stopping
     except KafkaError as exc:
         log.warning("producer_stop_failed", error=repr(exc))
