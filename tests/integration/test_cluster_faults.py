@@ -38,9 +38,6 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.cluster, pytest.
 # transaction then completes on them (or its step fails and the partition reopens with a new
 # producer). Measured 10-20 s on a loaded 2-core box (docs/operations.md); the bound leaves room.
 RECOVERY_BOUND_S = 45.0
-# How long after its call a client's enqueue may take to fail while the ISR is short: the first
-# look at the partition comes after CHECK_AFTER_S (1 s), a describe of the topic takes the rest.
-FAIL_FAST_BOUND_S = 10.0
 
 
 @pytest.fixture(scope="module")
