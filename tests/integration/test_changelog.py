@@ -45,8 +45,22 @@ async def _every_partition(proc: Proc, event: str) -> list[dict[str, Any]] | Non
 
 
 async def _committed(stack: Stack) -> dict[int, int]:
-    found = {p: await stack.node_committed(p) for p in range(PARTITIONS)}
-    return {p: offset or 0 for p, offset in found.items()}
+    """The nodes group's offsets, once it has committed one on every partition.
+
+    A node commits its offset in the transaction of the effects it sent for the records below
+    it, so it may not have yet when the jobs are seen succeeded: trimming then would cut nothing.
+    """
+
+    async def everywhere() -> dict[int, int] | None:
+        found = {p: await stack.node_committed(p) for p in range(PARTITIONS)}
+        if all(offset for offset in found.values()):
+            return {p: offset or 0 for p, offset in found.items()}
+        await asyncio.sleep(0.5)
+        return None
+
+    return await wait_for(
+        everywhere, what="the node's offsets on every partition", timeout_s=DEADLINE_S
+    )
 
 
 async def _work(stack: Stack, count: int) -> list[str]:

@@ -57,14 +57,23 @@ async def healed(cluster: LocalCluster) -> AsyncIterator[LocalCluster]:
 
 
 async def leaders(bootstrap: str, topic: str) -> dict[int, int]:
-    """Partition -> leader's node id."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        [found] = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    return {int(p["partition"]): int(p["leader"]) for p in found["partitions"]}
+    """Partition -> leader's node id, once the broker asked lists every partition with one (a
+    broker restarted by the last test may answer for a moment without the new topic)."""
+
+    async def described() -> dict[int, int] | None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            [found] = await admin.describe_topics([topic])
+        finally:
+            await admin.close()
+        led = {int(p["partition"]): int(p["leader"]) for p in found.get("partitions") or []}
+        if len(led) == PARTITIONS and min(led.values()) >= 0:
+            return led
+        await asyncio.sleep(0.5)
+        return None
+
+    return await wait_for(described, what=f"a leader for every partition of {topic}", timeout_s=60)
 
 
 def report(name: str, started: float, run: Loaded, **figures: object) -> None:
