@@ -406,19 +406,26 @@ async def paced(task: Task, rate: float, seconds: float, delay_s: float, share: 
 async def paced_with(submit: Submit, rate: float, seconds: float, share: float) -> Sent:
     """Open-loop load: enqueue i starts at t0 + i/rate whatever earlier ones are doing."""
     sent = Sent(first_at_ms=time.time_ns() // 1_000_000)
-    total = int(rate * seconds)
+    await open_loop(int(rate * seconds), rate, lambda i: _enqueue_one(submit, sent, i, share))
+    return sent
+
+
+async def open_loop(
+    count: int, rate: float, one: Callable[[int], Coroutine[Any, Any, None]]
+) -> None:
+    """Start ``one(i)`` at t0 + i/rate for i < ``count``, whatever earlier ones are doing; return
+    once every one has ended."""
     running: set[asyncio.Task[None]] = set()
     t0 = time.perf_counter()
-    for i in range(total):
+    for i in range(count):
         wait = t0 + i / rate - time.perf_counter()
         if wait > 0:
             await asyncio.sleep(wait)
-        job = asyncio.create_task(_enqueue_one(submit, sent, i, share))
+        job = asyncio.create_task(one(i))
         running.add(job)
         job.add_done_callback(running.discard)
     if running:
         await asyncio.gather(*running)
-    return sent
 
 
 async def flood(task: Task, count: int, delay_s: float, share: float, start: int = 0) -> Sent:

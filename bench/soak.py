@@ -46,7 +46,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e import Cluster, Proc, _is_delayed, _script, define_noop, wait_for
+from e2e import Cluster, Proc, _is_delayed, _script, define_noop, open_loop, wait_for
 from evsched.adapters.avro import decode_event
 from evsched.adapters.topics import Topics, ensure_topics
 from evsched.client import App, Task
@@ -216,7 +216,6 @@ async def offer(task: Task, args: argparse.Namespace, chunks: Chunks, late: Late
     The delayed jobs carry an idempotency key (so the key window is exercised too), which gives
     their id before the enqueue: the follower must know them before their JobEnqueued arrives.
     """
-    running: set[asyncio.Task[None]] = set()
     failed = 0
 
     async def one(i: int) -> None:
@@ -240,16 +239,7 @@ async def offer(task: Task, args: argparse.Namespace, chunks: Chunks, late: Late
             return
         chunks.of(i).enqueue_ms.append((time.perf_counter() - started) * 1000)
 
-    t0 = time.perf_counter()
-    for i in range(args.jobs):
-        wait = t0 + i / args.rate - time.perf_counter()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        job = asyncio.create_task(one(i))
-        running.add(job)
-        job.add_done_callback(running.discard)
-    if running:
-        await asyncio.gather(*running)
+    await open_loop(args.jobs, args.rate, one)
     return failed
 
 
