@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -219,6 +220,7 @@ class Cluster:
         for i in range(1, self.args.nodes + 1):
             data = self.run_dir / f"node-{i}"
             command = [_script("evsched"), "node", "--data-dir", str(data), "--node-id", f"n{i}"]
+            command += shlex.split(getattr(self.args, "node_args", "") or "")
             self.nodes.append(self.spawn(f"node-{i}", command))
             self.owned[f"node-{i}"] = set()
         for i in range(1, self.args.workers + 1):
@@ -723,6 +725,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--bootstrap", help="use this broker instead of starting one")
     p.add_argument("--broker-pid", type=int, help="with --bootstrap: count this pid's CPU")
+    p.add_argument("--node-args", default="", help='more node options: "--max-unstarted 500"')
     p.add_argument("--rss", action="store_true", help="measure the node's RSS instead")
     p.add_argument("--rss-stages", default="100000,1000000", help="jobs in the index per sample")
     p.add_argument("--profile", help="py-spy the node and worker processes into this dir")
