@@ -104,8 +104,9 @@ async def kill_leader(cluster: Cluster, delay_s: float) -> tuple[float, set[int]
     victim = led[0]
     killed_at = time.time() * 1000
     os.kill(broker_pids(cluster)[victim], signal.SIGKILL)
-    print(f"killed broker {victim} (leader of events partitions {sorted(led)})")
-    return killed_at, {p for p, leader in led.items() if leader == victim}
+    victims = {p for p, leader in led.items() if leader == victim}
+    print(f"killed broker {victim} (leader of events partitions {sorted(victims)})")
+    return killed_at, victims
 
 
 async def run(cluster: Cluster) -> str:
