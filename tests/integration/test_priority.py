@@ -69,7 +69,10 @@ async def test_high_jobs_start_before_all_but_a_bounded_number_of_later_dispatch
     stack: Stack, nodes: int
 ) -> None:
     for n in range(1, nodes + 1):
-        stack.start_node(f"node-{n}", "--max-unstarted", str(WINDOW), "--dispatch-timeout-s", "120")
+        stack.start_node(
+            f"node-{n}", "--max-unstarted", str(WINDOW), "--unstarted-horizon-ms", "0",
+            "--dispatch-timeout-s", "120",
+        )  # fmt: skip
     worker = start_worker(stack)
     async with make_app(stack.settings) as app:
         slow = app.get_task("p.slow")

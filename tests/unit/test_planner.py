@@ -128,3 +128,12 @@ def test_the_unstarted_limit_is_per_queue_and_has_a_documented_default() -> None
     jobs = [job("a"), job("b"), job("c", queue="other"), job("d", queue="other")]
     leases = planner.plan_leases(jobs, {}, unstarted={}, now=1_000, limits=limits, source="n")
     assert [lease.event.job_id for lease in leases] == ["a", "c"]
+
+
+def test_a_raised_unstarted_limit_holds_for_its_queue_only() -> None:
+    limits = planner.PlannerLimits(max_unstarted_per_queue=1)
+    jobs = [job(f"q{i}") for i in range(4)] + [job(f"o{i}", queue="other") for i in range(4)]
+    leases = planner.plan_leases(
+        jobs, {}, unstarted={}, unstarted_limits={"q": 3}, now=1_000, limits=limits, source="n"
+    )
+    assert [lease.event.job_id for lease in leases] == ["o0", "q0", "q1", "q2"]

@@ -41,9 +41,19 @@ def node_command(
         typer.Option(
             "--max-unstarted",
             min=1,
-            help="Leased jobs no worker has started yet, per queue, on this node (backpressure).",
+            help="Leased jobs no worker has started yet, per queue, on this node (backpressure); "
+            "raised for a queue whose workers start jobs quickly (--unstarted-horizon-ms).",
         ),
     ] = 100,
+    unstarted_horizon_ms: Annotated[
+        int,
+        typer.Option(
+            "--unstarted-horizon-ms",
+            min=0,
+            help="A queue may have this long of its recent starts leased but unstarted, above "
+            "--max-unstarted and up to --max-in-flight; 0 keeps --max-unstarted fixed.",
+        ),
+    ] = 1_000,
     dispatch_timeout_s: Annotated[
         float, typer.Option("--dispatch-timeout-s", min=0.1, help="Time for a worker to start.")
     ] = 30.0,
@@ -102,6 +112,7 @@ def node_command(
             dispatch_timeout_ms=int(dispatch_timeout_s * 1000),
             max_in_flight_per_queue=max_in_flight,
             max_unstarted_per_queue=max_unstarted,
+            unstarted_horizon_ms=unstarted_horizon_ms,
             prelease_ms=prelease_ms,
         ),
         metrics_port=metrics_port,

@@ -22,13 +22,16 @@ class PlannerLimits:
     no worker has started yet (backpressure: under a backlog jobs stay scheduled instead of
     waiting out their dispatch timeout in a dispatch topic). ``prelease_ms``: how long before its
     run_at a delayed job may be leased, so its worker starts it by a local timer (0: only due
-    jobs are leased); at most ``limits.MAX_PRELEASE_MS``.
+    jobs are leased); at most ``limits.MAX_PRELEASE_MS``. ``unstarted_horizon_ms``: a node may
+    raise a queue's unstarted limit to this long of the queue's recent starts, up to
+    ``max_in_flight_per_queue`` (0: the limit stays ``max_unstarted_per_queue``).
     """
 
     dispatch_timeout_ms: int = 30_000
     max_in_flight_per_queue: int = 1_000
     max_unstarted_per_queue: int = 100
     prelease_ms: int = 1_000
+    unstarted_horizon_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,6 +50,7 @@ def plan_leases(
     in_flight: Mapping[str, int],
     *,
     unstarted: Mapping[str, int] | None = None,
+    unstarted_limits: Mapping[str, int] | None = None,
     now: int,
     limits: PlannerLimits,
     source: str,
@@ -59,10 +63,13 @@ def plan_leases(
 
     A queue has room while both its leased-or-running jobs (``in_flight``) and its leased jobs
     no worker started yet (``unstarted``) are under their limits; each lease granted here counts
-    against both. Jobs due within ``limits.prelease_ms`` are pre-leased.
+    against both. ``unstarted_limits`` may raise a queue's unstarted limit above
+    ``limits.max_unstarted_per_queue`` (a node's budget does, for queues whose workers start jobs
+    quickly). Jobs due within ``limits.prelease_ms`` are pre-leased.
     """
     used = dict(in_flight)
     waiting = dict(unstarted or {})
+    raised = unstarted_limits or {}
     leases: list[Lease] = []
     for state in sorted(candidates, key=due_order):
         if state.status is not Status.SCHEDULED or state.run_at > now + limits.prelease_ms:
@@ -70,7 +77,7 @@ def plan_leases(
         queue = state.queue
         if used.get(queue, 0) >= limits.max_in_flight_per_queue:
             continue
-        if waiting.get(queue, 0) >= limits.max_unstarted_per_queue:
+        if waiting.get(queue, 0) >= raised.get(queue, limits.max_unstarted_per_queue):
             continue
         used[queue] = used.get(queue, 0) + 1
         waiting[queue] = waiting.get(queue, 0) + 1

@@ -11,11 +11,19 @@ priority, so a partition with a deep backlog cannot starve the others of a share
 is ordered by the highest priority each partition has waiting (then by arrival): a partition
 holding a higher-priority due job gets the next room, and the others lease nothing of that queue
 meanwhile, so priority orders leases across the node's partitions, not only within each one.
+
+``--max-unstarted`` is a floor, not a fixed size: a queue whose workers start jobs quickly may
+hold ``--unstarted-horizon-ms`` (1 s) of its recent starts leased but unstarted (up to
+``--max-in-flight``). A fixed 100 capped a node at 100 leases per round trip (lease, dispatch,
+start, fold), about 460 jobs/s on one box, whatever the workers could run; a fixed large number
+would let slow jobs wait out their dispatch timeout in the dispatch topic. Sized by the start
+rate, the leased jobs waiting for a worker are about a second of its work either way.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import math
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,10 +43,42 @@ class LoadSource(Protocol):
     def wake(self) -> None: ...
 
 
+RATE_WINDOW_S = 2.0  # the start rate is the starts of the last this many seconds
+
+
+class StartRate:
+    """Starts per queue over the last ``RATE_WINDOW_S`` (monotonic seconds), and the unstarted
+    limit they allow."""
+
+    def __init__(self) -> None:
+        self._starts: dict[str, deque[tuple[float, int]]] = {}
+        self._sums: Counter[str] = Counter()
+
+    def add(self, counts: Mapping[str, int], at: float) -> None:
+        for queue, count in counts.items():
+            if count > 0:
+                self._starts.setdefault(queue, deque()).append((at, count))
+                self._sums[queue] += count
+
+    def limits(self, floor: int, cap: int, horizon_s: float, at: float) -> dict[str, int]:
+        """Per queue with recent starts: ``horizon_s`` of them, from ``floor`` up to ``cap``."""
+        limits: dict[str, int] = {}
+        for queue, starts in list(self._starts.items()):
+            while starts and starts[0][0] <= at - RATE_WINDOW_S:
+                self._sums[queue] -= starts.popleft()[1]
+            if not starts:
+                del self._starts[queue], self._sums[queue]
+                continue
+            wanted = math.ceil(self._sums[queue] / RATE_WINDOW_S * horizon_s)
+            limits[queue] = max(floor, min(cap, wanted))
+        return limits
+
+
 class QueueBudget:
     """The partitions of one node, each reporting its own load, and the lines for full queues."""
 
     def __init__(self) -> None:
+        self.rate = StartRate()  # the node's starts, which size its unstarted limits
         self._members: dict[int, LoadSource] = {}
         self._lines: dict[str, list[int]] = {}  # queue -> partitions waiting for room, in turn
         self._ranks: dict[str, dict[int, int]] = {}  # queue -> partition -> priority it waits with

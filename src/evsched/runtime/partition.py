@@ -11,7 +11,7 @@ written, so the index never holds a decision, an effect or a change the log does
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -159,7 +159,11 @@ class OwnedPartition:
         if gap:
             self.projector.commit(self.projector.fold(gap))
             self.log.info("gap_refolded", count=len(gap), until=self.replay_until)
+        started = dict(self.projector.started)
         folded = self.projector.fold(fresh)
+        if self.budget is not None:  # the starts size the node's unstarted limits
+            grown = {q: n - started.get(q, 0) for q, n in self.projector.started.items()}
+            self.budget.rate.add(grown, self.clock.monotonic_s())
         if fresh:
             self.log.debug(
                 "records_folded", first=fresh[0].offset, last=fresh[-1].offset, count=len(fresh)
@@ -323,7 +327,13 @@ class OwnedPartition:
         in_flight = dict(load.in_flight)
         for queue in self.budget.not_my_turn(self.partition):
             in_flight[queue] = self.limits.max_in_flight_per_queue  # full for us, for now
-        leases = self._lease(candidates, QueueLoad(in_flight, load.unstarted), now)
+        raised = self.budget.rate.limits(
+            self.limits.max_unstarted_per_queue,
+            self.limits.max_in_flight_per_queue,
+            self.limits.unstarted_horizon_ms / 1000,
+            self.clock.monotonic_s(),
+        )
+        leases = self._lease(candidates, QueueLoad(in_flight, load.unstarted), now, raised)
         leased = {lease.event.job_id for lease in leases}
         left: dict[str, int] = {}  # queue -> the highest priority left unleased
         for s in candidates:
@@ -334,11 +344,18 @@ class OwnedPartition:
         )
         return leases
 
-    def _lease(self, candidates: list[JobState], load: QueueLoad, now: int) -> list[planner.Lease]:
+    def _lease(
+        self,
+        candidates: list[JobState],
+        load: QueueLoad,
+        now: int,
+        unstarted_limits: Mapping[str, int] | None = None,
+    ) -> list[planner.Lease]:
         return planner.plan_leases(
             candidates,
             load.in_flight,
             unstarted=load.unstarted,
+            unstarted_limits=unstarted_limits,
             now=now,
             limits=self.limits,
             source=self.source,

@@ -126,6 +126,9 @@ class Projector:
         # Leased or running jobs per queue, and leased ones no worker started yet.
         self.in_flight: dict[str, int] = {}
         self.unstarted: dict[str, int] = {}
+        # Leased jobs a worker started, per queue, since this projector opened (never decreases):
+        # the node's lease budget reads the start rate from it.
+        self.started: dict[str, int] = {}
         self._seed_counts()
         # Paused queues and schedules of this partition as the index holds them (a handful):
         # leases and fires skip them. Changed on commit only, so a dropped batch leaves no trace.
@@ -422,6 +425,8 @@ class Projector:
             now = after.status in statuses
             if was != now:
                 counts[after.queue] = counts.get(after.queue, 0) + (1 if now else -1)
+        if before is not None and before.status is Status.LEASED and after.status is Status.RUNNING:
+            self.started[after.queue] = self.started.get(after.queue, 0) + 1
 
 
 _LEASED = frozenset({Status.LEASED})
