@@ -226,8 +226,12 @@ async def test_a_transaction_the_broker_aborted_reopens_the_partition_which_deci
     assert [(e["partition"], e["holder"]) for e in fenced] == [(0, Holder.THIS_NODE.value)]
     assert any(e["event"] == "partition_recovered" for e in logs)
     assert rig.dropped("transaction_lost") == 1 and rig.dropped("fenced") == 0
-    state = rig.node.owned[0].owner.index.job("b")
-    assert state is not None and state.status is Status.LEASED and state.token == 1
+
+    def leased_in_index() -> bool:  # once the lease is read back from the log and folded
+        state = rig.node.owned[0].owner.index.job("b")
+        return state is not None and state.status is Status.LEASED and state.token == 1
+
+    await rig.pump(leased_in_index)
     assert rig.node.health.readiness()[0] is True
     await rig.node.revoke([0])
 
