@@ -336,7 +336,8 @@ class NodeInstruments:
         self.dropped = PromCounter(
             "evsched_node_partitions_dropped",
             "Partitions dropped after a failed step, by reason: fenced (another node owns it "
-            "now) or error (reopened from its index).",
+            "now), transaction_lost (fenced while still the owner: reopened from its index) or "
+            "error (reopened from its index).",
             ["reason"],
             registry=registry,
         )

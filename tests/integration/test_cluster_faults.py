@@ -144,6 +144,23 @@ async def test_a_broker_frozen_past_its_session_timeout_under_load_loses_nothing
     assert not run.load.failed, run.load.failed[:3]
 
 
+async def test_a_rolling_restart_of_every_broker_under_load_loses_nothing(
+    healed: LocalCluster, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    async with loaded_stack(healed.bootstrap, tmp_path, "froll") as run:
+        await run.acked_past(40)
+        for node in healed.nodes:
+            await asyncio.to_thread(node.down)  # SIGTERM: a controlled shutdown
+            await run.acked_past(10, timeout_s=180)  # the others carry on meanwhile
+            await asyncio.to_thread(healed.up)
+            await wait_for(lambda: _in_sync(healed), what="every ISR whole", timeout_s=180)
+        await run.acked_past(40)
+        await run.finish()
+    report("rolling restart", started, run)
+    assert not run.load.failed, run.load.failed[:3]
+
+
 async def _gone_from_isr(bootstrap: str, topic: str, node_id: int) -> bool:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5_000)
     try:

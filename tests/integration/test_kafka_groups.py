@@ -7,7 +7,8 @@ from aiokafka import AIOKafkaConsumer
 from tests.conftest import unique_name
 from tests.integration.engine import wait_for
 
-from evsched.adapters.kafka_groups import partition_owners
+from evsched.adapters.kafka_events import KafkaGroupConsumer
+from evsched.adapters.kafka_groups import GroupOwners, partition_owners
 from evsched.adapters.topics import Topics, ensure_topics
 from evsched.devstack.process import free_port
 from evsched.errors import BrokerUnavailable
@@ -62,3 +63,43 @@ async def test_an_unreachable_broker_is_broker_unavailable() -> None:
     settings = Settings(bootstrap=f"127.0.0.1:{free_port()}", namespace="x", event_partitions=1)
     with pytest.raises(BrokerUnavailable, match="cannot describe consumer group"):
         await partition_owners(settings, "x.nodes", "x.events", timeout_s=2)
+
+
+class _Quiet:
+    async def revoked(self, partitions: list[int]) -> None:
+        pass
+
+    async def assigned(self, partitions: list[int]) -> None:
+        pass
+
+
+async def test_a_node_finds_itself_by_member_id_in_the_assignment(kafka_bootstrap: str) -> None:
+    """What a fenced node asks (runtime.ownership): its own member id against the group's."""
+    namespace = unique_name("members")
+    await ensure_topics(kafka_bootstrap, namespace, event_partitions=2, queues=())
+    topics = Topics(namespace)
+    settings = Settings(bootstrap=kafka_bootstrap, namespace=namespace, event_partitions=2)
+    consumer = KafkaGroupConsumer(
+        settings,
+        topics.events,
+        group_id=topics.node_group,
+        client_id="evsched-node-a",
+        max_records=10,
+        listener=_Quiet(),
+    )
+    assert consumer.member_id() is None
+    owners = GroupOwners(settings)
+    await consumer.start()
+    try:
+
+        async def stable() -> dict[int, str] | None:
+            await consumer.read_all(0.1, 10)
+            members = await owners.members(topics.node_group, topics.events)
+            return members if set(members) == {0, 1} else None
+
+        members = await wait_for(stable, what="the group's assignment", timeout_s=60)
+        assert set(members.values()) == {consumer.member_id()}
+        assert consumer.member_id() != "evsched-node-a"  # the member id, not the client id
+    finally:
+        await owners.close()
+        await consumer.close()

@@ -180,6 +180,12 @@ class KafkaGroupConsumer(_Reader):
     def assignment(self) -> set[int]:
         return {tp.partition for tp in self._consumer.assignment()}
 
+    def member_id(self) -> str | None:
+        """This consumer's member id in the group (None until it joined, or once it left)."""
+        # aiokafka keeps it on its group coordinator only; "" is Kafka's unknown member id.
+        member = getattr(getattr(self._consumer, "_coordinator", None), "member_id", "")
+        return str(member) or None
+
     def pause(self, partition: int) -> None:
         with broker_errors(f"pause p{partition}"):
             self._consumer.pause(self._tp(partition))

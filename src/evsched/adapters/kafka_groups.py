@@ -28,6 +28,13 @@ class GroupOwners:
             responses = await admin.describe_consumer_groups([group_id])
         return _owners(responses, topic)
 
+    async def members(self, group_id: str, topic: str) -> dict[int, str]:
+        """Partition of ``topic`` -> the member id it is assigned to (a member id tells apart
+        two members with one client id); empty, like ``ask``, unless the group is stable."""
+        async with self._admin.ask(f"cannot describe consumer group {group_id}") as admin:
+            responses = await admin.describe_consumer_groups([group_id])
+        return _owners(responses, topic, by_member=True)
+
     async def close(self) -> None:
         await self._admin.close()
 
@@ -43,15 +50,15 @@ async def partition_owners(
         await owners.close()
 
 
-def _owners(responses: Any, topic: str) -> dict[int, str]:
+def _owners(responses: Any, topic: str, *, by_member: bool = False) -> dict[int, str]:
     owners: dict[int, str] = {}
     for response in responses:
         for _error, _group, state, _type, _protocol, members, *_ in response.groups:
             if state != "Stable":
                 continue
-            for _member_id, client_id, _host, _metadata, assignment in members:
+            for member_id, client_id, _host, _metadata, assignment in members:
                 for partition in _assigned(assignment, topic):
-                    owners[partition] = client_id
+                    owners[partition] = member_id if by_member else client_id
     return owners
 
 

@@ -98,8 +98,11 @@ class KafkaOutbox:
     async def close(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
+            # Within kafka.stop_producer's bound: while too few replicas are in sync, the
+            # producer would hold its transaction's records for as long as that lasts. What it
+            # leaves, the next producer of this transactional id aborts when it starts.
             with contextlib.suppress(Exception):
-                await producer.stop()
+                await kafka.stop_producer(producer)
 
     async def send(
         self, outgoing: Sequence[Outgoing], *, offset: ConsumerOffset | None, holdback: Holdback

@@ -21,6 +21,7 @@ import structlog
 from evsched.adapters.clock import SYSTEM_CLOCK, now_ms
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka_events import KafkaGroupConsumer
+from evsched.adapters.kafka_groups import GroupOwners
 from evsched.adapters.kafka_outbox import KafkaOutbox
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
@@ -34,6 +35,7 @@ from evsched.runtime.dispatch_topics import QueueTopics
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.lifecycle import Phase
 from evsched.runtime.node_restore import IndexRestores, kafka_reader
+from evsched.runtime.ownership import Holder, Ownership
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.restore import open_index
 from evsched.runtime.runner import PartitionRunner
@@ -83,6 +85,13 @@ class Node:
         self._lock = asyncio.Lock()
         self.queue_topics = QueueTopics(config.settings)
         self._consumer: KafkaGroupConsumer | None = None
+        self.group_owners = GroupOwners(config.settings)
+        self.ownership = Ownership(
+            self.group_owners,
+            group_id=config.group_id,
+            topic=self.topics.events,
+            member_id=lambda: None if self._consumer is None else self._consumer.member_id(),
+        )
         self._generation = 0  # bumped on every assignment change
         self._rebalancing = False  # between the group's revoke and assign callbacks
         self.budget = QueueBudget()  # --max-in-flight and --max-unstarted hold per node
@@ -121,6 +130,7 @@ class Node:
             async with self._lock:
                 await self._close_all()
             await consumer.close()
+            await self.group_owners.close()
             if self.standby is not None:
                 await self.standby.stop()
             self.log.info("node_stopped")
@@ -253,15 +263,12 @@ class Node:
                     self.health.stepped(owner.partition, caught_up=owner.caught_up)
         except PartitionRevoked:
             return  # revoked while we fetched; the listener closes it
-        except Fenced:
-            # A newer producer holds this partition's transactional id: the group gave the
-            # partition to someone else and we have not heard yet. Reopening would fence the new
-            # owner back, so wait for our next assignment instead.
-            self.log.warning("partition_fenced", partition=owner.partition)
-            if not runner.closing:  # else revoked meanwhile: the revoke closes it
-                self.health.move(owner.partition, Phase.FENCED)
-            self._dropped("fenced")
-            await self._drop(runner)
+        except Fenced as exc:
+            if runner.closing:
+                return  # revoked meanwhile: the revoke closes it
+            reason = str(exc)
+            traceback.clear_frames(exc.__traceback__)  # index handles: see below
+            await self._fenced(consumer, runner, reason)
         except Exception as exc:
             if runner.closing:
                 return  # revoked meanwhile: the revoke closes it
@@ -282,6 +289,30 @@ class Node:
             traceback.clear_frames(exc.__traceback__)
             del exc
             await self._drop(runner)
+
+    async def _fenced(
+        self, consumer: KafkaGroupConsumer, runner: PartitionRunner, reason: str
+    ) -> None:
+        """The partition's producer was fenced: by a new owner, or by the broker aborting a
+        transaction that outlived its timeout (``runtime.ownership``). The group says which."""
+        partition = runner.owner.partition
+        with contextlib.suppress(PartitionRevoked, BrokerUnavailable):
+            consumer.pause(partition)  # its runner steps no more; a reopen resumes it
+        holder = await self.ownership.settle(partition, runner)
+        if holder is None:
+            return  # revoked while asking: the revoke closes it
+        self.log.warning("partition_fenced", partition=partition, holder=holder.value)
+        if holder is Holder.ANOTHER:
+            # Reopening would fence the new owner back: wait for the revoke instead.
+            self.health.move(partition, Phase.FENCED)
+            self._dropped("fenced")
+        else:
+            # Nobody else has it: what the aborted transaction held never reached the log, and
+            # _adopt_orphans reopens the partition with a new producer from its index and the
+            # committed offset, as a restart would; it decides again from there.
+            self.health.failed(partition, f"transaction lost, still the owner: {reason}")
+            self._dropped("transaction_lost")
+        await self._drop(runner)
 
     def _dropped(self, reason: str) -> None:
         if self.metrics is not None:
