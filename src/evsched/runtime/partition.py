@@ -28,6 +28,7 @@ from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.changelog import ChangelogWriter
+from evsched.runtime.lease_plan import Candidate, LeanLeases, Planned
 from evsched.runtime.pending import Pending
 from evsched.runtime.permit_plan import PermitPlanner
 from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
@@ -93,6 +94,14 @@ class OwnedPartition:
         self.caught_up = False
         self.pending = Pending(clock)
         self.permits = PermitPlanner(self.projector, self.pending, self.source)
+        self.lean = LeanLeases(
+            index,
+            self.projector,
+            limits=limits,
+            scan_limit=scan_limit,
+            held_back=self._held_back,
+            source=self.source,
+        )
         self.wake_at: int | None = None
         # The consumer offset the group holds for this partition, and when records past it were
         # first folded without a transaction of their own (epoch ms).
@@ -304,6 +313,26 @@ class OwnedPartition:
             return []
 
     def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
+        load = self._lease_load()
+        # Global limits need every due job's labels; otherwise only the jobs leased are decoded.
+        planned = None if self.permits.active(folded) else self.lean.plan(folded, now, load)
+        leases, candidates = planned or self._plan_read_all(folded, now, load)
+        if self.budget is not None:
+            self._wait_in_line(leases, candidates)
+        return leases
+
+    def _lease_load(self) -> QueueLoad:
+        """What the leases of this step count against: the node's queues, or this partition's."""
+        if self.budget is None:
+            return self.load()
+        load = self.budget.total()
+        in_flight = dict(load.in_flight)
+        for queue in self.budget.not_my_turn(self.partition):
+            in_flight[queue] = self.limits.max_in_flight_per_queue  # full for us, for now
+        return QueueLoad(in_flight, load.unstarted)
+
+    def _plan_read_all(self, folded: Folded, now: int, load: QueueLoad) -> Planned:
+        """Leases from every due job's state in the scan's window (``LeanLeases`` reads fewer)."""
         # Held-back jobs (pending, or on an undeclared queue) must not fill the scan's window.
         horizon = now + self.limits.prelease_ms
         paused = self.projector.paused(QUEUE, folded)
@@ -317,13 +346,11 @@ class OwnedPartition:
         ]
         if self.permits.active(folded):
             candidates = self.permits.permitted(candidates, now, folded)
-        if self.budget is None:
-            return self._lease(candidates, self.load(), now)
-        load = self.budget.total()
-        in_flight = dict(load.in_flight)
-        for queue in self.budget.not_my_turn(self.partition):
-            in_flight[queue] = self.limits.max_in_flight_per_queue  # full for us, for now
-        leases = self._lease(candidates, QueueLoad(in_flight, load.unstarted), now)
+        return self._lease(candidates, load, now), list(candidates)
+
+    def _wait_in_line(self, leases: list[planner.Lease], candidates: list[Candidate]) -> None:
+        """Queues with due jobs left unleased wait in the node's line, by their best priority."""
+        assert self.budget is not None
         leased = {lease.event.job_id for lease in leases}
         left: dict[str, int] = {}  # queue -> the highest priority left unleased
         for s in candidates:
@@ -332,7 +359,6 @@ class OwnedPartition:
         self.budget.waited(
             self.partition, blocked=left, leased={lease.dispatch.queue for lease in leases}
         )
-        return leases
 
     def _lease(self, candidates: list[JobState], load: QueueLoad, now: int) -> list[planner.Lease]:
         return planner.plan_leases(

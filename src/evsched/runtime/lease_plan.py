@@ -1,0 +1,136 @@
+"""Lease planning that decodes only the jobs it leases.
+
+Under a backlog most due jobs a step reads are on queues with no room left: the node's
+``--max-unstarted`` and ``--max-in-flight``, or another partition's turn in the node's line.
+Their ``due_priority`` entries already say what choosing leases needs (lease order, queue,
+scheduled), so only the jobs chosen are decoded; the jobs this step's records touched are read
+through the step's batch, as before. The scan's window is the same as before (the same keys,
+skipped and counted the same way), so the leases and what is left waiting are the same too.
+
+``plan`` returns None where it cannot stand for the full read (the caller then reads every due
+job's state): when the partition folded a global limit (permits need the jobs' labels), or when
+a chosen job's state is not what its entry says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Set
+
+from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index_priority import DueEntry
+from evsched.core import planner
+from evsched.core.controls import QUEUE
+from evsched.core.state import JobState, Status
+from evsched.runtime.budget import QueueLoad
+from evsched.runtime.projector import Folded, Projector
+
+# A due job: its state, or its index entry when the state was not needed.
+Candidate = JobState | DueEntry
+Planned = tuple[list[planner.Lease], list[Candidate]]
+
+
+class LeanLeases:
+    """One partition's lease planning over index entries; ``OwnedPartition`` owns one."""
+
+    def __init__(
+        self,
+        index: PartitionIndex,
+        projector: Projector,
+        *,
+        limits: planner.PlannerLimits,
+        scan_limit: int,
+        held_back: Callable[[str], bool],
+        source: str,
+    ) -> None:
+        self.index = index
+        self.projector = projector
+        self.limits = limits
+        self.scan_limit = scan_limit
+        self.held_back = held_back
+        self.source = source
+
+    def plan(self, folded: Folded, now: int, load: QueueLoad) -> Planned | None:
+        """The leases of this step against ``load``, and every candidate (for the node's line)."""
+        horizon = now + self.limits.prelease_ms
+        paused = self.projector.paused(QUEUE, folded)
+
+        def skip(entry: DueEntry) -> bool:
+            return self._skip(entry, paused)
+
+        entries = self.index.due_entries(horizon, self.scan_limit, skip=skip)
+        candidates = [
+            c
+            for c in self._candidates(entries, folded)
+            if c.run_at <= horizon and c.queue not in paused
+        ]
+        chosen = planner.pick_leases(
+            candidates, load.in_flight, unstarted=load.unstarted, now=now, limits=self.limits
+        )
+        states = self._states(chosen, folded)
+        if states is None:
+            return None
+        leases = planner.plan_leases(
+            states,
+            load.in_flight,
+            unstarted=load.unstarted,
+            now=now,
+            limits=self.limits,
+            source=self.source,
+            events_offset=self.projector.next_offset,
+        )
+        return leases, candidates
+
+    def _skip(self, entry: DueEntry, paused: Set[str]) -> bool:
+        """Held back, or on a paused queue: such due jobs must not fill the scan's window."""
+        if self.held_back(entry.job_id):
+            return True
+        if not paused:
+            return False
+        if entry.queue:
+            return entry.queue in paused
+        state = self.projector.job(entry.job_id)  # the committed state, as the full read has it
+        return state is not None and state.queue in paused
+
+    def _candidates(self, entries: list[DueEntry], folded: Folded) -> list[Candidate]:
+        """The scan's jobs and the batch's scheduled ones, once each, none held back.
+
+        An entry stands for its job's committed state, unless the batch touched the job or the
+        entry cannot tell (then the state is read, as the full read does).
+        """
+        touched = folded.batch.before_jobs
+        found: dict[str, Candidate] = {}
+        for entry in entries:
+            job_id = entry.job_id
+            if job_id in found or self.held_back(job_id):
+                continue
+            if entry.queue and job_id not in touched:
+                found[job_id] = entry
+            elif (state := self.projector.job(job_id, folded)) is not None:
+                found[job_id] = state
+        for job_id, state in folded.batch.jobs.items():
+            fresh = state.status is Status.SCHEDULED and job_id not in found
+            if fresh and not self.held_back(job_id):
+                found[job_id] = state
+        return list(found.values())
+
+    def _states(self, chosen: list[Candidate], folded: Folded) -> list[JobState] | None:
+        """The chosen jobs' states; None if one is not what its entry said."""
+        states: list[JobState] = []
+        for candidate in chosen:
+            if isinstance(candidate, JobState):
+                states.append(candidate)
+                continue
+            state = self.projector.job(candidate.job_id, folded)
+            if state is None or not _agrees(candidate, state):
+                return None
+            states.append(state)
+        return states
+
+
+def _agrees(entry: DueEntry, state: JobState) -> bool:
+    return (
+        state.status is Status.SCHEDULED
+        and state.queue == entry.queue
+        and state.priority == entry.priority
+        and state.run_at == entry.run_at
+    )
