@@ -14,10 +14,9 @@ import pytest
 from evsched.adapters.index_priority import DUE_PRIORITY, DueEntry, priority_key
 from evsched.core.events import Event, JobEnqueued, QueuePaused, QueueResumed
 from evsched.core.planner import PlannerLimits
-from evsched.core.state import Status
 from evsched.ports import Record
 from evsched.runtime.budget import QueueBudget
-from evsched.runtime.lease_plan import Candidate
+from evsched.runtime.lease_plan import waiting_by_queue
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.projector import Folded
 from evsched.testing import FrozenClock, MemoryBroker, NodeDriver
@@ -53,11 +52,6 @@ def backlog(rng: random.Random, prefix: str, count: int, now: int) -> list[Event
     ]
 
 
-def seen(candidates: list[Candidate]) -> list[tuple[str, str, int, int, Status]]:
-    """What the node's line reads of the candidates (and what leases are chosen from)."""
-    return sorted((c.job_id, c.queue, c.priority, c.run_at, c.status) for c in candidates)
-
-
 def assert_same_plans(owner: OwnedPartition, folded: Folded, now: int) -> int:
     """Plan at ``now`` both ways on the same index and batch; returns how many were leased."""
     load = owner._lease_load()
@@ -65,7 +59,8 @@ def assert_same_plans(owner: OwnedPartition, folded: Folded, now: int) -> int:
     assert lean is not None
     full = owner._plan_read_all(folded, now, load)
     assert lean[0] == full[0]
-    assert seen(lean[1]) == seen(full[1])
+    # What the node's line is told: the queues left waiting, by their best priority.
+    assert waiting_by_queue(*lean) == waiting_by_queue(*full)
     return len(full[0])
 
 
@@ -143,9 +138,12 @@ async def test_a_backlog_behind_a_full_queue_is_not_decoded(
         lean = owner.lean.plan(folded, now, owner._lease_load())
         assert lean is not None
         assert sorted(decoded) == ["open5", "open6"] == sorted(s.event.job_id for s in lean[0])
+        # Of each queue's entries only its room and one more are kept: the best one left waits.
+        assert sorted(c.job_id for c in lean[1]) == ["full0005", "open5", "open6", "open7"]
+        assert waiting_by_queue(*lean) == {"full": 1, "open": 0}
         decoded.clear()
         full = owner._plan_read_all(folded, now, owner._lease_load())
-        assert full[0] == lean[0]
+        assert full[0] == lean[0] and waiting_by_queue(*full) == waiting_by_queue(*lean)
         # The full read decodes every due job (open5 and open6 are cached by now).
         assert sorted(decoded) == [f"full{i:04d}" for i in range(5, 600)] + ["open7"]
     finally:

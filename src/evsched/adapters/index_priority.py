@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from evsched.core.limits import MAX_PRIORITY
 from evsched.core.state import Status
@@ -36,9 +36,9 @@ _MAX_RANK = 2 * MAX_PRIORITY
 Scan = Callable[[bytes, bytes | None], Iterator[tuple[bytes, bytes]]]
 
 
-@dataclass(frozen=True, slots=True)
-class DueEntry:
-    """A scheduled job as its ``due_priority`` key and value tell it, without its state.
+class DueEntry(NamedTuple):
+    """A scheduled job as its ``due_priority`` key and value tell it, without its state (a
+    tuple: a scan makes one per key read).
 
     ``queue`` is empty when the entry cannot stand for the state: written before the family kept
     queues, or at a bound where the key clamps the priority or run_at (decode the job instead).

@@ -60,7 +60,7 @@ class LeanLeases:
         entries = self.index.due_entries(horizon, self.scan_limit, skip=skip)
         candidates = [
             c
-            for c in self._candidates(entries, folded)
+            for c in self._candidates(entries, folded, self._rooms(load))
             if c.run_at <= horizon and c.queue not in paused
         ]
         chosen = planner.pick_leases(
@@ -91,20 +91,40 @@ class LeanLeases:
         state = self.projector.job(entry.job_id)  # the committed state, as the full read has it
         return state is not None and state.queue in paused
 
-    def _candidates(self, entries: list[DueEntry], folded: Folded) -> list[Candidate]:
+    def _rooms(self, load: QueueLoad) -> Callable[[str], int]:
+        """How many more jobs of a queue ``load`` leaves room for."""
+        limits = self.limits
+
+        def room(queue: str) -> int:
+            in_flight = limits.max_in_flight_per_queue - load.in_flight.get(queue, 0)
+            unstarted = limits.max_unstarted_per_queue - load.unstarted.get(queue, 0)
+            return max(0, min(in_flight, unstarted))
+
+        return room
+
+    def _candidates(
+        self, entries: list[DueEntry], folded: Folded, room: Callable[[str], int]
+    ) -> list[Candidate]:
         """The scan's jobs and the batch's scheduled ones, once each, none held back.
 
         An entry stands for its job's committed state, unless the batch touched the job or the
-        entry cannot tell (then the state is read, as the full read does).
+        entry cannot tell (then the state is read, as the full read does). Of a queue's entries
+        only the first ``room + 1`` are kept: entries come in lease order, so the leases are
+        among them, and so is the best job left unleased (what the node's line reads); the
+        others still counted toward the scan's window, as before.
         """
         touched = folded.batch.before_jobs
         found: dict[str, Candidate] = {}
+        wanted: dict[str, int] = {}  # queue -> entries still worth keeping
         for entry in entries:
-            job_id = entry.job_id
+            job_id, queue = entry.job_id, entry.queue
             if job_id in found or self.held_back(job_id):
                 continue
-            if entry.queue and job_id not in touched:
-                found[job_id] = entry
+            if queue and job_id not in touched:
+                left = wanted[queue] if queue in wanted else room(queue) + 1
+                if left > 0:
+                    found[job_id] = entry
+                wanted[queue] = left - 1
             elif (state := self.projector.job(job_id, folded)) is not None:
                 found[job_id] = state
         for job_id, state in folded.batch.jobs.items():
@@ -134,3 +154,14 @@ def _agrees(entry: DueEntry, state: JobState) -> bool:
         and state.priority == entry.priority
         and state.run_at == entry.run_at
     )
+
+
+def waiting_by_queue(leases: list[planner.Lease], candidates: list[Candidate]) -> dict[str, int]:
+    """Queues with due jobs left unleased, each with the highest priority among them (what the
+    node's line orders partitions by)."""
+    leased = {lease.event.job_id for lease in leases}
+    left: dict[str, int] = {}
+    for s in candidates:
+        if s.status is Status.SCHEDULED and s.job_id not in leased:
+            left[s.queue] = max(s.priority, left.get(s.queue, s.priority))
+    return left

@@ -28,7 +28,7 @@ from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.changelog import ChangelogWriter
-from evsched.runtime.lease_plan import Candidate, LeanLeases, Planned
+from evsched.runtime.lease_plan import Candidate, LeanLeases, Planned, waiting_by_queue
 from evsched.runtime.pending import Pending
 from evsched.runtime.permit_plan import PermitPlanner
 from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
@@ -351,13 +351,10 @@ class OwnedPartition:
     def _wait_in_line(self, leases: list[planner.Lease], candidates: list[Candidate]) -> None:
         """Queues with due jobs left unleased wait in the node's line, by their best priority."""
         assert self.budget is not None
-        leased = {lease.event.job_id for lease in leases}
-        left: dict[str, int] = {}  # queue -> the highest priority left unleased
-        for s in candidates:
-            if s.status is Status.SCHEDULED and s.job_id not in leased:
-                left[s.queue] = max(s.priority, left.get(s.queue, s.priority))
         self.budget.waited(
-            self.partition, blocked=left, leased={lease.dispatch.queue for lease in leases}
+            self.partition,
+            blocked=waiting_by_queue(leases, candidates),
+            leased={lease.dispatch.queue for lease in leases},
         )
 
     def _lease(self, candidates: list[JobState], load: QueueLoad, now: int) -> list[planner.Lease]:
