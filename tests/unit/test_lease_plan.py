@@ -12,7 +12,15 @@ from typing import Any
 import pytest
 
 from evsched.adapters.index_priority import DUE_PRIORITY, DueEntry, priority_key
-from evsched.core.events import Event, JobEnqueued, QueuePaused, QueueResumed
+from evsched.core.events import (
+    Event,
+    JobEnqueued,
+    KeyLimitSet,
+    QueueLimitSet,
+    QueuePaused,
+    QueueResumed,
+)
+from evsched.core.permits import KEY_LABEL
 from evsched.core.planner import PlannerLimits
 from evsched.ports import Record
 from evsched.runtime.budget import QueueBudget
@@ -25,11 +33,24 @@ from tests.unit.node_driver_events import started, succeeded
 QUEUES = ("a", "b", "c", "side")
 
 
-def job(job_id: str, *, queue: str, priority: int = 0, run_at: int | None = None) -> JobEnqueued:
+def job(
+    job_id: str,
+    *,
+    queue: str,
+    priority: int = 0,
+    run_at: int | None = None,
+    labels: dict[str, str] | None = None,
+) -> JobEnqueued:
     return JobEnqueued(
         event_id=f"enq-{job_id}", job_id=job_id, emitted_at=0, source="client", task="t",
-        queue=queue, args=b"[]", run_at=run_at, priority=priority,
+        queue=queue, args=b"[]", run_at=run_at, priority=priority, labels=labels or {},
     )  # fmt: skip
+
+
+def limit(queue: str, running: int) -> QueueLimitSet:
+    return QueueLimitSet(
+        event_id=f"limit-{queue}", queue=queue, emitted_at=0, source="cli", max_running=running
+    )
 
 
 def pause(queue: str, n: int = 0) -> QueuePaused:
@@ -57,7 +78,9 @@ def assert_same_plans(owner: OwnedPartition, folded: Folded, now: int) -> int:
     load = owner._lease_load()
     lean = owner.lean.plan(folded, now, load)
     assert lean is not None
+    lean_asks = owner.permits.take(now, folded)  # the permit requests planning made
     full = owner._plan_read_all(folded, now, load)
+    assert owner.permits.take(now, folded) == lean_asks
     assert lean[0] == full[0]
     # What the node's line is told: the queues left waiting, by their best priority.
     assert waiting_by_queue(*lean) == waiting_by_queue(*full)
@@ -94,7 +117,8 @@ async def test_planning_from_entries_leases_what_reading_every_state_leases(
     try:
         now = clock.now_ms()
         other.append(*backlog(rng, "o", 60, now))
-        driver.append(*backlog(rng, "j", 200, now), pause("side"))
+        limited = [limit("c", 3)] if seed >= 4 else []  # its jobs need permits
+        driver.append(*limited, *backlog(rng, "j", 200, now), pause("side"))
         for node in drivers:
             await node.settle()
         driver.append(*(started(d) for d in driver.dispatched()[::2]))
@@ -208,22 +232,85 @@ async def test_a_node_under_a_backlog_sends_byte_for_byte_what_the_full_read_sen
     ]
     events += [pause("side"), *(job(f"side{i}", queue="side", priority=4) for i in range(10))]
     try:
-        for node in (lean, full):
-            node.append(*events)
-        for round_ in range(8):
-            for node in (lean, full):
-                await node.settle(max_steps=500)
-            assert wire(lean.sent()) == wire(full.sent())
-            work: list[Event] = []
-            for d in lean.dispatched()[-30:]:
-                work += [started(d), succeeded(d)] if rng.random() < 0.7 else [started(d)]
-            if round_ == 4:
-                work.append(resume("side"))
-            for node in (lean, full):
-                node.append(*work)
-                node.advance(1)
+        await run_both(lean, full, events, rounds=8, seed=15, later={4: [resume("side")]})
         assert {"full", "open", "side"} <= {d.queue for d in lean.dispatched()}
         assert lean.decisions() == full.decisions()
     finally:
         lean.close()
         full.close()
+
+
+async def run_both(
+    lean: NodeDriver,
+    full: NodeDriver,
+    events: list[Event],
+    *,
+    rounds: int,
+    seed: int,
+    later: dict[int, list[Event]] | None = None,
+) -> None:
+    """The same log to both nodes, and the same worker's answers to what the lean one sent
+    (and ``later[round]`` after that round), each round compared byte for byte."""
+    rng = random.Random(seed)
+    for node in (lean, full):
+        node.append(*events)
+    for round_ in range(rounds):
+        for node in (lean, full):
+            await node.settle(max_steps=500)
+        assert wire(lean.sent()) == wire(full.sent())
+        work: list[Event] = []
+        for d in lean.dispatched()[-30:]:
+            work += [started(d), succeeded(d)] if rng.random() < 0.7 else [started(d)]
+        work += (later or {}).get(round_, [])
+        for node in (lean, full):
+            node.append(*work)
+            node.advance(1)
+
+
+async def test_with_a_queue_limit_the_node_sends_what_the_full_read_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limits = PlannerLimits(max_unstarted_per_queue=15, max_in_flight_per_queue=30)
+    lean = NodeDriver(tmp_path / "lean", limits=limits)
+    full = NodeDriver(tmp_path / "full", limits=limits)
+    await full.open()
+    monkeypatch.setattr(full.owner.lean, "plan", lambda *args: None)
+    await lean.open()
+    plans: list[object] = []
+    plan = lean.owner.lean.plan
+
+    def spied(*args: Any) -> Any:
+        plans.append(planned := plan(*args))
+        return planned
+
+    monkeypatch.setattr(lean.owner.lean, "plan", spied)
+    # A limited queue (its jobs ask for permits, wait for grants, are read in full) among a
+    # full queue's backlog deeper than the scan's window and an open queue.
+    events: list[Event] = [limit("lim", 4)]
+    events += [job(f"lim{i:03d}", queue="lim", priority=3) for i in range(200)]
+    events += [job(f"full{i:05d}", queue="full", priority=2) for i in range(1_200)]
+    events += [job(f"open{i:03d}", queue="open", priority=i % 4) for i in range(40)]
+    try:
+        await run_both(lean, full, events, rounds=8, seed=7)
+        assert {"full", "open", "lim"} <= {d.queue for d in lean.dispatched()}
+        assert plans and None not in plans  # every step planned from the entries
+    finally:
+        lean.close()
+        full.close()
+
+
+async def test_a_key_limit_makes_the_step_read_every_due_job(tmp_path: Path) -> None:
+    driver = NodeDriver(tmp_path, limits=PlannerLimits(max_unstarted_per_queue=1))
+    try:
+        key = KeyLimitSet(event_id="limit-k", key="k", emitted_at=0, source="cli", max_running=1)
+        labels = {KEY_LABEL: "k"}
+        driver.append(key, *(job(f"j{i}", queue="q", labels=labels) for i in range(3)))
+        driver.append(*(job(f"o{i}", queue="o") for i in range(3)))
+        await driver.settle()
+        owner = driver.owner
+        now = driver.clock.now_ms()
+        # Any job may carry the key: only its state tells, so the full read plans the step.
+        assert owner.lean.plan(Folded(), now, owner._lease_load()) is None
+        assert [d.job_id for d in driver.dispatched()] == ["o0", "j0"]
+    finally:
+        driver.close()

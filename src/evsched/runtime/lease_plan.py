@@ -5,28 +5,48 @@ Under a backlog most due jobs a step reads are on queues with no room left: the 
 Their ``due_priority`` entries already say what choosing leases needs (lease order, queue,
 scheduled), so only the jobs chosen are decoded; the jobs this step's records touched are read
 through the step's batch, as before. The scan's window is the same as before (the same keys,
-skipped and counted the same way), so the leases and what is left waiting are the same too.
+skipped and counted the same way), so the leases, the permit requests and what is left waiting
+in the node's line are the same too.
 
-``plan`` returns None where it cannot stand for the full read (the caller then reads every due
-job's state): when the partition folded a global limit (permits need the jobs' labels), or when
-a chosen job's state is not what its entry says.
+Jobs of a queue with a global limit (``core.permits``) are read in full, as before: whether one
+may be leased, waits for a grant or asks for one is the fold's judgement of its state. A key's
+limit may hold for any job (its labels name the key), so a partition that folded one reads
+every due job's state: ``plan`` returns None, and the caller does. So it does when a chosen
+job's state is not what its entry says.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Set
+from dataclasses import dataclass
 
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.index_priority import DueEntry
 from evsched.core import planner
 from evsched.core.controls import QUEUE
+from evsched.core.events import KEY_PREFIX
 from evsched.core.state import JobState, Status
 from evsched.runtime.budget import QueueLoad
+from evsched.runtime.permit_plan import PermitPlanner
 from evsched.runtime.projector import Folded, Projector
 
 # A due job: its state, or its index entry when the state was not needed.
 Candidate = JobState | DueEntry
 Planned = tuple[list[planner.Lease], list[Candidate]]
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    """What a step's planning reads through its batch: paused queues, queues with a limit."""
+
+    folded: Folded
+    paused: Set[str]
+    limited: Set[str]
+
+    def stands_for(self, entry: DueEntry) -> bool:
+        """Whether ``entry`` tells all the step needs of its job (else its state is read)."""
+        queue = entry.queue
+        return bool(queue) and queue not in self.limited
 
 
 class LeanLeases:
@@ -40,34 +60,42 @@ class LeanLeases:
         limits: planner.PlannerLimits,
         scan_limit: int,
         held_back: Callable[[str], bool],
+        permits: PermitPlanner,
         source: str,
     ) -> None:
         self.index = index
         self.projector = projector
+        self.permits = permits
         self.limits = limits
         self.scan_limit = scan_limit
         self.held_back = held_back
         self.source = source
 
     def plan(self, folded: Folded, now: int, load: QueueLoad) -> Planned | None:
-        """The leases of this step against ``load``, and every candidate (for the node's line)."""
+        """The leases of this step against ``load``, and the candidates the node's line reads
+        (``waiting_by_queue``); None where only the full read will do."""
+        limits = self.projector.limits_as(folded)
+        if any(name.startswith(KEY_PREFIX) for name in limits):
+            return None
+        view = _View(folded, self.projector.paused(QUEUE, folded), limits.keys())
         horizon = now + self.limits.prelease_ms
-        paused = self.projector.paused(QUEUE, folded)
-
-        def skip(entry: DueEntry) -> bool:
-            return self._skip(entry, paused)
-
-        entries = self.index.due_entries(horizon, self.scan_limit, skip=skip)
+        entries = self.index.due_entries(
+            horizon, self.scan_limit, skip=lambda entry: self._skip(entry, view)
+        )
         candidates = [
             c
-            for c in self._candidates(entries, folded, self._rooms(load))
-            if c.run_at <= horizon and c.queue not in paused
+            for c in self._candidates(entries, view, self._rooms(load))
+            if c.run_at <= horizon and c.queue not in view.paused
         ]
+        asked = self.permits.asked()
+        if limits:
+            candidates = self._permitted(candidates, now, folded)
         chosen = planner.pick_leases(
             candidates, load.in_flight, unstarted=load.unstarted, now=now, limits=self.limits
         )
         states = self._states(chosen, folded)
         if states is None:
+            self.permits.retract(asked)  # the full read asks again
             return None
         leases = planner.plan_leases(
             states,
@@ -80,16 +108,28 @@ class LeanLeases:
         )
         return leases, candidates
 
-    def _skip(self, entry: DueEntry, paused: Set[str]) -> bool:
-        """Held back, or on a paused queue: such due jobs must not fill the scan's window."""
+    def _skip(self, entry: DueEntry, view: _View) -> bool:
+        """Held back, on a paused queue, or waiting for a permit's grant: such due jobs must not
+        fill the scan's window."""
         if self.held_back(entry.job_id):
             return True
-        if not paused:
+        if not view.paused and not view.limited:
             return False
-        if entry.queue:
-            return entry.queue in paused
+        if view.stands_for(entry):
+            return entry.queue in view.paused
         state = self.projector.job(entry.job_id)  # the committed state, as the full read has it
-        return state is not None and state.queue in paused
+        if state is None:
+            return False
+        return state.queue in view.paused or (
+            bool(view.limited) and self.permits.waits(state, view.folded)
+        )
+
+    def _permitted(self, candidates: list[Candidate], now: int, folded: Folded) -> list[Candidate]:
+        """The candidates permits let be leased (entries are on queues without a limit: all
+        of them); the states' permit requests are made as the full read makes them."""
+        entries = [c for c in candidates if not isinstance(c, JobState)]
+        states = [c for c in candidates if isinstance(c, JobState)]
+        return [*entries, *self.permits.permitted(states, now, folded)]
 
     def _rooms(self, load: QueueLoad) -> Callable[[str], int]:
         """How many more jobs of a queue ``load`` leaves room for."""
@@ -103,7 +143,7 @@ class LeanLeases:
         return room
 
     def _candidates(
-        self, entries: list[DueEntry], folded: Folded, room: Callable[[str], int]
+        self, entries: list[DueEntry], view: _View, room: Callable[[str], int]
     ) -> list[Candidate]:
         """The scan's jobs and the batch's scheduled ones, once each, none held back.
 
@@ -113,6 +153,7 @@ class LeanLeases:
         among them, and so is the best job left unleased (what the node's line reads); the
         others still counted toward the scan's window, as before.
         """
+        folded = view.folded
         touched = folded.batch.before_jobs
         found: dict[str, Candidate] = {}
         wanted: dict[str, int] = {}  # queue -> entries still worth keeping
@@ -120,7 +161,7 @@ class LeanLeases:
             job_id, queue = entry.job_id, entry.queue
             if job_id in found or self.held_back(job_id):
                 continue
-            if queue and job_id not in touched:
+            if view.stands_for(entry) and job_id not in touched:
                 left = wanted[queue] if queue in wanted else room(queue) + 1
                 if left > 0:
                     found[job_id] = entry

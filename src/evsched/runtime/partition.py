@@ -100,6 +100,7 @@ class OwnedPartition:
             limits=limits,
             scan_limit=scan_limit,
             held_back=self._held_back,
+            permits=self.permits,
             source=self.source,
         )
         self.wake_at: int | None = None
@@ -314,8 +315,8 @@ class OwnedPartition:
 
     def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
         load = self._lease_load()
-        # Global limits need every due job's labels; otherwise only the jobs leased are decoded.
-        planned = None if self.permits.active(folded) else self.lean.plan(folded, now, load)
+        # Only the jobs leased are decoded, unless an entry cannot stand for its state.
+        planned = self.lean.plan(folded, now, load)
         leases, candidates = planned or self._plan_read_all(folded, now, load)
         if self.budget is not None:
             self._wait_in_line(leases, candidates)
