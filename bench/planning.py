@@ -6,9 +6,10 @@ leases as if ``--full`` of those queues had no room left and the others ``--room
 ways plan the same index, in alternating rounds: ``old`` reads the state of every due job in the
 scan's window (``OwnedPartition._plan_read_all``, the way before ``runtime.lease_plan``), ``new``
 reads the window's index entries and decodes only the jobs it leases (``LeanLeases.plan``).
-Every step checks that both lease the same jobs. The projector's state cache is emptied before
-each step (``--warm`` keeps it): under a backlog deeper than the cache, the window's states are
-the oldest jobs and not cached. The last line is key=value for scripts.
+Every step checks that both lease the same jobs and leave the same queues waiting. The
+projector's state cache is emptied before each step (``--warm`` keeps it): under a backlog
+deeper than the cache, the window's states are the oldest jobs and not cached. The last line is
+key=value for scripts.
 
 Run: ``PYTHONPATH=src .venv/bin/python bench/planning.py [--jobs 20000] [--rounds 6]``.
 """
@@ -29,6 +30,7 @@ from typing import Any
 from evsched.core.events import JobEnqueued
 from evsched.core.planner import PlannerLimits
 from evsched.runtime.budget import QueueLoad
+from evsched.runtime.lease_plan import waiting_by_queue
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.projector import Folded
 from evsched.testing import NodeDriver
@@ -87,8 +89,9 @@ def run(args: argparse.Namespace, driver: NodeDriver) -> dict[str, Any]:
             for way in order:
                 took, plans[way] = timed(ways[way], owner, args.warm)
                 times[way].append(took)
-            if plans["new"] is None or plans["new"][0] != plans["old"][0]:
-                raise SystemExit("the two ways planned different leases")
+            new, old = plans["new"], plans["old"]
+            if new is None or new[0] != old[0] or waiting_by_queue(*new) != waiting_by_queue(*old):
+                raise SystemExit("the two ways planned different leases or lines")
             leases = len(plans["old"][0])
     old_ms = statistics.median(times["old"]) * 1_000
     new_ms = statistics.median(times["new"]) * 1_000
