@@ -157,9 +157,9 @@ class LeanLeases:
         touched = folded.batch.before_jobs
         found: dict[str, Candidate] = {}
         wanted: dict[str, int] = {}  # queue -> entries still worth keeping
-        for entry in entries:
+        for entry in entries:  # none held back: the scan skipped those
             job_id, queue = entry.job_id, entry.queue
-            if job_id in found or self.held_back(job_id):
+            if job_id in found:
                 continue
             if view.stands_for(entry) and job_id not in touched:
                 left = wanted[queue] if queue in wanted else room(queue) + 1
