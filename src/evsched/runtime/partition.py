@@ -319,7 +319,7 @@ class OwnedPartition:
         planned = self.lean.plan(folded, now, load)
         leases, candidates = planned or self._plan_read_all(folded, now, load)
         if self.budget is not None:
-            self._wait_in_line(leases, candidates)
+            self._wait_in_line(self.budget, leases, candidates)
         return leases
 
     def _lease_load(self) -> QueueLoad:
@@ -349,10 +349,11 @@ class OwnedPartition:
             candidates = self.permits.permitted(candidates, now, folded)
         return self._lease(candidates, load, now), list(candidates)
 
-    def _wait_in_line(self, leases: list[planner.Lease], candidates: list[Candidate]) -> None:
+    def _wait_in_line(
+        self, budget: QueueBudget, leases: list[planner.Lease], candidates: list[Candidate]
+    ) -> None:
         """Queues with due jobs left unleased wait in the node's line, by their best priority."""
-        assert self.budget is not None
-        self.budget.waited(
+        budget.waited(
             self.partition,
             blocked=waiting_by_queue(leases, candidates),
             leased={lease.dispatch.queue for lease in leases},
