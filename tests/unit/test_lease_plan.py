@@ -299,18 +299,38 @@ async def test_with_a_queue_limit_the_node_sends_what_the_full_read_sent(
         full.close()
 
 
-async def test_a_key_limit_makes_the_step_read_every_due_job(tmp_path: Path) -> None:
+async def test_jobs_under_a_key_limit_are_read_in_full_and_the_others_from_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     driver = NodeDriver(tmp_path, limits=PlannerLimits(max_unstarted_per_queue=1))
     try:
         key = KeyLimitSet(event_id="limit-k", key="k", emitted_at=0, source="cli", max_running=1)
-        labels = {KEY_LABEL: "k"}
-        driver.append(key, *(job(f"j{i}", queue="q", labels=labels) for i in range(3)))
-        driver.append(*(job(f"o{i}", queue="o") for i in range(3)))
+        driver.append(key, *(job(f"j{i}", queue="q", labels={KEY_LABEL: "k"}) for i in range(3)))
+        driver.append(*(job(f"f{i}", queue="q", labels={KEY_LABEL: "free"}) for i in range(3)))
+        driver.append(*(job(f"o{i}", queue="o", priority=1) for i in range(3)))
         await driver.settle()
-        owner = driver.owner
+        assert [d.job_id for d in driver.dispatched()] == ["o0", "f0"]
+        owner = await driver.restart()  # no state cached: every state read decodes
+        entries = {e.job_id: e for e in owner.index.due_entries(driver.clock.now_ms(), 100)}
+        assert (entries["j1"].key, entries["f1"].key, entries["o1"].key) == ("k", "free", "")
+        decoded: list[str] = []
+        read = owner.index.job
+
+        def counted(job_id: str) -> Any:
+            decoded.append(job_id)
+            return read(job_id)
+
+        monkeypatch.setattr(owner.index, "job", counted)
+        driver.append(*(started(d) for d in driver.dispatched()))  # room in both queues
+        log = driver.broker.records(driver.topics.events, 0, owner.projector.next_offset)
+        folded = owner.projector.fold(log)
+        decoded.clear()
         now = driver.clock.now_ms()
-        # Any job may carry the key: only its state tells, so the full read plans the step.
-        assert owner.lean.plan(Folded(), now, owner._lease_load()) is None
-        assert [d.job_id for d in driver.dispatched()] == ["o0", "j0"]
+        lean = owner.lean.plan(folded, now, owner._lease_load())
+        assert lean is not None and len(lean[0]) == 2
+        # The jobs the key's limit holds for, and the two leased (o1, and f1: its key is free).
+        assert sorted(decoded) == ["f1", "j0", "j1", "j2", "o1"]
+        owner.permits.take(now, folded)
+        assert assert_same_plans(owner, folded, now) == 2
     finally:
         driver.close()

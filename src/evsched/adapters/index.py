@@ -40,6 +40,7 @@ from evsched.adapters.index_priority import (
     DueEntry,
     PriorityLevels,
     priority_key,
+    priority_value,
 )
 from evsched.adapters.index_purge import Purge, PurgeWriter
 from evsched.adapters.index_tallies import TALLIES, add_tallies, read_tallies
@@ -409,7 +410,7 @@ class PartitionIndex:
             wb.put(time_key(state.run_at, state.job_id), b"", self._h(DUE))
             self._lower(DUE, state.run_at)
             key = priority_key(state.priority, state.run_at, state.job_id)
-            wb.put(key, state.queue.encode(), self._h(DUE_PRIORITY))
+            wb.put(key, priority_value(state), self._h(DUE_PRIORITY))
             self._levels.lower(state.priority, state.run_at)
         if state.lease_until is not None:
             key = time_key(state.lease_until, state.job_id)
@@ -469,7 +470,7 @@ class PartitionIndex:
             state = self.job(due[8:].decode())
             if state is not None and state.status is Status.SCHEDULED:
                 key = priority_key(state.priority, state.run_at, state.job_id)
-                wb.put(key, state.queue.encode(), self._h(DUE_PRIORITY))
+                wb.put(key, priority_value(state), self._h(DUE_PRIORITY))
             if count % 10_000 == 0:  # a deep backlog fills in bounded batches; puts repeat safely
                 self._db.write(wb)
                 wb = WriteBatch(raw_mode=True)

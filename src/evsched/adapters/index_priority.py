@@ -12,8 +12,9 @@ level. Deleted keys stay as tombstones until compaction, and leases delete a lev
 keys first: each level therefore keeps a low-water mark (a run_at no live key of the level is
 below), and its scans start there, as the time-ordered families do.
 
-Value: the job's queue (empty in entries written before it was kept), so a planner can tell
-which queue a due job is on without decoding its state (``DueEntry``).
+Value: the job's queue, and its concurrency key after a NUL when it has one (empty in entries
+written before they were kept), so a planner can tell which queue a due job is on, and which
+global limits may hold for it, without decoding its state (``DueEntry``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from evsched.core.limits import MAX_PRIORITY
-from evsched.core.state import Status
+from evsched.core.permits import concurrency_key
+from evsched.core.state import JobState, Status
 
 DUE_PRIORITY = "due_priority"
 # In META: set once the family holds every scheduled job (an index from before it is filled
@@ -42,12 +44,14 @@ class DueEntry(NamedTuple):
 
     ``queue`` is empty when the entry cannot stand for the state: written before the family kept
     queues, or at a bound where the key clamps the priority or run_at (decode the job instead).
+    ``key`` is the job's concurrency key (``core.permits``), empty when it has none.
     """
 
     job_id: str
     priority: int
     run_at: int
     queue: str
+    key: str = ""
 
     @property
     def status(self) -> Status:
@@ -61,6 +65,13 @@ def rank(priority: int) -> int:
 
 def priority_key(priority: int, run_at: int, job_id: str) -> bytes:
     return _PAIR.pack(rank(priority), max(0, run_at)) + job_id.encode()
+
+
+def priority_value(state: JobState) -> bytes:
+    """The queue, then a NUL and the concurrency key if the job has one (no queue holds a NUL)."""
+    key = concurrency_key(state)
+    queue = state.queue.encode()
+    return queue if key is None else queue + b"\x00" + key.encode()
 
 
 class PriorityLevels:
@@ -141,6 +152,9 @@ def _by_id(skip: Callable[[str], bool]) -> Callable[[DueEntry], bool]:
 
 
 def _entry(level: int, at: int, job_id: str, value: bytes) -> DueEntry:
+    priority = MAX_PRIORITY - level
     # At a bound the key may have clamped the state's priority or run_at: not exact there.
-    exact = 0 < level < _MAX_RANK and at > 0
-    return DueEntry(job_id, MAX_PRIORITY - level, at, value.decode() if exact else "")
+    if not (0 < level < _MAX_RANK and at > 0):
+        return DueEntry(job_id, priority, at, "")
+    queue, _, key = value.partition(b"\x00")
+    return DueEntry(job_id, priority, at, queue.decode(), key.decode())

@@ -8,11 +8,10 @@ through the step's batch, as before. The scan's window is the same as before (th
 skipped and counted the same way), so the leases, the permit requests and what is left waiting
 in the node's line are the same too.
 
-Jobs of a queue with a global limit (``core.permits``) are read in full, as before: whether one
-may be leased, waits for a grant or asks for one is the fold's judgement of its state. A key's
-limit may hold for any job (its labels name the key), so a partition that folded one reads
-every due job's state: ``plan`` returns None, and the caller does. So it does when a chosen
-job's state is not what its entry says.
+Jobs a global limit (``core.permits``) holds for, by their queue or their concurrency key, are
+read in full, as before: whether one may be leased, waits for a grant or asks for one is judged
+from its state. ``plan`` returns None when a chosen job's state is not what its entry says; the
+caller then reads every due job's state, the way before.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from evsched.adapters.index_priority import DueEntry
 from evsched.core import planner
 from evsched.core.controls import QUEUE
 from evsched.core.events import KEY_PREFIX
+from evsched.core.permits import concurrency_key
 from evsched.core.state import JobState, Status
 from evsched.runtime.budget import QueueLoad
 from evsched.runtime.permit_plan import PermitPlanner
@@ -44,9 +44,12 @@ class _View:
     limited: Set[str]
 
     def stands_for(self, entry: DueEntry) -> bool:
-        """Whether ``entry`` tells all the step needs of its job (else its state is read)."""
+        """Whether ``entry`` tells all the step needs of its job (else its state is read): no
+        limit this partition folded holds for it, by its queue or by its concurrency key."""
         queue = entry.queue
-        return bool(queue) and queue not in self.limited
+        if not queue or queue in self.limited:
+            return False
+        return not entry.key or KEY_PREFIX + entry.key not in self.limited
 
 
 class LeanLeases:
@@ -75,8 +78,6 @@ class LeanLeases:
         """The leases of this step against ``load``, and the candidates the node's line reads
         (``waiting_by_queue``); None where only the full read will do."""
         limits = self.projector.limits_as(folded)
-        if any(name.startswith(KEY_PREFIX) for name in limits):
-            return None
         view = _View(folded, self.projector.paused(QUEUE, folded), limits.keys())
         horizon = now + self.limits.prelease_ms
         entries = self.index.due_entries(
@@ -125,8 +126,8 @@ class LeanLeases:
         )
 
     def _permitted(self, candidates: list[Candidate], now: int, folded: Folded) -> list[Candidate]:
-        """The candidates permits let be leased (entries are on queues without a limit: all
-        of them); the states' permit requests are made as the full read makes them."""
+        """The candidates permits let be leased (no limit holds for an entry's job: all of
+        them); the states' permit requests are made as the full read makes them."""
         entries = [c for c in candidates if not isinstance(c, JobState)]
         states = [c for c in candidates if isinstance(c, JobState)]
         return [*entries, *self.permits.permitted(states, now, folded)]
@@ -194,6 +195,7 @@ def _agrees(entry: DueEntry, state: JobState) -> bool:
         and state.queue == entry.queue
         and state.priority == entry.priority
         and state.run_at == entry.run_at
+        and (concurrency_key(state) or "") == entry.key
     )
 
 
