@@ -267,7 +267,7 @@ async def run_both(
             node.advance(1)
 
 
-async def test_with_a_queue_limit_the_node_sends_what_the_full_read_sent(
+async def test_with_global_limits_the_node_sends_what_the_full_read_sent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     limits = PlannerLimits(max_unstarted_per_queue=15, max_in_flight_per_queue=30)
@@ -285,14 +285,20 @@ async def test_with_a_queue_limit_the_node_sends_what_the_full_read_sent(
 
     monkeypatch.setattr(lean.owner.lean, "plan", spied)
     # A limited queue (its jobs ask for permits, wait for grants, are read in full) among a
-    # full queue's backlog deeper than the scan's window and an open queue.
+    # full queue's backlog deeper than the scan's window and an open queue; a key's limit.
     events: list[Event] = [limit("lim", 4)]
     events += [job(f"lim{i:03d}", queue="lim", priority=3) for i in range(200)]
     events += [job(f"full{i:05d}", queue="full", priority=2) for i in range(1_200)]
     events += [job(f"open{i:03d}", queue="open", priority=i % 4) for i in range(40)]
+    # A key's limit over two queues, and jobs of a key without one.
+    events.append(KeyLimitSet(event_id="lk", key="k", emitted_at=0, source="cli", max_running=2))
+    events += [
+        job(f"key{i:03d}", queue=("open", "keyed")[i // 2 % 2], priority=3, labels={KEY_LABEL: k})
+        for i, k in enumerate(["k", "free"] * 40)
+    ]
     try:
         await run_both(lean, full, events, rounds=8, seed=7)
-        assert {"full", "open", "lim"} <= {d.queue for d in lean.dispatched()}
+        assert {"full", "open", "lim", "keyed"} <= {d.queue for d in lean.dispatched()}
         assert plans and None not in plans  # every step planned from the entries
     finally:
         lean.close()
