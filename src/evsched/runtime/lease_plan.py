@@ -80,9 +80,7 @@ class LeanLeases:
         limits = self.projector.limits_as(folded)
         view = _View(folded, self.projector.paused(QUEUE, folded), limits.keys())
         horizon = now + self.limits.prelease_ms
-        entries = self.index.due_entries(
-            horizon, self.scan_limit, skip=lambda entry: self._skip(entry, view)
-        )
+        entries = self.index.due_entries(horizon, self.scan_limit, skip=self._skipper(view))
         candidates = [
             c
             for c in self._candidates(entries, view, self._rooms(load))
@@ -109,13 +107,18 @@ class LeanLeases:
         )
         return leases, candidates
 
+    def _skipper(self, view: _View) -> Callable[[DueEntry], bool]:
+        """What the scan skips (it asks for every key it reads: the usual case is one call)."""
+        if not view.paused and not view.limited:
+            held_back = self.held_back
+            return lambda entry: held_back(entry.job_id)
+        return lambda entry: self._skip(entry, view)
+
     def _skip(self, entry: DueEntry, view: _View) -> bool:
         """Held back, on a paused queue, or waiting for a permit's grant: such due jobs must not
         fill the scan's window."""
         if self.held_back(entry.job_id):
             return True
-        if not view.paused and not view.limited:
-            return False
         if view.stands_for(entry):
             return entry.queue in view.paused
         state = self.projector.job(entry.job_id)  # the committed state, as the full read has it
