@@ -38,6 +38,7 @@ from evsched.core.events import (
     JobCancelled,
     JobEnqueued,
     JobLeased,
+    JobPurged,
     LeaseExpired,
     LeaseRenewed,
     RetryPolicy,
@@ -153,7 +154,9 @@ class Generator:
             value = encode_event(event)
             key = _key(event)
             yield LoggedRecord(p, at, key, value)
-            if count % 101 == 0:  # a producer retry: the same bytes again
+            # A producer retry: the same bytes again. Never of a purge: the node sends those
+            # with its idempotent, transactional producer, which does not repeat a record.
+            if count % 101 == 0 and not isinstance(event, JobPurged):
                 yield LoggedRecord(p, at, key, value)
 
     # --- the simulation --------------------------------------------------------------------------
