@@ -2,9 +2,9 @@
 
 One partition of ``<ns>.events`` gets a generated log (``bench/histories.py``, as
 ``bench/rebuild.py`` makes it: ``--events`` / 4.4 jobs, by default about 450k jobs and 2.6M
-events) with the purges a node writes under a retention of ``--retention-ms`` of log time (60 s by default):
-each finished job's ``JobPurged``, planned by the node's planner, when log time passes its
-retention. Jobs arrive one per millisecond of log time, so about 60k jobs are live (not purged)
+events) with the purges a node writes under a retention of ``--retention-ms`` of log time
+(60 s by default): each finished job's ``JobPurged``, planned by the node's planner, when log
+time passes its retention. Jobs arrive one per millisecond of log time, so about 60k jobs are live (not purged)
 at the end, and the log holds some 3M records. Its index as of ``--tail`` records before the
 end is written to the compacted ``<ns>.state`` in the changelog's wire format, with its meta
 record: what compaction leaves of a node's transactions there, the live keys only (the live
