@@ -2,14 +2,14 @@
 
 One partition of ``<ns>.events`` gets a generated log (``bench/histories.py``, as
 ``bench/rebuild.py`` makes it: ``--events`` / 4.4 jobs, by default about 450k jobs and 2.6M
-events) with the purges a node writes under a retention of ``--retention-ms`` of log time
-(60 s by default): each finished job's ``JobPurged``, planned by the node's planner, when log
-time passes its retention. Jobs arrive one per millisecond of log time, so about 60k jobs are live (not purged)
-at the end, and the log holds some 3M records. Its index as of ``--tail`` records before the
-end is written to the compacted ``<ns>.state`` in the changelog's wire format, with its meta
-record: what compaction leaves of a node's transactions there, the live keys only (the live
-jobs with their timelines and keys, and the marks of the purges still kept for audits; a purged
-job left tombstones, which compaction drops). Then, interleaved ``--rounds`` times:
+events) with the purges a node writes under a retention of ``--retention-ms`` of log time (60 s
+by default): each finished job's ``JobPurged``, planned by the node's planner, when log time
+passes its retention. Jobs arrive one per millisecond of log time, so about 60k jobs are live
+(not purged) at the end, and the log holds some 3M records. Its index as of ``--tail`` records
+before the end is written to the compacted ``<ns>.state`` in the changelog's wire format, with
+its meta record: what compaction leaves of a node's transactions there, the live keys only (the
+live jobs with their timelines and keys, and the marks of the purges still kept for audits; a
+purged job left tombstones, which compaction drops). Then, interleaved ``--rounds`` times:
 
 - **refold**: a fresh index folded from offset 0 to the end (what a take-over did before the
   changelog, and still does on a short log);
