@@ -10,6 +10,11 @@ most part, duplicate, conflict, stale and rejected where a real log has them.
 
 Events come out in log order per partition, with their log time; the same seed gives the same
 log, and a caller can keep one partition's events only (``partition=``) without encoding the rest.
+
+With ``retention_ms`` the jobs are enqueued with that retention (as a client stamps its
+namespace's ``EVSCHED_RETENTION_MS``) and the log holds the purges a node writes as log time
+passes each finished job's retention (``bench/history_purges.py``); without it (the default) the
+log is what it always was, and no job is ever purged.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from evsched.core.events import (
     JobCancelled,
     JobEnqueued,
     JobLeased,
+    JobPurged,
     LeaseExpired,
     LeaseRenewed,
     RetryPolicy,
 )
 from evsched.core.retry import backoff_ms
+from history_purges import Purger
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 POLICY = RetryPolicy(initial_backoff_ms=1_000, max_backoff_ms=60_000, multiplier=2.0, jitter=0.1)
@@ -86,11 +93,22 @@ class _Job:
 class Generator:
     """Yields the records of ``jobs`` jobs spread over ``partitions`` partitions, in log order."""
 
-    def __init__(self, *, jobs: int, partitions: int, seed: int = 1, gap_ms: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        jobs: int,
+        partitions: int,
+        seed: int = 1,
+        gap_ms: int = 1,
+        retention_ms: int | None = None,
+    ) -> None:
         self.rng = random.Random(seed)
         self.jobs = jobs
         self.partitions = partitions
         self.gap_ms = gap_ms
+        self.retention_ms = retention_ms
+        # Draws no random numbers: a log with purges has the same jobs and fates as one without.
+        self.purger = None if retention_ms is None else Purger()
         self._heap: list[tuple[int, int, _Job]] = []
         self._seq = 0
         self._fates = [name for name, weight in FATES for _ in range(weight)]
@@ -101,7 +119,20 @@ class Generator:
         return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
     def events(self) -> Iterator[tuple[int, int, Event]]:
-        """(partition, log time, event) in log time order across partitions."""
+        """(partition, log time, event) in log time order across partitions; with a retention,
+        each purge comes when it is due, before the jobs' events of that moment.
+
+        The log ends with the last job's last event: purges due later are not written.
+        """
+        if self.purger is None:
+            yield from self._simulated()
+            return
+        for p, at, event in self._simulated():
+            yield from self.purger.due(at)
+            self.purger.fold(p, at, event)
+            yield p, at, event
+
+    def _simulated(self) -> Iterator[tuple[int, int, Event]]:
         started = 0
         next_arrival = T0
         while started < self.jobs or self._heap:
@@ -123,7 +154,9 @@ class Generator:
             value = encode_event(event)
             key = _key(event)
             yield LoggedRecord(p, at, key, value)
-            if count % 101 == 0:  # a producer retry: the same bytes again
+            # A producer retry: the same bytes again. Never of a purge: the node sends those
+            # with its idempotent, transactional producer, which does not repeat a record.
+            if count % 101 == 0 and not isinstance(event, JobPurged):
                 yield LoggedRecord(p, at, key, value)
 
     # --- the simulation --------------------------------------------------------------------------
@@ -157,6 +190,7 @@ class Generator:
             retry=POLICY,
             idempotency_key=key,
             body_digest=ids.body_digest("billing.send_receipt", "default", args) if key else None,
+            retention_ms=self.retention_ms,
         )
         job = _Job(job_id, partition_for(job_id, self.partitions), fate, enqueue)
         self._first_step(job, at)
@@ -186,6 +220,7 @@ class Generator:
             idempotency_key=e.idempotency_key,
             body_digest=ids.body_digest(e.task, e.queue, args),
             retry=POLICY,
+            retention_ms=self.retention_ms,
         )
         self._schedule(job, at + self.rng.randint(1, 5), "lease")
         return [again]

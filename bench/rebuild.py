@@ -67,7 +67,16 @@ async def log_ends(bootstrap: str, topic: str, partitions: int) -> dict[int, int
         await consumer.stop()
 
 
-async def produce(bootstrap: str, topic: str, jobs: int, partitions: int, seed: int) -> int:
+async def produce(
+    bootstrap: str,
+    topic: str,
+    jobs: int,
+    partitions: int,
+    seed: int,
+    *,
+    retention_ms: int | None = None,
+) -> int:
+    """The generated log on a new ``topic``; ``retention_ms``: with the purges of that retention."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -81,7 +90,10 @@ async def produce(bootstrap: str, topic: str, jobs: int, partitions: int, seed: 
     await producer.start()
     sent, pending, started = 0, [], time.perf_counter()
     try:
-        for rec in Generator(jobs=jobs, partitions=partitions, seed=seed).records():
+        generator = Generator(
+            jobs=jobs, partitions=partitions, seed=seed, retention_ms=retention_ms
+        )
+        for rec in generator.records():
             pending.append(
                 await producer.send(
                     topic, rec.value, key=rec.key, partition=rec.partition, timestamp_ms=rec.log_at
@@ -95,7 +107,8 @@ async def produce(bootstrap: str, topic: str, jobs: int, partitions: int, seed: 
         await asyncio.gather(*pending)
     finally:
         await producer.stop()
-    print(f"\rproduced {sent} events in {time.perf_counter() - started:.0f} s")
+    purged = "" if generator.purger is None else f" ({generator.purger.purged} purges)"
+    print(f"\rproduced {sent} events{purged} in {time.perf_counter() - started:.0f} s")
     return sent
 
 

@@ -1,10 +1,15 @@
 """Take-over by restore from the changelog against a full refold of one partition, on a broker.
 
 One partition of ``<ns>.events`` gets a generated log (``bench/histories.py``, as
-``bench/rebuild.py`` makes it; ``--events`` about 2M by default, over 450k jobs). Its index as
-of ``--tail`` records before the end is written to the compacted ``<ns>.state`` in the
-changelog's wire format (what a node's transactions leave there), with its meta record. Then,
-interleaved ``--rounds`` times:
+``bench/rebuild.py`` makes it: ``--events`` / 4.4 jobs, by default about 450k jobs and 2.6M
+events) with the purges a node writes under a retention of ``--retention-ms`` of log time (60 s
+by default): each finished job's ``JobPurged``, planned by the node's planner, when log time
+passes its retention. Jobs arrive one per millisecond of log time, so about 60k jobs are live
+(not purged) at the end, and the log holds some 3M records. Its index as of ``--tail`` records
+before the end is written to the compacted ``<ns>.state`` in the changelog's wire format, with
+its meta record: what compaction leaves of a node's transactions there, the live keys only (the
+live jobs with their timelines and keys, and the marks of the purges still kept for audits; a
+purged job left tombstones, which compaction drops). Then, interleaved ``--rounds`` times:
 
 - **refold**: a fresh index folded from offset 0 to the end (what a take-over did before the
   changelog, and still does on a short log);
@@ -15,13 +20,14 @@ With ``--standby``, each round also times a **standby** take-over (``evsched nod
 the index a standby keeps warm, ``--standby-lag`` records behind the end (a copy of the
 snapshot's index brought there untimed), opened as an owner opens it and the short tail folded.
 
-All must give the same digest. Reported: records/s of the restore, take-over seconds both ways
-and their ratio. Until finished jobs are purged (issue 11, item 1) the index keeps every job and
-every timeline entry, so the changelog holds about as many keys as the log has records: the
-restore wins by skipping decode and fold, not yet by reading less. The last line is
-``key=value`` pairs.
+All must give the same digest. Reported: live jobs and changelog records against log records,
+records/s of the restore, take-over seconds both ways and their ratio. The refold's time grows
+with the log (history); the restore's with the changelog (live jobs): ``--retention-ms off``
+generates the log without purges, where every job stays live and the changelog holds more
+records than the log. The last line is ``key=value`` pairs.
 
-Run: ``EVSCHED_KAFKA_BOOTSTRAP=host:port .venv/bin/python bench/restore.py [--events 2000000]``.
+Run: ``EVSCHED_KAFKA_BOOTSTRAP=host:port .venv/bin/python bench/restore.py [--events 2000000]
+[--retention-ms 60000]``.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +49,7 @@ from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.rebuild import PartitionPlan, rebuild_one
+from evsched.ports import Outgoing
 from evsched.runtime.changelog import ChangelogWriter, Meta
 from evsched.runtime.changelog_restore import restore_partition
 from evsched.runtime.projector import Projector
@@ -49,11 +57,23 @@ from evsched.runtime.restore import restore
 from evsched.settings import Settings
 from rebuild import log_ends, produce
 
-EVENTS_PER_JOB = 4.4  # what the generated histories average
+EVENTS_PER_JOB = 4.4  # what the generated histories average, purges aside (one per purged job)
+RETENTION_MS = 60_000  # at a job per millisecond of log time: about 60k live jobs at the end
 
 
-async def write_changelog(bootstrap: str, topic: str, index: PartitionIndex) -> int:
-    """The index's keys and its meta record on a compacted ``topic``; records written."""
+def changelog_records(index: PartitionIndex, topic: str) -> tuple[list[Outgoing], Counter[str]]:
+    """What compaction leaves of the index's changelog: its mirrored keys (live ones only: a
+    purge's deletes were tombstones) and the meta record; and the keys per column family."""
+    writer = ChangelogWriter(topic, 0)
+    changes = [*index.mirrored()]
+    records = [*writer.snapshot(changes)]
+    records.append(writer.meta(Meta(index.applied_offset(), FOLD_VERSION)))
+    return records, Counter(family for family, _, _ in changes)
+
+
+async def write_changelog(bootstrap: str, records: list[Outgoing]) -> None:
+    """``records`` on their compacted topic, created when missing."""
+    topic = records[0].topic
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -66,9 +86,6 @@ async def write_changelog(bootstrap: str, topic: str, index: PartitionIndex) -> 
         bootstrap_servers=bootstrap, acks=1, linger_ms=50, max_batch_size=1 << 20
     )
     await producer.start()
-    writer = ChangelogWriter(topic, 0)
-    records = [*writer.snapshot(index.mirrored())]
-    records.append(writer.meta(Meta(index.applied_offset(), FOLD_VERSION)))
     try:
         pending = []
         for o in records:
@@ -79,7 +96,6 @@ async def write_changelog(bootstrap: str, topic: str, index: PartitionIndex) -> 
         await asyncio.gather(*pending)
     finally:
         await producer.stop()
-    return len(records)
 
 
 def refold(bootstrap: str, namespace: str, until: int, directory: Path) -> tuple[float, str]:
@@ -146,40 +162,80 @@ async def standby_take_over(
     return {"takeover_s": took, "tail": tail, "digest": digest}
 
 
-def main() -> None:
+def retention(text: str) -> int | None:
+    """``--retention-ms``: milliseconds of log time, or ``off`` for a log without purges."""
+    if text == "off":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of milliseconds nor off")
+    return int(text)
+
+
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--events", type=int, default=2_000_000, help="Events before purges.")
     parser.add_argument("--tail", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--retention-ms",
+        type=retention,
+        default=RETENTION_MS,
+        help="The jobs' retention in log time (off: no purges, every job stays live).",
+    )
     parser.add_argument("--standby", action="store_true", help="Also time a standby take-over.")
     parser.add_argument("--standby-lag", type=int, default=200, help="The standby copy's lag.")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+async def the_log(settings: Settings, jobs: int, seed: int, retention_ms: int | None) -> int:
+    """The end offset of the namespace's one events partition, generated unless it exists."""
+    topic = f"{settings.namespace}.events"
+    ends = await log_ends(settings.bootstrap, topic, 1)
+    if ends is None:
+        await produce(settings.bootstrap, topic, jobs, 1, seed, retention_ms=retention_ms)
+        ends = await log_ends(settings.bootstrap, topic, 1)
+    assert ends is not None
+    return ends[0]
+
+
+def snapshot(settings: Settings, at: int, directory: Path) -> tuple[int, int, Counter[str]]:
+    """The index as of offset ``at`` written to the changelog: live jobs, records, families."""
+    refold(settings.bootstrap, settings.namespace, at, directory)
+    index = PartitionIndex(directory, 0)
+    try:
+        live_jobs = sum(1 for _ in index.jobs())
+        records, families = changelog_records(index, f"{settings.namespace}.state")
+    finally:
+        index.close()
+    asyncio.run(write_changelog(settings.bootstrap, records))
+    return live_jobs, len(records), families
+
+
+def main() -> None:
+    args = arguments()
     bootstrap = os.environ.get("EVSCHED_KAFKA_BOOTSTRAP", "127.0.0.1:19092")
     jobs = max(1, round(args.events / EVENTS_PER_JOB))
-    namespace = f"benchrestore-{jobs}-{args.tail}-{args.seed}"
+    shown = "off" if args.retention_ms is None else args.retention_ms
+    kept = "" if args.retention_ms is None else f"-r{args.retention_ms}"
+    namespace = f"benchrestore-{jobs}-{args.tail}-{args.seed}{kept}"
     settings = Settings(bootstrap=bootstrap, namespace=namespace, event_partitions=1)
-    events_topic = f"{namespace}.events"
-    ends = asyncio.run(log_ends(bootstrap, events_topic, 1))
-    if ends is None:
-        asyncio.run(produce(bootstrap, events_topic, jobs, 1, args.seed))
-        ends = asyncio.run(log_ends(bootstrap, events_topic, 1))
-    assert ends is not None
-    end = ends[0]
+    end = asyncio.run(the_log(settings, jobs, args.seed, args.retention_ms))
     work = Path(tempfile.mkdtemp(prefix="evsched-restore-"))
     try:
-        snapshot_at = max(0, end - args.tail) - 1
-        refold(bootstrap, namespace, snapshot_at, work / "snapshot")
-        index = PartitionIndex(work / "snapshot", 0)
-        try:
-            live_jobs = sum(1 for _ in index.jobs())
-            written = asyncio.run(write_changelog(bootstrap, f"{namespace}.state", index))
-        finally:
-            index.close()
-        print(f"log: {end} offsets, {live_jobs} jobs; changelog: {written} records")
+        at = max(0, end - args.tail) - 1
+        live_jobs, written, families = snapshot(settings, at, work / "snapshot")
+        print(
+            f"log: {end} records of {jobs} jobs (retention_ms {shown}); "
+            f"index at offset {at}: {live_jobs} live jobs; changelog: {written} records "
+            f"({written / end:.1%} of the log: "
+            + ", ".join(f"{n} {family}" for family, n in families.most_common())
+            + ", 1 meta)"
+        )
         lag = args.standby_lag if args.standby else None
         pairs = measure(args.rounds, settings, end, work, lag)
-        pairs.update(events=end, live_jobs=live_jobs, changelog_records=written)
+        pairs.update(events=end, jobs=jobs, live_jobs=live_jobs, changelog_records=written)
+        pairs["retention_ms"] = shown
         pairs["restore_records_per_s"] = round(written / pairs["restore_s"])
         pairs["load_avg_1m"] = round(os.getloadavg()[0], 2)
         print(" ".join(f"{k}={v}" for k, v in pairs.items()))
