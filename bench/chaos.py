@@ -41,7 +41,7 @@ from chaos_audit import Auditor
 from chaos_cluster import Soak, now_ms
 from chaos_hostile import KINDS, Hostile
 from chaos_topics import Follower, read_effects
-from e2e import node_caught_up, pct, wait_for
+from e2e import node_caught_up, open_loop, pct, wait_for
 from evsched.adapters.topics import ensure_topics
 from evsched.client import App, Task
 
@@ -54,7 +54,6 @@ ENQUEUE_TIMEOUT_S = 30.0
 async def offer(tasks: dict[str, Task], args: argparse.Namespace, acked: set[str]) -> int:
     """Open-loop load of ``--jobs`` at ``--rate``; acknowledged ids go to ``acked``; failures."""
     failures = 0
-    running: set[asyncio.Task[None]] = set()
 
     async def one(i: int) -> None:
         nonlocal failures
@@ -70,16 +69,7 @@ async def offer(tasks: dict[str, Task], args: argparse.Namespace, acked: set[str
         except Exception:  # not acknowledged: not owed (the broker may be down)
             failures += 1
 
-    t0 = time.perf_counter()
-    for i in range(args.jobs):
-        wait = t0 + i / args.rate - time.perf_counter()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        job = asyncio.create_task(one(i))
-        running.add(job)
-        job.add_done_callback(running.discard)
-    if running:
-        await asyncio.gather(*running)
+    await open_loop(args.jobs, args.rate, one)
     return failures
 
 

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import hypothesis
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -48,6 +49,13 @@ def _broker_for_marked_tests(request: pytest.FixtureRequest) -> None:
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
+
+
+# CI draws the same examples on every run (a red CI is a change, not an unlucky draw; run the
+# suite locally to explore) and has no per-example deadline, which a loaded machine overran.
+hypothesis.settings.register_profile("ci", derandomize=True, deadline=None)
+if _in_ci():
+    hypothesis.settings.load_profile("ci")
 
 
 def _docker_answers(timeout_s: float = 1.5) -> bool:

@@ -186,6 +186,24 @@ class _HeldCommit:
         await self.inner.commit(offsets)
 
 
+class _SlowStart:
+    """Wraps a member's consumer: its first ``committed`` (where the feed begins deciding a fresh
+    partition's start) waits for ``release``; every member after the first passes at once."""
+
+    def __init__(self, inner: Any, deciding: asyncio.Event, release: asyncio.Event) -> None:
+        self.inner = inner
+        self.deciding = deciding
+        self.release = release
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def committed(self, tp: Any) -> Any:
+        self.deciding.set()
+        await self.release.wait()
+        return await self.inner.committed(tp)
+
+
 @pytest.mark.broker
 class TestKafkaDispatchFeed(DispatchFeedContract):
     @pytest.fixture
@@ -226,6 +244,35 @@ class TestKafkaDispatchFeed(DispatchFeedContract):
             assert await _within(stuck_take, "the stuck take") == []
         finally:
             await other.close()
+            await real.close()
+
+    async def test_nothing_is_taken_while_a_fresh_partitions_start_is_decided(
+        self, settings: Settings
+    ) -> None:
+        # ci6, ci16 (under load): while the first member was still deciding its start, its
+        # fetcher read a, b and c from the earliest offset and a take committed them; then the
+        # start's seek and commit put offset 0 back, and the next member took them again.
+        pool = pool_of(settings)
+        deciding, release = asyncio.Event(), asyncio.Event()
+
+        def slow(client_id: str) -> ConsumerFactory:
+            return lambda: _SlowStart(pool(client_id)(), deciding, release)
+
+        real = KafkaHarness(settings, slow)
+        await real.start()
+        try:
+            await _within(deciding.wait(), "the member deciding its partitions' start")
+            for value in (b"a", b"b", b"c"):
+                await real.put(value, key=b"job-1")
+            for _ in range(6):  # 3 s: the fetcher read them in well under that when unheld
+                assert await real.feed.take(10, 0.5) == []
+            release.set()
+            assert values(await collect(real.feed, 3)) == [b"a", b"b", b"c"]
+            member = await real.next_member()
+            await real.put(b"fresh", key=b"job-1")
+            assert values(await collect(member, 1)) == [b"fresh"]
+        finally:
+            release.set()
             await real.close()
 
 

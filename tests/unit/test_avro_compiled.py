@@ -91,33 +91,54 @@ LONGS = st.one_of(
 )
 TEXTS = st.one_of(st.text(max_size=8), st.text(max_size=200), st.text("é€😀", max_size=40))
 BLOBS = st.one_of(st.binary(max_size=8), st.binary(min_size=60, max_size=300))
+# The elements of a long list: its count crosses the one-byte varint (63 -> 64 items), while
+# long strings and bytes (past 63 bytes) are drawn in short lists and single fields. Long lists of
+# long strings made a JobState of several such fields slow to draw, or too large for Hypothesis.
+SHORT_TEXTS = st.text(max_size=4) | st.text("é€😀", max_size=2)
+SHORT_BLOBS = st.binary(max_size=4)
 DOUBLES = st.floats(allow_nan=False) | st.sampled_from([-0.0, math.inf, -math.inf, 5e-324])
 
 
-def _sizes(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[list[Any]]:
-    return st.lists(inner, max_size=3) | st.lists(inner, min_size=63, max_size=70)
+def _tuples(element: Any, *, short: bool) -> st.SearchStrategy[tuple[Any, ...]]:
+    """0-3 elements of any size, or (not inside a long list) 63-70 short ones."""
+    few = st.lists(_strategy(element, short=short), max_size=3)
+    if short:
+        return few.map(tuple)
+    many = st.lists(_strategy(element, short=True), min_size=63, max_size=70)
+    return (few | many).map(tuple)
 
 
-def _strategy(hint: Any) -> st.SearchStrategy[Any]:
+def _dicts(*, short: bool) -> st.SearchStrategy[dict[str, str]]:
+    """0-3 entries of any size, or (not inside a long list) 63-70 short ones, distinct keys."""
+    text = SHORT_TEXTS if short else TEXTS
+    few = st.dictionaries(text, text, max_size=3)
+    if short:
+        return few
+    many = st.lists(st.tuples(SHORT_TEXTS, SHORT_TEXTS), min_size=63, max_size=70)
+    return few | many.map(lambda pairs: {f"{i}:{k}": v for i, (k, v) in enumerate(pairs)})
+
+
+def _strategy(hint: Any, *, short: bool = False) -> st.SearchStrategy[Any]:
     origin = get_origin(hint)
     if origin is types.UnionType:
         (present,) = (arg for arg in get_args(hint) if arg is not types.NoneType)
-        return st.none() | _strategy(present)
+        return st.none() | _strategy(present, short=short)
     if origin is dict:
-        return _sizes(st.tuples(TEXTS, TEXTS)).map(dict)
+        return _dicts(short=short)
     if origin is tuple:
-        return _sizes(_strategy(get_args(hint)[0])).map(tuple)
+        return _tuples(get_args(hint)[0], short=short)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return st.sampled_from(hint)
     if dataclasses.is_dataclass(hint):
-        return values(hint)  # type: ignore[arg-type]
-    simple = {str: TEXTS, bytes: BLOBS, bool: st.booleans(), int: LONGS, float: DOUBLES}
+        return values(hint, short=short)  # type: ignore[arg-type]
+    texts, blobs = (SHORT_TEXTS, SHORT_BLOBS) if short else (TEXTS, BLOBS)
+    simple = {str: texts, bytes: blobs, bool: st.booleans(), int: LONGS, float: DOUBLES}
     return simple[hint]
 
 
-def values(cls: type[Any]) -> st.SearchStrategy[Any]:
+def values(cls: type[Any], *, short: bool = False) -> st.SearchStrategy[Any]:
     hints = get_type_hints(cls)
-    fields = {f.name: _strategy(hints[f.name]) for f in dataclasses.fields(cls)}
+    fields = {f.name: _strategy(hints[f.name], short=short) for f in dataclasses.fields(cls)}
     return st.builds(cls, **fields)
 
 

@@ -3,6 +3,7 @@ worker pool starts on a partition it has never read (a new pool, or a partition 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,11 @@ class Consumer:
         self.asked_since: set[int] = set()
         self.seeks: dict[int, int] = {}
         self.commits: list[dict[int, tuple[int, str]]] = []
+        self.paused_now: set[TopicPartition] = set()
+        # The partitions paused at each committed() and commit(): while the start is decided.
+        self.paused_while_deciding: list[set[TopicPartition]] = []
+        self.gate = asyncio.Event()  # committed() waits for it
+        self.gate.set()
 
     def subscribe(self, topics: object, listener: object = None) -> None:
         return None
@@ -106,7 +112,21 @@ class Consumer:
     async def start(self) -> None:
         return None
 
+    def pause(self, *partitions: TopicPartition) -> None:
+        self.paused_now |= set(partitions)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self.paused_now -= set(partitions)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self.paused_now)
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[Any, Any]:
+        return {}
+
     async def committed(self, tp: TopicPartition) -> int | None:
+        self.paused_while_deciding.append(set(self.paused_now))
+        await self.gate.wait()
         found = self._coordinator.committed.get(tp.partition)
         return None if found is None else found[0]
 
@@ -129,6 +149,7 @@ class Consumer:
         self.seeks[tp.partition] = offset
 
     async def commit(self, offsets: dict[TopicPartition, tuple[int, str]]) -> None:
+        self.paused_while_deciding.append(set(self.paused_now))
         self.commits.append({tp.partition: o for tp, o in offsets.items()})
 
 
@@ -209,3 +230,28 @@ async def test_a_topic_without_metadata_records_no_count() -> None:
     client = Consumer(0, committed={}, by_time={})
     await (await feed_over(client)).position_new(tps(0))
     assert client.commits == [{0: (50, "")}]
+
+
+async def test_the_partitions_stay_paused_until_their_start_is_committed() -> None:
+    # Unpaused, the fetcher reads a fresh partition from its earliest offset meanwhile, a take
+    # commits that, and the start's commit goes over it: the pool takes those records again.
+    client = Consumer(2, committed={0: (3, "")}, by_time={1: 40})
+    await (await feed_over(client)).position_new(tps(0, 1))
+    assert client.commits == [{1: (40, "partitions=2")}]
+    assert client.paused_while_deciding == [set(tps(0, 1))] * 3  # two committed(), one commit
+    assert client.paused_now == set()  # resumed once decided
+
+
+async def test_a_take_while_the_start_is_decided_leaves_those_partitions_paused() -> None:
+    client = Consumer(2, committed={}, by_time={})
+    client.gate.clear()
+    feed = await feed_over(client)
+    deciding = asyncio.create_task(feed.position_new(tps(0, 1)))
+    while not client.paused_while_deciding:  # until it waits in its first committed()
+        await asyncio.sleep(0)
+    client.pause(TopicPartition(TOPIC, 7))  # paused by a full worker: a take resumes that one
+    assert await feed.take(10, 0.0) == []
+    assert client.paused_now == set(tps(0, 1))
+    client.gate.set()
+    await deciding
+    assert client.paused_now == set()

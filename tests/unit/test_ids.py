@@ -47,6 +47,25 @@ def test_decision_event_id_is_stable_so_a_replayed_decision_is_a_duplicate() -> 
     assert first != ids.decision_event_id("job-2", "lease", 3)
 
 
+def test_a_migrations_event_ids_are_stable_per_move_and_run() -> None:
+    # The recipe the migration has always used: a repeated migration writes the same ids again.
+    first = ids.moved_event_id("enqueued", "job-1", 0)
+    assert first == str(uuid.uuid5(ids.EVSCHED_NAMESPACE, "moved\x00enqueued\x00job-1\x000"))
+    assert first == ids.moved_event_id("enqueued", "job-1", 0)
+    assert first != ids.moved_event_id("cancelled", "job-1", 0)
+    assert first != ids.moved_event_id("enqueued", "job-1", 1)
+
+
+def test_a_resolutions_id_is_stable_per_record_and_child() -> None:
+    pos = Position(partition=2, offset=41, log_at=7)
+    first = ids.resolution_id(pos, "child-1")
+    namespace = uuid.UUID("6f1c3a52-8e0b-4d7e-9a43-0c5b7d2e9f10")
+    assert first == str(uuid.uuid5(namespace, "2:41:child-1"))
+    assert first == ids.resolution_id(Position(partition=2, offset=41, log_at=99), "child-1")
+    assert first != ids.resolution_id(pos, "child-2")
+    assert first != ids.resolution_id(Position(partition=2, offset=42, log_at=7), "child-1")
+
+
 def test_body_digest_is_length_prefixed_so_fields_cannot_shift() -> None:
     assert ids.body_digest("ab", "c", b"") != ids.body_digest("a", "bc", b"")
     assert ids.body_digest("t", "q", b"x") == ids.body_digest("t", "q", b"x")

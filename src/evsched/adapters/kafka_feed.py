@@ -59,6 +59,8 @@ class KafkaDispatchFeed:
         self._lookback_ms = start_lookback_ms
         self._clock = clock
         self._consumer: Any = None
+        # The partitions ``position_new`` is giving a start: paused, and no take resumes them.
+        self._held: set[TopicPartition] = set()
 
     @classmethod
     def for_pool(
@@ -109,7 +111,7 @@ class KafkaDispatchFeed:
                 c.pause(*c.assignment())
                 await c.getmany(timeout_ms=0)
                 return []
-            if paused := c.paused():
+            if paused := c.paused() - self._held:
                 c.resume(*paused)
             batches = await c.getmany(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         except KafkaError as exc:
@@ -131,7 +133,25 @@ class KafkaDispatchFeed:
         return [to_record(raw) for records in batches.values() for raw in records]
 
     async def position_new(self, assigned: Iterable[TopicPartition]) -> None:
-        """Give partitions the pool has never committed a start, and commit it."""
+        """Give partitions the pool has never committed a start, and commit it.
+
+        Every assigned partition is paused first, before anything is awaited, and stays out of
+        every take until its start is committed. Otherwise the fetcher reads a fresh partition
+        from its earliest offset meanwhile (``auto_offset_reset``), a take commits what it read,
+        and the seek and commit below put an older start over that commit: the pool runs those
+        records again (the contract test caught it under load), and older ones than the lookback.
+        """
+        held = list(assigned)
+        self._consumer.pause(*held)
+        self._held = set(held)
+        try:
+            await self._position_new(held)
+        finally:
+            self._held = set()
+            # As after any rebalance: a worker that is full pauses them again at its next take.
+            self._consumer.resume(*held)
+
+    async def _position_new(self, assigned: Sequence[TopicPartition]) -> None:
         c = self._consumer
         fresh = [tp for tp in assigned if await c.committed(tp) is None]
         if not fresh:

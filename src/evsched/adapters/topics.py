@@ -11,6 +11,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
+from evsched.adapters.broker_count import count_brokers
 from evsched.adapters.kafka_access import raise_if_refused
 from evsched.core.limits import namespace_refusal, queue_refusal
 from evsched.errors import EvschedError
@@ -315,8 +316,8 @@ async def provision(
     """Create the topics of ``specs`` that don't exist, then check all of them against ``specs``.
 
     A spec without a replication factor or min ISR gets ``choose_replication``'s for the
-    cluster's broker count. With ``create=False`` a missing topic raises TopicMissing: only
-    the checks are made.
+    cluster's broker count, brokers fenced for a moment included (``broker_count``). With
+    ``create=False`` a missing topic raises TopicMissing: only the checks are made.
     """
     timeout_ms = int(timeout_s * 1000)
     admin = AIOKafkaAdminClient(
@@ -325,7 +326,7 @@ async def provision(
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
-            brokers = await _broker_count(admin)
+            brokers = await count_brokers(admin)
             specs = [_replicated(spec, brokers) for spec in specs]
             await _create_missing(admin, specs, timeout_ms, create=create, brokers=brokers)
             observed = await _observe_when_visible(admin, [spec.name for spec in specs])
@@ -343,17 +344,13 @@ async def provision(
         raise TopicMisconfigured(found)
 
 
-async def _broker_count(admin: AIOKafkaAdminClient) -> int:
-    cluster: dict[str, Any] = await admin.describe_cluster()
-    return len(cluster.get("brokers") or ())
-
-
 def _new_topic(spec: TopicSpec, brokers: int) -> NewTopic:
     factor = spec.replication_factor or 1
     if factor > brokers:
         raise TopicRefused(
             f"creating topic {spec.name!r} needs {factor} brokers for replication factor "
-            f"{factor} but {brokers} answer (set EVSCHED_REPLICATION_FACTOR, or start them)"
+            f"{factor} but {brokers} are in the cluster (set EVSCHED_REPLICATION_FACTOR, or "
+            "start them)"
         )
     configs = {**spec.configs, MIN_INSYNC: str(spec.min_insync or 1)}
     return NewTopic(spec.name, spec.partitions, factor, topic_configs=configs)

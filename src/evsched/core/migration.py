@@ -17,7 +17,6 @@ migration writes the same events again, and the fold calls them duplicates.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from evsched.core.events import (
     ScheduleDeleted,
     ScheduleUpserted,
 )
-from evsched.core.ids import EVSCHED_NAMESPACE
+from evsched.core.ids import moved_event_id
 from evsched.core.state import JobState, ScheduleState, Status
 
 SOURCE = "migrate"
@@ -63,10 +62,6 @@ def moved_reason(to_namespace: str) -> str:
     return f"moved to namespace {to_namespace}"
 
 
-def _event_id(*parts: object) -> str:
-    return str(uuid.uuid5(EVSCHED_NAMESPACE, "moved\x00" + "\x00".join(str(p) for p in parts)))
-
-
 def job_move(state: JobState, *, to_namespace: str, now_ms: int) -> JobMove:
     """The pair of events that moves ``state`` (a scheduled job) into ``to_namespace``.
 
@@ -76,7 +71,7 @@ def job_move(state: JobState, *, to_namespace: str, now_ms: int) -> JobMove:
     """
     run = (state.job_id, state.generation)
     enqueued = JobEnqueued(
-        event_id=_event_id("enqueued", *run),
+        event_id=moved_event_id("enqueued", *run),
         job_id=state.job_id,
         emitted_at=now_ms,
         source=SOURCE,
@@ -99,7 +94,7 @@ def job_move(state: JobState, *, to_namespace: str, now_ms: int) -> JobMove:
         unique_period_ms=state.unique_period_ms,
     )
     cancelled = JobCancelled(
-        event_id=_event_id("cancelled", *run),
+        event_id=moved_event_id("cancelled", *run),
         job_id=state.job_id,
         emitted_at=now_ms,
         source=SOURCE,
@@ -113,7 +108,7 @@ def schedule_move(state: ScheduleState, *, now_ms: int) -> ScheduleMove:
     """The pair of events that moves a live schedule: same id, cron, template and policies."""
     run = (state.schedule_id, state.created_at)
     upserted = ScheduleUpserted(
-        event_id=_event_id("upserted", *run),
+        event_id=moved_event_id("upserted", *run),
         schedule_id=state.schedule_id,
         emitted_at=now_ms,
         source=SOURCE,
@@ -125,7 +120,7 @@ def schedule_move(state: ScheduleState, *, now_ms: int) -> ScheduleMove:
         overlap=state.overlap,
     )
     deleted = ScheduleDeleted(
-        event_id=_event_id("deleted", *run),
+        event_id=moved_event_id("deleted", *run),
         schedule_id=state.schedule_id,
         emitted_at=now_ms,
         source=SOURCE,

@@ -13,12 +13,12 @@ applied verdict sends anything: a stale or rejected completion releases nothing.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from evsched.core import limits
 from evsched.core.events import ChildRegistered, JobEvent, ParentResolved, Position
+from evsched.core.ids import resolution_id
 from evsched.core.state import TERMINAL_STATUSES, JobState, Resolution, Status, Verdict
 
 # The rules (limits.AFTER_RULES): released when all parents succeeded, when all ended, or when
@@ -34,9 +34,6 @@ UNKNOWN, REFUSED = "unknown", "refused"
 Step = tuple[JobState | None, Verdict, str]
 # fold._applied: the state after an applied event, with the marks every applied event records.
 Applier = Callable[..., JobState]
-
-# Deterministic ids of the resolutions a record's fold sends: a refold makes the same ones.
-_RESOLUTION_IDS = uuid.UUID("6f1c3a52-8e0b-4d7e-9a43-0c5b7d2e9f10")
 
 
 def registered(
@@ -246,10 +243,6 @@ def _unknown(
         parent_offset=pos.offset,
         trace=event.trace,
     )
-
-
-def resolution_id(pos: Position, child: str) -> str:
-    return str(uuid.uuid5(_RESOLUTION_IDS, f"{pos.partition}:{pos.offset}:{child}"))
 
 
 def _ended(state: JobState) -> bool:
