@@ -159,9 +159,10 @@ class OwnedPartition:
         if gap:
             self.projector.commit(self.projector.fold(gap))
             self.log.info("gap_refolded", count=len(gap), until=self.replay_until)
-        started = dict(self.projector.started)
+        started = dict(self.projector.started) if self.budget is not None else {}
         folded = self.projector.fold(fresh)
-        if self.budget is not None:  # the starts size the node's unstarted limits
+        if self.budget is not None and self.projector.started != started:
+            # The starts this step folded size the node's unstarted limits.
             grown = {q: n - started.get(q, 0) for q, n in self.projector.started.items()}
             self.budget.rate.add(grown, self.clock.monotonic_s())
         if fresh:
