@@ -326,7 +326,9 @@ async def provision(
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
-            brokers = await count_brokers(admin)
+            # Past the largest factor asked for (3 by default), more brokers change nothing.
+            enough = max([3, *(spec.replication_factor or 0 for spec in specs)])
+            brokers = await count_brokers(admin, enough=enough)
             specs = [_replicated(spec, brokers) for spec in specs]
             await _create_missing(admin, specs, timeout_ms, create=create, brokers=brokers)
             observed = await _observe_when_visible(admin, [spec.name for spec in specs])
