@@ -82,6 +82,39 @@ def test_the_priority_scan_answers_the_due_jobs_in_lease_order(
             index.close()
 
 
+@settings(max_examples=100, deadline=None)
+@given(steps=steps, queues=st.lists(st.sampled_from(["q", "other"]), min_size=6, max_size=6))
+def test_the_entries_name_each_job_as_its_state_does(
+    steps: list[tuple[str, object]], queues: list[str]
+) -> None:
+    """``due_entries`` reads what ``due_by_priority`` reads; an entry with a queue (none at a
+    bound, where the key clamps) has the state's priority, run_at and queue."""
+    queue_of = dict(zip(JOB_IDS, queues, strict=True))
+    known: dict[str, JobState] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        index = PartitionIndex(Path(tmp) / "p0", 0)
+        try:
+            for kind, arg in steps:
+                if kind == "write":
+                    written: list[JobState] = arg  # type: ignore[assignment]
+                    write(index, known, *(_on(s, queue_of[s.job_id]) for s in written))
+                    continue
+                now = int(arg)  # type: ignore[call-overload]
+                entries = index.due_entries(now, 100)
+                assert [e.job_id for e in entries] == in_lease_order(known, now)
+                for entry in entries:
+                    state = known[entry.job_id]
+                    bound = state.run_at == 0 or abs(state.priority) == MAX_PRIORITY
+                    assert entry.queue == ("" if bound else state.queue)
+                    assert (entry.priority, entry.run_at) == (state.priority, state.run_at)
+        finally:
+            index.close()
+
+
+def _on(state: JobState, queue: str) -> JobState:
+    return dataclasses.replace(state, queue=queue)
+
+
 def test_a_high_priority_job_is_found_behind_a_backlog_deeper_than_the_scan(
     tmp_path: Path,
 ) -> None:
@@ -133,6 +166,7 @@ def test_an_index_from_before_the_family_is_filled_when_opened(tmp_path: Path) -
     reopened = PartitionIndex(path, 0)
     try:
         assert reopened.due_by_priority(10, 10) == ["b", "a"]
+        assert [e.queue for e in reopened.due_entries(10, 10)] == [BASE.queue] * 2
     finally:
         reopened.close()
 
@@ -148,6 +182,7 @@ def test_a_loaded_index_derives_the_family_from_the_states(tmp_path: Path) -> No
         target.load(changes)
         target.finish_load(1, 1)
         assert target.due_by_priority(10, 10) == ["b", "a"]
+        assert [e.queue for e in target.due_entries(10, 10)] == [BASE.queue] * 2
     finally:
         target.close()
 

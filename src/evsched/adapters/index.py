@@ -34,7 +34,14 @@ from evsched.adapters.index_keys import (
     timeline_family,
     timeline_key,
 )
-from evsched.adapters.index_priority import BUILT, DUE_PRIORITY, PriorityLevels, priority_key
+from evsched.adapters.index_priority import (
+    BUILT,
+    DUE_PRIORITY,
+    DueEntry,
+    PriorityLevels,
+    priority_key,
+    priority_value,
+)
 from evsched.adapters.index_purge import Purge, PurgeWriter
 from evsched.adapters.index_tallies import TALLIES, add_tallies, read_tallies
 from evsched.adapters.index_writes import Change, PreparedWrite, Recorder
@@ -209,6 +216,13 @@ class PartitionIndex:
         so they can't hide the jobs due after them; at most ``SKIP_READS * limit`` keys are read.
         """
         return self._levels.due(now, limit, skip=skip, max_reads=limit * SKIP_READS)
+
+    def due_entries(
+        self, now: int, limit: int, *, skip: Callable[[DueEntry], bool] | None = None
+    ) -> list[DueEntry]:
+        """``due_by_priority`` as entries that also name each job's queue: the same keys are
+        read and the same jobs returned, and no job's state is decoded."""
+        return self._levels.entries(now, limit, skip=skip, max_reads=limit * SKIP_READS)
 
     def expired_lease_ids(self, now: int, limit: int) -> list[str]:
         return self._ids_until(LEASES, now, limit)
@@ -396,7 +410,7 @@ class PartitionIndex:
             wb.put(time_key(state.run_at, state.job_id), b"", self._h(DUE))
             self._lower(DUE, state.run_at)
             key = priority_key(state.priority, state.run_at, state.job_id)
-            wb.put(key, b"", self._h(DUE_PRIORITY))
+            wb.put(key, priority_value(state), self._h(DUE_PRIORITY))
             self._levels.lower(state.priority, state.run_at)
         if state.lease_until is not None:
             key = time_key(state.lease_until, state.job_id)
@@ -456,7 +470,7 @@ class PartitionIndex:
             state = self.job(due[8:].decode())
             if state is not None and state.status is Status.SCHEDULED:
                 key = priority_key(state.priority, state.run_at, state.job_id)
-                wb.put(key, b"", self._h(DUE_PRIORITY))
+                wb.put(key, priority_value(state), self._h(DUE_PRIORITY))
             if count % 10_000 == 0:  # a deep backlog fills in bounded batches; puts repeat safely
                 self._db.write(wb)
                 wb = WriteBatch(raw_mode=True)

@@ -11,14 +11,21 @@ reads only keys with ``run_at <= now``, so delayed jobs of a high priority cost 
 level. Deleted keys stay as tombstones until compaction, and leases delete a level's earliest
 keys first: each level therefore keeps a low-water mark (a run_at no live key of the level is
 below), and its scans start there, as the time-ordered families do.
+
+Value: the job's queue, and its concurrency key after a NUL when it has one (empty in entries
+written before they were kept), so a planner can tell which queue a due job is on, and which
+global limits may hold for it, without decoding its state (``DueEntry``).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from evsched.core.limits import MAX_PRIORITY
+from evsched.core.permits import concurrency_key
+from evsched.core.state import JobState, Status
 
 DUE_PRIORITY = "due_priority"
 # In META: set once the family holds every scheduled job (an index from before it is filled
@@ -31,6 +38,26 @@ _MAX_RANK = 2 * MAX_PRIORITY
 Scan = Callable[[bytes, bytes | None], Iterator[tuple[bytes, bytes]]]
 
 
+class DueEntry(NamedTuple):
+    """A scheduled job as its ``due_priority`` key and value tell it, without its state (a
+    tuple: a scan makes one per key read).
+
+    ``queue`` is empty when the entry cannot stand for the state: written before the family kept
+    queues, or at a bound where the key clamps the priority or run_at (decode the job instead).
+    ``key`` is the job's concurrency key (``core.permits``), empty when it has none.
+    """
+
+    job_id: str
+    priority: int
+    run_at: int
+    queue: str
+    key: str = ""
+
+    @property
+    def status(self) -> Status:
+        return Status.SCHEDULED  # the family holds scheduled jobs only
+
+
 def rank(priority: int) -> int:
     """A job's level in the family: 0 is the highest priority."""
     return min(_MAX_RANK, max(0, MAX_PRIORITY - priority))
@@ -38,6 +65,13 @@ def rank(priority: int) -> int:
 
 def priority_key(priority: int, run_at: int, job_id: str) -> bytes:
     return _PAIR.pack(rank(priority), max(0, run_at)) + job_id.encode()
+
+
+def priority_value(state: JobState) -> bytes:
+    """The queue, then a NUL and the concurrency key if the job has one (no queue holds a NUL)."""
+    key = concurrency_key(state)
+    queue = state.queue.encode()
+    return queue if key is None else queue + b"\x00" + key.encode()
 
 
 class PriorityLevels:
@@ -73,8 +107,15 @@ class PriorityLevels:
         Jobs ``skip`` holds back do not count toward ``limit``; at most ``max_reads`` keys are
         read (levels with nothing due cost one read each).
         """
+        by_entry = None if skip is None else _by_id(skip)
+        return [e.job_id for e in self.entries(now, limit, skip=by_entry, max_reads=max_reads)]
+
+    def entries(
+        self, now: int, limit: int, *, skip: Callable[[DueEntry], bool] | None, max_reads: int
+    ) -> list[DueEntry]:
+        """``due`` as entries: the same keys read, the same ones returned, no state decoded."""
         now = max(0, now)
-        found: list[str] = []
+        found: list[DueEntry] = []
         reads = 0
         for level in sorted(self._low):
             low = self._low[level]
@@ -82,15 +123,15 @@ class PriorityLevels:
                 continue
             first: int | None = None
             scan = self._scan(_PAIR.pack(level, low), _U64.pack(level + 1))
-            for key, _ in scan:
+            for key, value in scan:
                 reads += 1
                 at = int(_U64.unpack(key[8:16])[0])
                 first = at if first is None else first
                 if at > now:
                     break
-                entity = key[16:].decode()
-                if skip is None or not skip(entity):
-                    found.append(entity)
+                entry = _entry(level, at, key[16:].decode(), value)
+                if skip is None or not skip(entry):
+                    found.append(entry)
                 if len(found) >= limit or reads >= max_reads:
                     break
             self._settle(level, first)
@@ -104,3 +145,16 @@ class PriorityLevels:
             del self._low[level]  # a later write brings it back (``lower``)
         else:
             self._low[level] = first
+
+
+def _by_id(skip: Callable[[str], bool]) -> Callable[[DueEntry], bool]:
+    return lambda entry: skip(entry.job_id)
+
+
+def _entry(level: int, at: int, job_id: str, value: bytes) -> DueEntry:
+    priority = MAX_PRIORITY - level
+    # At a bound the key may have clamped the state's priority or run_at: not exact there.
+    if not (0 < level < _MAX_RANK and at > 0):
+        return DueEntry(job_id, priority, at, "")
+    queue, _, key = value.partition(b"\x00")
+    return DueEntry(job_id, priority, at, queue.decode(), key.decode())

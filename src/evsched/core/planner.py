@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from evsched.core import cron_policy, ids, retention
 from evsched.core.dispatch import Dispatch
@@ -40,7 +41,30 @@ class Lease:
     dispatch: Dispatch
 
 
-def due_order(state: JobState) -> tuple[int, int, str]:
+class Plannable(Protocol):
+    """What choosing leases reads of a due job: a ``JobState``, or a stand-in for one that was
+    not decoded (its index entry), so jobs that will not be leased are never decoded."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def run_at(self) -> int: ...
+
+    @property
+    def status(self) -> Status: ...
+
+
+P = TypeVar("P", bound=Plannable)
+
+
+def due_order(state: Plannable) -> tuple[int, int, str]:
     """Higher priority first, then earlier run_at, then job id for a total, stable order."""
     return (-state.priority, state.run_at, state.job_id)
 
@@ -67,10 +91,35 @@ def plan_leases(
     ``limits.max_unstarted_per_queue`` (a node's budget does, for queues whose workers start jobs
     quickly). Jobs due within ``limits.prelease_ms`` are pre-leased.
     """
+    chosen = pick_leases(
+        candidates,
+        in_flight,
+        unstarted=unstarted,
+        unstarted_limits=unstarted_limits,
+        now=now,
+        limits=limits,
+    )
+    return [_lease(s, now=now, limits=limits, source=source, at=events_offset) for s in chosen]
+
+
+def pick_leases(
+    candidates: Iterable[P],
+    in_flight: Mapping[str, int],
+    *,
+    unstarted: Mapping[str, int] | None = None,
+    unstarted_limits: Mapping[str, int] | None = None,
+    now: int,
+    limits: PlannerLimits,
+) -> list[P]:
+    """The candidates ``plan_leases`` leases, in its order, read only through ``Plannable``.
+
+    Per queue these are the first ones in ``due_order``, as many as it has room for: so
+    ``plan_leases`` over the chosen ones alone leases exactly them again.
+    """
     used = dict(in_flight)
     waiting = dict(unstarted or {})
     raised = unstarted_limits or {}
-    leases: list[Lease] = []
+    chosen: list[P] = []
     for state in sorted(candidates, key=due_order):
         if state.status is not Status.SCHEDULED or state.run_at > now + limits.prelease_ms:
             continue
@@ -81,8 +130,8 @@ def plan_leases(
             continue
         used[queue] = used.get(queue, 0) + 1
         waiting[queue] = waiting.get(queue, 0) + 1
-        leases.append(_lease(state, now=now, limits=limits, source=source, at=events_offset))
-    return leases
+        chosen.append(state)
+    return chosen
 
 
 def _lease(

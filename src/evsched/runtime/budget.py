@@ -25,16 +25,18 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
 class QueueLoad:
-    """Jobs per queue counting against the limits: leased or running, and leased but unstarted."""
+    """Jobs per queue counting against the limits: leased or running, and leased but unstarted;
+    and the unstarted limits the node's start rate raised (a queue not named keeps the floor)."""
 
     in_flight: Mapping[str, int]
     unstarted: Mapping[str, int]
+    unstarted_limits: Mapping[str, int] = field(default_factory=dict)
 
 
 class LoadSource(Protocol):

@@ -11,7 +11,7 @@ written, so the index never holds a decision, an effect or a change the log does
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.changelog import ChangelogWriter
+from evsched.runtime.lease_plan import Candidate, LeanLeases, Planned, waiting_by_queue
 from evsched.runtime.pending import Pending
 from evsched.runtime.permit_plan import PermitPlanner
 from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
@@ -93,6 +94,15 @@ class OwnedPartition:
         self.caught_up = False
         self.pending = Pending(clock)
         self.permits = PermitPlanner(self.projector, self.pending, self.source)
+        self.lean = LeanLeases(
+            index,
+            self.projector,
+            limits=limits,
+            scan_limit=scan_limit,
+            held_back=self._held_back,
+            permits=self.permits,
+            source=self.source,
+        )
         self.wake_at: int | None = None
         # The consumer offset the group holds for this partition, and when records past it were
         # first folded without a transaction of their own (epoch ms).
@@ -309,6 +319,32 @@ class OwnedPartition:
             return []
 
     def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
+        load = self._lease_load()
+        # Only the jobs leased are decoded, unless an entry cannot stand for its state.
+        planned = self.lean.plan(folded, now, load)
+        leases, candidates = planned or self._plan_read_all(folded, now, load)
+        if self.budget is not None:
+            self._wait_in_line(self.budget, leases, candidates)
+        return leases
+
+    def _lease_load(self) -> QueueLoad:
+        """What the leases of this step count against: the node's queues, or this partition's."""
+        if self.budget is None:
+            return self.load()
+        load = self.budget.total()
+        in_flight = dict(load.in_flight)
+        for queue in self.budget.not_my_turn(self.partition):
+            in_flight[queue] = self.limits.max_in_flight_per_queue  # full for us, for now
+        raised = self.budget.rate.limits(
+            self.limits.max_unstarted_per_queue,
+            self.limits.max_in_flight_per_queue,
+            self.limits.unstarted_horizon_ms / 1000,
+            self.clock.monotonic_s(),
+        )
+        return QueueLoad(in_flight, load.unstarted, raised)
+
+    def _plan_read_all(self, folded: Folded, now: int, load: QueueLoad) -> Planned:
+        """Leases from every due job's state in the scan's window (``LeanLeases`` reads fewer)."""
         # Held-back jobs (pending, or on an undeclared queue) must not fill the scan's window.
         horizon = now + self.limits.prelease_ms
         paused = self.projector.paused(QUEUE, folded)
@@ -322,41 +358,24 @@ class OwnedPartition:
         ]
         if self.permits.active(folded):
             candidates = self.permits.permitted(candidates, now, folded)
-        if self.budget is None:
-            return self._lease(candidates, self.load(), now)
-        load = self.budget.total()
-        in_flight = dict(load.in_flight)
-        for queue in self.budget.not_my_turn(self.partition):
-            in_flight[queue] = self.limits.max_in_flight_per_queue  # full for us, for now
-        raised = self.budget.rate.limits(
-            self.limits.max_unstarted_per_queue,
-            self.limits.max_in_flight_per_queue,
-            self.limits.unstarted_horizon_ms / 1000,
-            self.clock.monotonic_s(),
-        )
-        leases = self._lease(candidates, QueueLoad(in_flight, load.unstarted), now, raised)
-        leased = {lease.event.job_id for lease in leases}
-        left: dict[str, int] = {}  # queue -> the highest priority left unleased
-        for s in candidates:
-            if s.status is Status.SCHEDULED and s.job_id not in leased:
-                left[s.queue] = max(s.priority, left.get(s.queue, s.priority))
-        self.budget.waited(
-            self.partition, blocked=left, leased={lease.dispatch.queue for lease in leases}
-        )
-        return leases
+        return self._lease(candidates, load, now), list(candidates)
 
-    def _lease(
-        self,
-        candidates: list[JobState],
-        load: QueueLoad,
-        now: int,
-        unstarted_limits: Mapping[str, int] | None = None,
-    ) -> list[planner.Lease]:
+    def _wait_in_line(
+        self, budget: QueueBudget, leases: list[planner.Lease], candidates: list[Candidate]
+    ) -> None:
+        """Queues with due jobs left unleased wait in the node's line, by their best priority."""
+        budget.waited(
+            self.partition,
+            blocked=waiting_by_queue(leases, candidates),
+            leased={lease.dispatch.queue for lease in leases},
+        )
+
+    def _lease(self, candidates: list[JobState], load: QueueLoad, now: int) -> list[planner.Lease]:
         return planner.plan_leases(
             candidates,
             load.in_flight,
             unstarted=load.unstarted,
-            unstarted_limits=unstarted_limits,
+            unstarted_limits=load.unstarted_limits,
             now=now,
             limits=self.limits,
             source=self.source,

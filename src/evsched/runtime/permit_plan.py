@@ -41,6 +41,13 @@ class PermitPlanner:
             )
         return ok
 
+    def asked(self) -> int:
+        """How many requests planning made so far this step (``retract`` takes back later ones)."""
+        return len(self._asks)
+
+    def retract(self, asked: int) -> None:
+        del self._asks[asked:]
+
     def take(self, now: int, folded: Folded) -> list[Proposal]:
         """The requests made while planning leases, then the grants of this partition's homes."""
         asks: list[Proposal] = [(ask.job_id, ask) for ask in self._asks]
