@@ -101,11 +101,9 @@ class LeanLeases:
         if states is None:
             self.permits.retract(asked)  # the full read asks again
             return None
-        leases = planner.plan_leases(
+        leases = leases_against(
+            load,
             states,
-            load.in_flight,
-            unstarted=load.unstarted,
-            unstarted_limits=load.unstarted_limits,
             now=now,
             limits=self.limits,
             source=self.source,
@@ -218,3 +216,25 @@ def waiting_by_queue(leases: list[planner.Lease], candidates: list[Candidate]) -
         if s.status is Status.SCHEDULED and s.job_id not in leased:
             left[s.queue] = max(s.priority, left.get(s.queue, s.priority))
     return left
+
+
+def leases_against(
+    load: QueueLoad,
+    states: list[JobState],
+    *,
+    now: int,
+    limits: planner.PlannerLimits,
+    source: str,
+    events_offset: int,
+) -> list[planner.Lease]:
+    """The leases of ``states`` that ``load`` leaves room for (both planning paths end here)."""
+    return planner.plan_leases(
+        states,
+        load.in_flight,
+        unstarted=load.unstarted,
+        unstarted_limits=load.unstarted_limits,
+        now=now,
+        limits=limits,
+        source=source,
+        events_offset=events_offset,
+    )

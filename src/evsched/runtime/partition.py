@@ -28,7 +28,13 @@ from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.changelog import ChangelogWriter
-from evsched.runtime.lease_plan import Candidate, LeanLeases, Planned, waiting_by_queue
+from evsched.runtime.lease_plan import (
+    Candidate,
+    LeanLeases,
+    Planned,
+    leases_against,
+    waiting_by_queue,
+)
 from evsched.runtime.pending import Pending
 from evsched.runtime.permit_plan import PermitPlanner
 from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
@@ -371,11 +377,9 @@ class OwnedPartition:
         )
 
     def _lease(self, candidates: list[JobState], load: QueueLoad, now: int) -> list[planner.Lease]:
-        return planner.plan_leases(
+        return leases_against(
+            load,
             candidates,
-            load.in_flight,
-            unstarted=load.unstarted,
-            unstarted_limits=load.unstarted_limits,
             now=now,
             limits=self.limits,
             source=self.source,
