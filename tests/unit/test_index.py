@@ -3,7 +3,7 @@ with the offset, timelines keep every verdict, and two folds of one log have one
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -216,6 +216,9 @@ class _PurgeTarget:
         self, name: str, start: bytes = b"", end: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:
         return iter(())
+
+    def ranges(self, name: str) -> Callable[[bytes, bytes], Iterator[bytes]]:
+        return lambda start, end: iter(())
 
     def delete_secondary(self, wb: object, state: object) -> None:
         pass

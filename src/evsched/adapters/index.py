@@ -497,6 +497,23 @@ class PartitionIndex:
         """Keys and values of ``name`` from ``start`` up to ``end`` (excluded), in key order."""
         return self._scan(name, start, end)
 
+    def ranges(self, name: str) -> Callable[[bytes, bytes], Iterator[bytes]]:
+        """The keys of ``name`` in ``[start, end)``, range after range through one iterator.
+
+        Creating a RocksDB iterator costs far more than a seek (~1 ms against ~30 µs on a large
+        index, one child per memtable and table file): a batch of purges seeks one it made once.
+        Each range must be read whole before the next is asked for.
+        """
+        cursor = self._cf[name].iter(ReadOptions())
+
+        def keys(start: bytes, end: bytes) -> Iterator[bytes]:
+            cursor.seek(start)
+            while cursor.valid() and (key := cursor.key()) < end:
+                yield key
+                cursor.next()
+
+        return keys
+
     def _scan(
         self, name: str, start: bytes = b"", end: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:

@@ -10,7 +10,9 @@ of finished jobs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import heapq
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,6 +54,8 @@ class PurgeTarget(Protocol):
         self, name: str, start: bytes = b"", end: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]: ...
 
+    def ranges(self, name: str) -> Callable[[bytes, bytes], Iterator[bytes]]: ...
+
     def delete_secondary(self, wb: Any, state: JobState) -> None: ...
 
     def low(self, name: str) -> int: ...
@@ -77,6 +81,11 @@ class PurgeWriter:
         # Marks in the index below this time are deleted already (before or in this batch).
         self._scanned = index.low(MARKS)
         self._created: dict[bytes, tuple[str, int]] = {}
+        # The batch's own marks by time, so expiring them is not a pass over all of them per
+        # purge (a rebuild's batch holds thousands); the sequence keeps the order they came in.
+        self._due: list[tuple[int, int, bytes]] = []
+        self._seq = itertools.count()
+        self._timeline_keys: Callable[[bytes, bytes], Iterator[bytes]] | None = None
         # This batch's own timeline entries per job: a purge deletes those below it too.
         self._offsets: dict[str, list[int]] = {}
         for entity_id, entry, _ in timeline:
@@ -88,6 +97,7 @@ class PurgeWriter:
             self._expire_marks(purge.log_at)
             self._drop_job(purge)
             self._mark(purge)
+        self._timeline_keys = None  # its iterator must not outlive the batch (nor the DB)
         self._index.raise_low(MARKS, self._scanned)
         for key in self._created:
             self._index.lower(MARKS, _time(key))
@@ -98,10 +108,13 @@ class PurgeWriter:
             for key, value in self._index.scan(MARKS, U64.pack(self._scanned), U64.pack(end)):
                 self._expire(key, key[8:].decode(), int(U64.unpack(value)[0]))
             self._scanned = end
-        for key, (job_id, offset) in list(self._created.items()):
-            if _time(key) <= log_at:
-                del self._created[key]
-                self._expire(key, job_id, offset)
+        expired: list[tuple[int, bytes]] = []
+        while self._due and self._due[0][0] <= log_at:
+            _, seq, key = heapq.heappop(self._due)
+            expired.append((seq, key))
+        for _, key in sorted(expired):
+            job_id, offset = self._created.pop(key)
+            self._expire(key, job_id, offset)
 
     def _expire(self, key: bytes, job_id: str, offset: int) -> None:
         self._wb.delete(key, self._index.h(MARKS))
@@ -109,8 +122,9 @@ class PurgeWriter:
 
     def _drop_job(self, purge: Purge) -> None:
         job_id, timeline = purge.job_id, self._index.h(TIMELINE)
-        first, upto = timeline_key(job_id, 0), timeline_key(job_id, purge.offset)
-        for key, _ in self._index.scan(TIMELINE, first, upto):
+        if self._timeline_keys is None:
+            self._timeline_keys = self._index.ranges(TIMELINE)
+        for key in self._timeline_keys(timeline_key(job_id, 0), timeline_key(job_id, purge.offset)):
             self._wb.delete(key, timeline)
         for offset in self._offsets.get(job_id, ()):
             if offset < purge.offset:
@@ -125,6 +139,8 @@ class PurgeWriter:
     def _mark(self, purge: Purge) -> None:
         key = time_key(purge.mark_until, purge.job_id)
         self._wb.put(key, U64.pack(purge.offset), self._index.h(MARKS))
+        if key not in self._created:
+            heapq.heappush(self._due, (purge.mark_until, next(self._seq), key))
         self._created[key] = (purge.job_id, purge.offset)
 
 
