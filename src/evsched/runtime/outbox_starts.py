@@ -47,6 +47,8 @@ class OutboxStarts(Generic[OutboxT]):
         if not task.done():
             return None
         del self._tasks[partition]
+        if task.cancelled():  # not by us (cancel() forgets its tasks): start again next time
+            return None
         failure = task.exception()
         if failure is None:
             return task.result()
