@@ -71,6 +71,8 @@ async def two_partitions_and_a_lost_transaction(tmp_path: Path) -> tuple[Rig, Co
     waits for the coordinator."""
     rig = Rig(tmp_path, Group({0: ME, 1: ME}))
     rig.consumer.assigned = {0, 1}
+    state = rig.node.topics.state  # the changelog as the outboxes wrote it, both partitions
+    rig.node.restores.open_state = lambda partitions: rig.broker.reader(state, 2)
     coordinator = Coordinator(rig)
     rig.append(enqueued("a"))
     await rig.node.assign([0, 1])
