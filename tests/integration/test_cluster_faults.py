@@ -47,9 +47,10 @@ RECOVERY_BOUND_S = 45.0
 # How long after its call a client's enqueue may take to fail while the ISR is short: the first
 # look at the partition comes after CHECK_AFTER_S (1 s), a describe of the topic takes the rest.
 FAIL_FAST_BOUND_S = 10.0
-# The same for `evsched enqueue --no-wait`, from the process's start to its exit: Python's start
-# and imports (slow on a loaded box), the producer's start, the failed append, and the close.
-CLI_BOUND_S = 45.0
+# The same for `evsched enqueue --no-wait`, from the process's start to its exit: mostly Python's
+# start and the CLI's imports (31 s of the 49 s measured on the loaded box; then the producer's
+# start, the failed append within FAIL_FAST_BOUND_S, and a close that drops the refused record).
+CLI_BOUND_S = 120.0
 
 
 @pytest.fixture(scope="module")
@@ -300,7 +301,7 @@ async def _cli_enqueue(run: Loaded) -> tuple[int, str, float]:
         sys.executable, "-m", "evsched", "enqueue", "s.noop", "--no-wait",
         cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    out, err = await asyncio.wait_for(process.communicate(), timeout=2 * CLI_BOUND_S)
+    out, err = await asyncio.wait_for(process.communicate(), timeout=CLI_BOUND_S + 30)
     took = time.monotonic() - called
     assert process.returncode is not None
     print(f"cli: exit {process.returncode}, stdout {out.decode()!r}, stderr {err.decode()!r}")
