@@ -121,10 +121,9 @@ def _quiet_sender(spent: AIOKafkaProducer) -> None:
     producer's transaction state that does not exist (an AttributeError in a loop callback,
     printed as a traceback on stderr: the CLI's one-line error had one under it)."""
     sender = getattr(spent, "_sender", None)
-    task = None if sender is None else sender.sender_task
-    if task is not None:
-        task.remove_done_callback(sender._fail_all)
-        task.add_done_callback(_seen)
+    if sender is not None and sender.sender_task is not None:
+        sender.sender_task.remove_done_callback(sender._fail_all)
+        sender.sender_task.add_done_callback(_seen)
 
 
 def _seen(task: asyncio.Future[Any]) -> None:
