@@ -67,8 +67,10 @@ class KafkaEventLog:
         for attempt in (1, 2):
             current = await self._current()
             try:
-                future = await current.send(topic, value, key=key.encode())
-                metadata = await self._acknowledged(current, future, topic, key)
+                # The send is inside the bound too: while a partition cannot take writes, a
+                # send waits for room behind the record before it (30 s, then KafkaTimeoutError).
+                sent = _sent(current, topic, value, key)
+                metadata = await self._acknowledged(current, sent, topic, key)
             except KafkaError as exc:
                 # A fatal error poisons this producer only; the event carries its own event_id,
                 # so sending it again through a new producer can at worst make a duplicate
@@ -147,3 +149,9 @@ class KafkaEventLog:
             if self._producer is broken:
                 self._producer = None
         await stop_producer(broken)
+
+
+async def _sent(producer: Any, topic: str, value: bytes, key: str) -> Any:
+    """The record's metadata once the producer took it and the broker acknowledged it."""
+    future = await producer.send(topic, value, key=key.encode())
+    return await future
