@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 from tests.integration.cluster_load import (
     PARTITIONS,
@@ -27,8 +30,11 @@ from tests.integration.cluster_load import (
     node_log_counts,
 )
 from tests.integration.clusters import all_in_sync, heal, kill, module_cluster
-from tests.integration.engine import wait_for
+from tests.integration.engine import REPO, wait_for
 
+from evsched.adapters.queues import FixedQueues
+from evsched.adapters.topics import topic_specs
+from evsched.api import create_app
 from evsched.devstack.cluster import LocalCluster
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(900)]
@@ -38,6 +44,13 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.cluster, pytest.
 # transaction then completes on them (or its step fails and the partition reopens with a new
 # producer). Measured 10-20 s on a loaded 2-core box (docs/operations.md); the bound leaves room.
 RECOVERY_BOUND_S = 45.0
+# How long after its call a client's enqueue may take to fail while the ISR is short: the first
+# look at the partition comes after CHECK_AFTER_S (1 s), a describe of the topic takes the rest.
+FAIL_FAST_BOUND_S = 10.0
+# The same for `evsched enqueue --no-wait`, from the process's start to its exit: mostly Python's
+# start and the CLI's imports (31 s of the 49 s measured on the loaded box; then the producer's
+# start, the failed append within FAIL_FAST_BOUND_S, and a close that drops the refused record).
+CLI_BOUND_S = 120.0
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +174,62 @@ async def test_a_rolling_restart_of_every_broker_under_load_loses_nothing(
     assert not run.load.failed, run.load.failed[:3]
 
 
+async def test_fewer_than_min_isr_replicas_fail_writes_fast_and_clearly_and_lose_nothing(
+    healed: LocalCluster, tmp_path: Path
+) -> None:
+    """On this combined-mode cluster two nodes down would also take the KRaft quorum away, so
+    the events topic asks for 3 in-sync replicas and one broker goes down: the same state
+    (ISR below min ISR) as two brokers down on a cluster with separate controllers."""
+    started = time.monotonic()
+    async with loaded_stack(healed.bootstrap, tmp_path, "fisr") as run:
+        events = run.stack.topics.events
+        await _set_min_isr(healed.bootstrap, run.stack.namespace, 3)
+        await run.stack.replica()  # the API's, started while every broker is up
+        await run.acked_past(40)
+        victim = 3
+        await kill(healed, victim)
+        await wait_for(
+            lambda: _gone_from_isr(healed.bootstrap, events, victim),
+            what=f"broker {victim} out of the ISRs",
+            timeout_s=120,
+        )
+        short_at_ms = time.time() * 1000
+
+        async def failing() -> bool:
+            if len(_called_after(run, short_at_ms)) >= 20:
+                return True
+            await asyncio.sleep(0.2)
+            return False
+
+        await wait_for(failing, what="enqueues to fail", timeout_s=60)
+        api = await _api_enqueue(run)
+        cli = await _cli_enqueue(run)
+        await asyncio.to_thread(healed.up)
+        await wait_for(lambda: _in_sync(healed), what="every ISR whole", timeout_s=180)
+        await run.acked_past(40)
+        await run.finish()
+    report("min isr", started, run, api=api[:1] + api[2:], cli=cli[:1] + cli[2:])
+    during = _called_after(run, short_at_ms)
+    assert {kind for _, kind, _, _ in during} == {"NotEnoughReplicas"}, during[:3]
+    assert all("min.insync.replicas=3" in message for _, _, message, _ in during), during[:3]
+    assert max(took for *_, took in during) <= FAIL_FAST_BOUND_S, during
+    status, body, api_s = api
+    assert status == 503, body
+    assert api_s <= FAIL_FAST_BOUND_S, api
+    assert body["error"]["code"] == "not_enough_replicas", body
+    assert "min.insync.replicas=3" in body["error"]["message"], body
+    code, err, cli_s = cli
+    assert code == 4, err
+    assert cli_s <= CLI_BOUND_S, cli
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "min.insync.replicas=3" in err, err
+
+
+def _called_after(run: Loaded, at_ms: float) -> list[tuple[float, str, str, float]]:
+    """The failed enqueues called after ``at_ms`` (wall clock)."""
+    return [failed for failed in run.load.failed if failed[0] >= at_ms]
+
+
 async def _gone_from_isr(bootstrap: str, topic: str, node_id: int) -> bool:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5_000)
     try:
@@ -183,3 +252,57 @@ async def _in_sync(cluster: LocalCluster) -> bool:
         return True
     await asyncio.sleep(0.5)
     return False
+
+
+async def _set_min_isr(bootstrap: str, namespace: str, count: int) -> None:
+    """The events topic's min ISR raised (a higher one passes evsched's check). AlterConfigs
+    replaces a topic's whole config: evsched's own configs go with it."""
+    [events, *_] = topic_specs(namespace, event_partitions=PARTITIONS, queues=["default"])
+    configs = {**events.configs, "min.insync.replicas": str(count)}
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, events.name, configs)])
+    finally:
+        await admin.close()
+
+
+async def _api_enqueue(run: Loaded) -> tuple[int, dict[str, object], float]:
+    """POST /v1/jobs through the API (in process) while the ISR is short: (status, body,
+    seconds the request took)."""
+    async with run.stack.app() as client:
+        app = create_app(
+            run.stack.settings,
+            replica=await run.stack.replica(),
+            app=client,
+            token="t",
+            wait_timeout_s=10.0,
+            queues=FixedQueues(["default"]),
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
+            called = time.monotonic()
+            answer = await asyncio.wait_for(
+                http.post(
+                    "/v1/jobs", json={"task": "s.noop"}, headers={"Authorization": "Bearer t"}
+                ),
+                timeout=30,
+            )
+            took = time.monotonic() - called
+    return answer.status_code, answer.json(), round(took, 1)
+
+
+async def _cli_enqueue(run: Loaded) -> tuple[int, str, float]:
+    """``evsched enqueue s.noop`` as a process while the ISR is short: (exit code, stderr,
+    seconds from its start to its exit)."""
+    env = {**run.stack.env(), "EVSCHED_REPLICA_DATA_DIR": str(run.stack.tmp / "cli-replica")}
+    called = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "evsched", "enqueue", "s.noop", "--no-wait",
+        cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), timeout=CLI_BOUND_S + 30)
+    took = time.monotonic() - called
+    assert process.returncode is not None
+    print(f"cli: exit {process.returncode}, stdout {out.decode()!r}, stderr {err.decode()!r}")
+    return process.returncode, err.decode(), round(took, 1)

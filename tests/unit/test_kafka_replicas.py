@@ -74,6 +74,21 @@ async def test_a_slow_ack_fails_at_the_timeout_saying_it_may_still_land() -> Non
     assert "may still be written" in str(caught.value)
 
 
+async def test_a_look_at_the_cluster_that_hangs_does_not_outlast_the_timeout() -> None:
+    future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def hangs() -> str | None:
+        await asyncio.Event().wait()  # the producer's metadata never comes
+        return None
+
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(PublishError, match=r"not acknowledged within 0\.2 s"):
+        await asyncio.wait_for(
+            acknowledged(future, what="w", timeout_s=0.2, problem=hangs, check_after_s=0.05), 5
+        )
+    assert asyncio.get_running_loop().time() - started < 1.0
+
+
 async def test_the_check_describes_once_for_many_waiters_and_survives_failures() -> None:
     calls: list[str] = []
 

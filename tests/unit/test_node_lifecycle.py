@@ -86,7 +86,9 @@ def node_over(
     node._consumer = consumer  # type: ignore[assignment]
     opened: list[tuple[int, int | None, int]] = []
 
-    async def fake_open(_: object, index: PartitionIndex, plan: object = None) -> None:
+    async def fake_open(
+        _: object, index: PartitionIndex, plan: object = None, started: object = None
+    ) -> None:
         opened.append((index.partition, index.fold_version(), index.applied_offset()))
         index.close()
         node.health.move(index.partition, Phase.CATCHING_UP)

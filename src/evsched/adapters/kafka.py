@@ -100,7 +100,9 @@ async def stop_producer(spent: AIOKafkaProducer, timeout_s: float = STOP_TIMEOUT
         await asyncio.wait_for(asyncio.shield(stopping), timeout_s)
     except TimeoutError:
         held = KafkaTimeoutError(f"producer closed with records unacknowledged after {timeout_s} s")
-        log.warning("producer_stop_abandoned", error=str(held))
+        if timeout_s > 0:  # at 0 the caller drops records it already reported as refused
+            log.warning("producer_stop_abandoned", error=str(held))
+        _quiet_sender(spent)
         # aiokafka has no public way to drop what it holds; this is what its own sender does
         # when it dies (Sender._fail_all).
         spent._message_accumulator.fail_all(held)
@@ -111,6 +113,22 @@ async def stop_producer(spent: AIOKafkaProducer, timeout_s: float = STOP_TIMEOUT
             await stopping
     except KafkaError as exc:
         log.warning("producer_stop_failed", error=repr(exc))
+
+
+def _quiet_sender(spent: AIOKafkaProducer) -> None:
+    """The discarded producer's sender may now die (a batch in flight finds itself failed): its
+    end is seen here, and aiokafka's own handler of it skipped, which fails an idempotent
+    producer's transaction state that does not exist (an AttributeError in a loop callback,
+    printed as a traceback on stderr: the CLI's one-line error had one under it)."""
+    sender = getattr(spent, "_sender", None)
+    if sender is not None and sender.sender_task is not None:
+        sender.sender_task.remove_done_callback(sender._fail_all)
+        sender.sender_task.add_done_callback(_seen)
+
+
+def _seen(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 # The group's failure detection: a member (node or worker) killed without leaving the group is

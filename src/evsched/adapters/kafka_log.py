@@ -9,6 +9,7 @@ from typing import Any
 import structlog
 
 from evsched.adapters.kafka import (
+    STOP_TIMEOUT_S,
     KafkaError,
     is_fatal_producer_error,
     start_producer,
@@ -17,7 +18,7 @@ from evsched.adapters.kafka import (
 from evsched.adapters.kafka_events import partition_for
 from evsched.adapters.kafka_replicas import ReplicaCheck, acknowledged, describe_partitions
 from evsched.adapters.kafka_txn import AtomicWriter, appended
-from evsched.errors import PublishError
+from evsched.errors import NotEnoughReplicas, PublishError
 from evsched.ports import Appended, Outbound
 from evsched.settings import Settings
 
@@ -46,6 +47,9 @@ class KafkaEventLog:
         self._replicas = ReplicaCheck(lambda topic: describe_partitions(settings, topic))
         self._client_id = client_id
         self._producer: Any = None
+        # An append gave up on its record because its partition lacked replicas: closing drops
+        # what the producer holds at once (it could not land before the brokers return).
+        self._refused = False
         self._lock = asyncio.Lock()
         self._atomic = AtomicWriter(settings, client_id=client_id)
 
@@ -57,14 +61,16 @@ class KafkaEventLog:
         async with self._lock:
             old, self._producer = self._producer, None
         if old is not None:
-            await stop_producer(old)
+            await stop_producer(old, 0.0 if self._refused else STOP_TIMEOUT_S)
 
     async def append(self, topic: str, key: str, value: bytes) -> Appended:
         for attempt in (1, 2):
             current = await self._current()
             try:
-                future = await current.send(topic, value, key=key.encode())
-                metadata = await self._acknowledged(current, future, topic, key)
+                # The send is inside the bound too: while a partition cannot take writes, a
+                # send waits for room behind the record before it (30 s, then KafkaTimeoutError).
+                sent = _sent(current, topic, value, key)
+                metadata = await self._acknowledged(current, sent, topic, key)
             except KafkaError as exc:
                 # A fatal error poisons this producer only; the event carries its own event_id,
                 # so sending it again through a new producer can at worst make a duplicate
@@ -121,12 +127,16 @@ class KafkaEventLog:
             count = len(await current.partitions_for(topic))
             return await self._replicas.problem(topic, partition_for(key, count))
 
-        return await acknowledged(
-            future,
-            what=f"writing to {topic!r}",
-            timeout_s=self._ack_timeout_s,
-            problem=problem,
-        )
+        try:
+            return await acknowledged(
+                future,
+                what=f"writing to {topic!r}",
+                timeout_s=self._ack_timeout_s,
+                problem=problem,
+            )
+        except NotEnoughReplicas:
+            self._refused = True
+            raise
 
     async def _current(self) -> Any:
         async with self._lock:
@@ -139,3 +149,9 @@ class KafkaEventLog:
             if self._producer is broken:
                 self._producer = None
         await stop_producer(broken)
+
+
+async def _sent(producer: Any, topic: str, value: bytes, key: str) -> Any:
+    """The record's metadata once the producer took it and the broker acknowledged it."""
+    future = await producer.send(topic, value, key=key.encode())
+    return await future

@@ -139,7 +139,10 @@ async def acknowledged(
                 f"{what}: not acknowledged within {timeout_s:g} s (the broker may be slow or "
                 "down); it may still be written: retry with an idempotency key to be safe"
             )
-        cause = await problem()
+        try:  # the look must not outlast the bound either (the producer's metadata may stall)
+            cause = await asyncio.wait_for(problem(), max(0.0, deadline - monotonic_s()))
+        except TimeoutError:
+            cause = None
         if cause is not None:
             future.add_done_callback(_retrieved)
             raise NotEnoughReplicas(

@@ -35,6 +35,7 @@ from evsched.runtime.dispatch_topics import QueueTopics
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.lifecycle import Phase
 from evsched.runtime.node_restore import IndexRestores, kafka_reader
+from evsched.runtime.outbox_starts import OutboxStarts
 from evsched.runtime.ownership import Holder, Ownership
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.restore import open_index
@@ -107,6 +108,11 @@ class Node:
             counter=None if metrics is None else metrics.node.index_rebuilds,
             log=self.log,
             done=self._restored,
+        )
+        # Looked up at each start, not bound now: tests replace _start_outbox.
+        self.outbox_starts = OutboxStarts(
+            lambda p: self._start_outbox(p),  # noqa: PLW0108
+            logger=self.log,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -201,30 +207,43 @@ class Node:
 
         Never while the group rebalances: until the new assignment is set, the consumer still
         lists the old one, and reopening a partition just revoked would start its producer and
-        fence the partition's new owner.
+        fence the partition's new owner. The producer starts first, beside this loop
+        (``runtime.outbox_starts``): the partition reopens on a later pass, once it has.
         """
         if self._rebalancing:
             return
         for partition in consumer.assignment():
             if partition not in self.owned and self.health.retry_due(partition):
-                await self._reopen(consumer, partition)
+                started = self.outbox_starts.take(partition)
+                if started is not None:
+                    await self._reopen(consumer, partition, outbox=started)
 
     async def _reopen(
-        self, consumer: KafkaGroupConsumer, partition: int, plan: OpenPlan | None = None
+        self,
+        consumer: KafkaGroupConsumer,
+        partition: int,
+        plan: OpenPlan | None = None,
+        *,
+        outbox: KafkaOutbox | Exception | None = None,
     ) -> None:
-        """Open the partition again; by ``plan`` when one was just made, else planned anew."""
+        """Open the partition again; by ``plan`` when one was just made, else planned anew;
+        with ``outbox`` when its producer was started already (or why it did not start)."""
         self.health.move(partition, Phase.OPENING)
         try:
+            if isinstance(outbox, Exception):
+                raise outbox
             index = self._seek_to_index(consumer, partition)
         except IndexVersionMismatch as exc:
+            await _unused(outbox)
             self.restores.start(consumer, partition, _rebuilding(exc))
             return
         except Exception as exc:
+            await _unused(outbox)
             self._open_failed(partition, exc)
             return
         try:
             [planned] = [plan] if plan is not None else await self._plans(consumer, [index])
-            await self._open(consumer, index, planned)
+            await self._open(consumer, index, planned, outbox)
         except Exception as exc:
             self._open_failed(partition, exc)
 
@@ -401,6 +420,7 @@ class Node:
     async def revoke(self, partitions: Iterable[int]) -> None:
         self._generation += 1
         partitions = list(partitions)
+        await self.outbox_starts.cancel(partitions)
         for partition in partitions:
             await self.restores.cancel(partition)
         runners = [r for p in partitions if (r := self.owned.pop(p, None)) is not None]
@@ -421,11 +441,16 @@ class Node:
         self.log.info("partition_revoked", partition=runner.owner.partition, **runner.owner.stats)
 
     async def _open(
-        self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan | BaseException
+        self,
+        consumer: KafkaGroupConsumer,
+        index: PartitionIndex,
+        plan: OpenPlan | BaseException,
+        started: KafkaOutbox | None = None,
     ) -> None:
-        """Run the partition on its (open) index as planned; ``plan`` may be why none was made."""
+        """Run the partition on its (open) index as planned; ``plan`` may be why none was made.
+        ``started``: its outbox, started already (else started here)."""
         partition = index.partition
-        outbox: KafkaOutbox | None = None
+        outbox = started
         owner: OwnedPartition | None = None
         try:
             if isinstance(plan, BaseException):
@@ -433,9 +458,11 @@ class Node:
             # Of another fold version, behind the log's start, or far behind the changelog.
             if plan.action is not Action.USE_LOCAL:
                 index.close()
+                await _unused(outbox)
                 self.restores.start(consumer, partition, f"index: {plan.action.value}", plan)
                 return
-            outbox = await self._start_outbox(partition)
+            if outbox is None:
+                outbox = await self._start_outbox(partition)
             committed = await consumer.committed(partition)
             end = (await consumer.end_offsets([partition]))[partition]
             owner = self._owner(index, outbox, committed, end)
@@ -509,7 +536,14 @@ class Node:
         owner.close()
 
     async def _close_all(self) -> None:
-        await self.revoke(sorted(set(self.owned) | set(self.health.phases())))
+        starting = self.outbox_starts.starting()
+        await self.revoke(sorted(set(self.owned) | set(self.health.phases()) | starting))
+
+
+async def _unused(outbox: KafkaOutbox | Exception | None) -> None:
+    """Close a started outbox the partition will not use (nothing else to do otherwise)."""
+    if outbox is not None and not isinstance(outbox, Exception):
+        await outbox.close()
 
 
 def _rebuilding(mismatch: IndexVersionMismatch) -> str:
