@@ -1,0 +1,138 @@
+"""Rejected events of jobs the index does not hold: their timeline entries expire from the log.
+
+An event the fold rejects for a job the index does not hold (a late completion after the job's
+purge, a forged event for an id never enqueued, a forged ``JobPurged``) is an *orphan*. Its
+timeline entry is kept for audits, but not for ever (fold version 6). While the job's purge mark
+is kept, the orphan follows that mark (``purge_followers``: job id -> the orphans' offsets) and
+goes when the mark expires. Any other orphan gets a mark of its own in ``orphans`` at
+``retention.orphan_until`` and goes at the first applied purge at or after that log time, as
+purge marks do. ``index_purge.PurgeWriter`` decides both in log order with the batch's purges,
+so the index after any offset is the same however the records were batched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from evsched.adapters.index_keys import FOLLOWERS, ORPHANS, TIMELINE, U64, timeline_key
+from evsched.core import retention
+from evsched.core.state import TimelineEntry, Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A rejected event at ``offset`` (log time ``log_at``) of a job the index does not hold."""
+
+    job_id: str
+    offset: int
+    log_at: int
+
+
+class OrphanTarget(Protocol):
+    """What of the index the orphans' marks are written through."""
+
+    def h(self, name: str) -> Any: ...
+
+    def get(self, name: str, key: bytes) -> bytes | None: ...
+
+    def scan(
+        self, name: str, start: bytes = b"", end: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def low(self, name: str) -> int: ...
+
+    def lower(self, name: str, at: int) -> None: ...
+
+    def raise_low(self, name: str, at: int) -> None: ...
+
+
+def orphan_key(until: int, offset: int) -> bytes:
+    """An ``orphans`` key: the mark's expiry (8 B BE), then the orphan's offset (8 B BE)."""
+    return U64.pack(max(0, until)) + U64.pack(offset)
+
+
+def last_purge(timeline: list[TimelineEntry]) -> int | None:
+    """The offset of the last applied purge in a job's stored ``timeline``, or None.
+
+    It is there exactly while that purge's mark is kept: the mark's expiry deletes it.
+    """
+    for entry in reversed(timeline):
+        if entry.kind == "JobPurged" and entry.verdict is Verdict.APPLIED:
+            return entry.offset
+    return None
+
+
+class OrphanMarks:
+    """The orphans' marks and expiries of one batch, driven by ``PurgeWriter`` in log order."""
+
+    def __init__(self, index: OrphanTarget, wb: Any) -> None:
+        self._index = index
+        self._wb = wb
+        # Own marks in the index below this time are deleted already (before or in this batch).
+        self._scanned = index.low(ORPHANS)
+        self._created: dict[bytes, str] = {}  # own marks made in this batch -> job id
+        # Followers per job id as this batch leaves them; which of those the index held.
+        self._followers: dict[str, list[int]] = {}
+        self._stored: set[str] = set()
+
+    def expire(self, log_at: int) -> None:
+        """An applied purge at ``log_at``: every own mark at or below it goes, with its entry."""
+        end = log_at + 1
+        if end > self._scanned:
+            for key, value in self._index.scan(ORPHANS, U64.pack(self._scanned), U64.pack(end)):
+                self._drop(key, value.decode())
+            self._scanned = end
+        for key, job_id in list(self._created.items()):
+            if _time(key) <= log_at:
+                del self._created[key]
+                self._drop(key, job_id)
+
+    def mark_expired(self, job_id: str) -> None:
+        """A purge mark of ``job_id`` expired: the orphans that followed it go with it."""
+        followers = self._load(job_id)
+        timeline = self._index.h(TIMELINE)
+        for offset in followers:
+            self._wb.delete(timeline_key(job_id, offset), timeline)
+        followers.clear()
+
+    def add(self, orphan: Orphan, *, follows: bool) -> None:
+        """Keep ``orphan`` until its job's kept purge mark expires (``follows``), or its own."""
+        if follows:
+            self._load(orphan.job_id).append(orphan.offset)
+            return
+        key = orphan_key(retention.orphan_until(orphan.log_at), orphan.offset)
+        self._wb.put(key, orphan.job_id.encode(), self._index.h(ORPHANS))
+        self._created[key] = orphan.job_id
+
+    def finish(self) -> None:
+        """Write the followers as the batch leaves them, and move the scan bound."""
+        self._index.raise_low(ORPHANS, self._scanned)
+        for key in self._created:
+            self._index.lower(ORPHANS, _time(key))
+        handle = self._index.h(FOLLOWERS)
+        for job_id, offsets in self._followers.items():
+            if offsets:
+                self._wb.put(job_id.encode(), b"".join(map(U64.pack, offsets)), handle)
+            elif job_id in self._stored:
+                self._wb.delete(job_id.encode(), handle)
+
+    def _load(self, job_id: str) -> list[int]:
+        found = self._followers.get(job_id)
+        if found is None:
+            raw = self._index.get(FOLLOWERS, job_id.encode())
+            if raw is not None:
+                self._stored.add(job_id)
+            found = [] if raw is None else [o for (o,) in U64.iter_unpack(raw)]
+            self._followers[job_id] = found
+        return found
+
+    def _drop(self, key: bytes, job_id: str) -> None:
+        self._wb.delete(key, self._index.h(ORPHANS))
+        offset = int(U64.unpack(key[8:16])[0])
+        self._wb.delete(timeline_key(job_id, offset), self._index.h(TIMELINE))
+
+
+def _time(key: bytes) -> int:
+    return int(U64.unpack(key[:8])[0])
