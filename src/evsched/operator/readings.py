@@ -140,7 +140,7 @@ _KEPT = (
 def _refused(entry: TimelineEntry, event: JobEvent, before: JobState | None) -> str:
     """A stale or rejected event: who sent it and why the state it met refused it."""
     if before is None:
-        return f"{_who(entry)} rejected: no such job (never enqueued on this partition, or purged){_KEPT}"
+        return f"{_who(entry)} rejected: no such job (never enqueued here, or purged){_KEPT}"
     if entry.verdict is Verdict.STALE:
         return _stale(entry, before)
     if entry.verdict is Verdict.REJECTED:
