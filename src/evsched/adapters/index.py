@@ -59,7 +59,7 @@ DIGEST_FAMILIES = (
     JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS,
     PURGES, MARKS, TALLIES, ORPHANS, FOLLOWERS,
 )  # fmt: skip
-# Keyed by an 8-byte big-endian time, then the entity id.
+# Keyed by an 8-byte big-endian time, then the entity id (``orphans``: then an offset).
 TIME_FAMILIES = (DUE, LEASES, CRON_DUE, PURGES, MARKS, ORPHANS)
 # Derived from the job and schedule states alone: a restore rebuilds them instead of reading
 # them from the changelog (they change on most events; every other family is mirrored). Purge
@@ -329,7 +329,8 @@ class PartitionIndex:
         unless ``record`` is False (no changelog to feed).
 
         Timeline entries go first, so a purge later in the batch deletes those of its job; then
-        the purges, in log order; then the states (a job enqueued again after its purge is new).
+        the purges and the orphans (``index_orphans``), in log order; then the states (a job
+        enqueued again after its purge is new).
         """
         wb = Recorder(self._mirrored if record else {})
         self._put_timeline(wb, batch)

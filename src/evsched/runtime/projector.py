@@ -395,6 +395,8 @@ class Projector:
         self._limit_folded(
             event.job_id, after=after, entry=entry, forward=forward, out=out, raw=raw, job=job
         )
+        if job is None and keyable(event.job_id):  # rejected: unknown job; its entry expires
+            out.batch.orphans.append(Orphan(event.job_id, position.offset, position.log_at))
 
     def _limit_folded(
         self,
