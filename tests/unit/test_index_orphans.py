@@ -18,7 +18,14 @@ from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.index_keys import FOLLOWERS, MARKS, ORPHANS
 from evsched.core import retention
-from evsched.core.events import Event, JobCancelled, JobEnqueued, JobPurged, entity_id
+from evsched.core.events import (
+    Event,
+    JobCancelled,
+    JobEnqueued,
+    JobPurged,
+    PermitRequested,
+    entity_id,
+)
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Verdict
 from evsched.ports import Record
@@ -107,6 +114,20 @@ def test_an_unknown_jobs_rejected_event_goes_at_the_first_purge_from_its_stated_
     assert kinds(index, "ghost") == []
     assert keys(index, ORPHANS) == 0
     assert retention.orphan_until(1_000) == 1_000 + KEPT == 1_000 + retention.DEFAULT_RETENTION_MS
+
+
+def test_a_permit_step_for_an_unknown_job_expires_too(
+    tmp_path: Path, indexes: list[PartitionIndex]
+) -> None:
+    log = Log()
+    ask = PermitRequested(event_id="p1", job_id="ghost", emitted_at=0, source="x", queue="q")
+    log.add(1_000, ask)
+    index = folded(tmp_path / "kept", log.records, 1, indexes).index
+    assert kinds(index, "ghost") == [("PermitRequested", Verdict.REJECTED)]
+    log.finished(2_000, "x", retention_ms=0)
+    log.purge(1_000 + KEPT, "x")
+    index = folded(tmp_path / "gone", log.records, 1, indexes).index
+    assert kinds(index, "ghost") == [] and keys(index, ORPHANS) == 0
 
 
 def _late_events_log() -> Log:
