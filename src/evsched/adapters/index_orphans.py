@@ -16,9 +16,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from evsched.adapters.index_keys import FOLLOWERS, ORPHANS, TIMELINE, U64, timeline_key
+from evsched.adapters import avro
+from evsched.adapters.index_keys import (
+    FOLLOWERS,
+    ORPHANS,
+    TIMELINE,
+    U64,
+    prefix_end,
+    timeline_key,
+)
 from evsched.core import retention
-from evsched.core.state import TimelineEntry, Verdict
+from evsched.core.state import Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +61,19 @@ def orphan_key(until: int, offset: int) -> bytes:
     return U64.pack(max(0, until)) + U64.pack(offset)
 
 
-def last_purge(timeline: list[TimelineEntry]) -> int | None:
-    """The offset of the last applied purge in a job's stored ``timeline``, or None.
+def kept_purge(index: OrphanTarget, job_id: str) -> int | None:
+    """The offset of the purge whose mark ``job_id`` still has in ``index``, or None.
 
-    It is there exactly while that purge's mark is kept: the mark's expiry deletes it.
+    Only the first entry of the job's timeline is read: an applied purge deletes every entry
+    below it, and its mark's expiry deletes the purge's own, so a kept purge is always first
+    (a flood of forged events for one id costs one read each, not the whole timeline).
     """
-    for entry in reversed(timeline):
-        if entry.kind == "JobPurged" and entry.verdict is Verdict.APPLIED:
-            return entry.offset
+    prefix = timeline_key(job_id, 0)[:-8]
+    for _, value in index.scan(TIMELINE, prefix, prefix_end(prefix)):
+        size = int(U64.unpack(value[:8])[0])
+        entry = avro.decode_timeline(value[8 : 8 + size])
+        applied = entry.kind == "JobPurged" and entry.verdict is Verdict.APPLIED
+        return entry.offset if applied else None
     return None
 
 

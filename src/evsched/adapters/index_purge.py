@@ -27,7 +27,7 @@ from evsched.adapters.index_keys import (
     timeline_family,
     timeline_key,
 )
-from evsched.adapters.index_orphans import Orphan, OrphanMarks, last_purge
+from evsched.adapters.index_orphans import Orphan, OrphanMarks, kept_purge
 from evsched.core.state import JobState, TimelineEntry
 
 
@@ -51,8 +51,6 @@ class PurgeTarget(Protocol):
     def h(self, name: str) -> Any: ...
 
     def get(self, name: str, key: bytes) -> bytes | None: ...
-
-    def timeline(self, entity_id: str, *, schedule: bool | None = None) -> list[TimelineEntry]: ...
 
     def scan(
         self, name: str, start: bytes = b"", end: bytes | None = None
@@ -118,7 +116,7 @@ class PurgeWriter:
             return True
         if job_id in self._purged:
             return False  # purged in this batch, and that mark expired in it too
-        stored = last_purge(self._index.timeline(job_id, schedule=False))
+        stored = kept_purge(self._index, job_id)
         return stored is not None and (job_id, stored) not in self._expired
 
     def _expire_marks(self, log_at: int) -> None:
