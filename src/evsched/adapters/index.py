@@ -484,11 +484,6 @@ class PartitionIndex:
 
     _h = h
 
-    def get(self, name: str, key: bytes) -> bytes | None:
-        """The value of ``key`` in column family ``name``, or None."""
-        value: bytes | None = self._cf[name].get(key)
-        return value
-
     def scan(
         self, name: str, start: bytes = b"", end: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]:

@@ -3,7 +3,7 @@
 An event the fold rejects for a job the index does not hold (a late completion after the job's
 purge, a forged event for an id never enqueued, a forged ``JobPurged``) is an *orphan*. Its
 timeline entry is kept for audits, but not for ever (fold version 6). While the job's purge mark
-is kept, the orphan follows that mark (``purge_followers``: job id -> the orphans' offsets) and
+is kept, the orphan follows that mark (``purge_followers``, keyed like its timeline entry) and
 goes when the mark expires. Any other orphan gets a mark of its own in ``orphans`` at
 ``retention.orphan_until`` and goes at the first applied purge at or after that log time, as
 purge marks do. ``index_purge.PurgeWriter`` decides both in log order with the batch's purges,
@@ -42,8 +42,6 @@ class OrphanTarget(Protocol):
     """What of the index the orphans' marks are written through."""
 
     def h(self, name: str) -> Any: ...
-
-    def get(self, name: str, key: bytes) -> bytes | None: ...
 
     def scan(
         self, name: str, start: bytes = b"", end: bytes | None = None
@@ -86,9 +84,7 @@ class OrphanMarks:
         # Own marks in the index below this time are deleted already (before or in this batch).
         self._scanned = index.low(ORPHANS)
         self._created: dict[bytes, str] = {}  # own marks made in this batch -> job id
-        # Followers per job id as this batch leaves them; which of those the index held.
-        self._followers: dict[str, list[int]] = {}
-        self._stored: set[str] = set()
+        self._followers: dict[str, list[bytes]] = {}  # followers made in this batch, per job
 
     def expire(self, log_at: int) -> None:
         """An applied purge at ``log_at``: every own mark at or below it goes, with its entry."""
@@ -104,42 +100,29 @@ class OrphanMarks:
 
     def mark_expired(self, job_id: str) -> None:
         """A purge mark of ``job_id`` expired: the orphans that followed it go with it."""
-        followers = self._load(job_id)
-        timeline = self._index.h(TIMELINE)
-        for offset in followers:
-            self._wb.delete(timeline_key(job_id, offset), timeline)
-        followers.clear()
+        prefix = timeline_key(job_id, 0)[:-8]
+        stored = [key for key, _ in self._index.scan(FOLLOWERS, prefix, prefix_end(prefix))]
+        followers, timeline = self._index.h(FOLLOWERS), self._index.h(TIMELINE)
+        for key in stored + self._followers.pop(job_id, []):
+            self._wb.delete(key, followers)
+            self._wb.delete(key, timeline)
 
     def add(self, orphan: Orphan, *, follows: bool) -> None:
         """Keep ``orphan`` until its job's kept purge mark expires (``follows``), or its own."""
         if follows:
-            self._load(orphan.job_id).append(orphan.offset)
+            key = timeline_key(orphan.job_id, orphan.offset)
+            self._wb.put(key, b"", self._index.h(FOLLOWERS))
+            self._followers.setdefault(orphan.job_id, []).append(key)
             return
         key = orphan_key(retention.orphan_until(orphan.log_at), orphan.offset)
         self._wb.put(key, orphan.job_id.encode(), self._index.h(ORPHANS))
         self._created[key] = orphan.job_id
 
     def finish(self) -> None:
-        """Write the followers as the batch leaves them, and move the scan bound."""
+        """Move the scan bound of the own marks past what this batch deleted."""
         self._index.raise_low(ORPHANS, self._scanned)
         for key in self._created:
             self._index.lower(ORPHANS, _time(key))
-        handle = self._index.h(FOLLOWERS)
-        for job_id, offsets in self._followers.items():
-            if offsets:
-                self._wb.put(job_id.encode(), b"".join(map(U64.pack, offsets)), handle)
-            elif job_id in self._stored:
-                self._wb.delete(job_id.encode(), handle)
-
-    def _load(self, job_id: str) -> list[int]:
-        found = self._followers.get(job_id)
-        if found is None:
-            raw = self._index.get(FOLLOWERS, job_id.encode())
-            if raw is not None:
-                self._stored.add(job_id)
-            found = [] if raw is None else [o for (o,) in U64.iter_unpack(raw)]
-            self._followers[job_id] = found
-        return found
 
     def _drop(self, key: bytes, job_id: str) -> None:
         self._wb.delete(key, self._index.h(ORPHANS))
