@@ -82,6 +82,7 @@ class PurgeWriter:
         # Purge marks expired in this batch, and the jobs it purged so far (for the orphans).
         self._expired: set[tuple[str, int]] = set()
         self._purged: set[str] = set()
+        self._live: dict[str, int] = {}  # per job, its marks made in this batch and still kept
         # Marks in the index below this time are deleted already (before or in this batch).
         self._scanned = index.low(MARKS)
         self._created: dict[bytes, tuple[str, int]] = {}
@@ -110,7 +111,7 @@ class PurgeWriter:
 
     def _mark_kept(self, job_id: str) -> bool:
         """Whether a purge mark of ``job_id`` is kept at this point of the batch."""
-        if any(job == job_id for job, _ in self._created.values()):
+        if self._live.get(job_id):
             return True
         if job_id in self._purged:
             return False  # purged in this batch, and that mark expired in it too
@@ -126,6 +127,7 @@ class PurgeWriter:
         for key, (job_id, offset) in list(self._created.items()):
             if _time(key) <= log_at:
                 del self._created[key]
+                self._live[job_id] -= 1
                 self._expire(key, job_id, offset)
 
     def _expire(self, key: bytes, job_id: str, offset: int) -> None:
@@ -153,6 +155,7 @@ class PurgeWriter:
         key = time_key(purge.mark_until, purge.job_id)
         self._wb.put(key, U64.pack(purge.offset), self._index.h(MARKS))
         self._created[key] = (purge.job_id, purge.offset)
+        self._live[purge.job_id] = self._live.get(purge.job_id, 0) + 1
 
 
 def _offset(item: Purge | Orphan) -> int:
