@@ -9,7 +9,7 @@ events leave every index, while the forged ones stay.
 
 from __future__ import annotations
 
-from replay.scenarios import _until_applied, produce_raw, until_node_past_the_end
+from replay.scenarios import produce_raw, until_node_past_the_end
 from tests.integration.engine import Stack, wait_for
 from tests.integration.test_retention_orphans import key_on
 
@@ -18,6 +18,7 @@ from evsched.core.events import AttemptStarted, AttemptSucceeded, JobCancelled, 
 from evsched.core.state import Verdict
 
 GHOST = "ghost-never-enqueued"
+WAIT_S = 600.0  # processes are slow to start on a loaded machine; every wait is on a condition
 
 
 async def orphans(stack: Stack) -> None:
@@ -42,16 +43,24 @@ async def orphans(stack: Stack) -> None:
         async def expired() -> bool:
             return await stack.timeline(purged) == []
 
-        await wait_for(expired, what="the purge mark and its followers to expire", timeout_s=120)
+        await wait_for(expired, what="the purge mark and its followers to expire", timeout_s=WAIT_S)
         assert [e.verdict for e in await stack.timeline(GHOST)] == [Verdict.REJECTED] * 3
     await until_node_past_the_end(stack)
+
+
+async def _until_applied(stack: Stack, job_id: str, kind: str, count: int) -> None:
+    async def enough() -> bool:
+        timeline = await stack.timeline(job_id)
+        return sum(e.kind == kind and e.verdict is Verdict.APPLIED for e in timeline) >= count
+
+    await wait_for(enough, what=f"{count} applied {kind} of {job_id}", timeout_s=WAIT_S)
 
 
 async def _until_judged(stack: Stack, job_id: str, count: int) -> None:
     async def judged() -> bool:
         return len(await stack.timeline(job_id)) >= count
 
-    await wait_for(judged, what=f"{count} events of {job_id} folded", timeout_s=120)
+    await wait_for(judged, what=f"{count} events of {job_id} folded", timeout_s=WAIT_S)
 
 
 def _late_and_forged(purged: str, token: int) -> list[tuple[bytes, bytes]]:

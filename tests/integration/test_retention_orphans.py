@@ -20,7 +20,7 @@ from evsched.core.events import AttemptSucceeded, JobCancelled
 from evsched.core.ids import job_id_for_key
 from evsched.core.state import Verdict
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest_asyncio.fixture
