@@ -32,7 +32,9 @@ async def orphans(stack: Stack) -> None:
         await _until_judged(stack, purged, 3)
         await _until_judged(stack, GHOST, 3)
         triggers = [
-            await effect.options(idempotency_key=key_on(p, stack.partitions), retention=1).enqueue()
+            await effect.options(idempotency_key=key_on(p, stack.partitions), retention=1).enqueue(
+                "trigger"
+            )
             for p in range(stack.partitions)
         ]
         for job_id in triggers:
