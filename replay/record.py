@@ -40,6 +40,7 @@ from evsched.operator.replica_dir import LocalIndex, catch_up  # noqa: E402
 from replay import (  # noqa: E402
     scenario_controls,
     scenario_limits,
+    scenario_orphans,
     scenario_policies,
     scenario_workflow_ops,
     scenario_workflow_results,
@@ -187,6 +188,14 @@ SCENARIOS = {
             "out of its state.",
             scenario_workflow_results.workflow_results,
         ),
+        Scenario(
+            "orphans",
+            "Rejected events of jobs the index does not hold expire (fold version 6): a zombie "
+            "worker's late start and success of a purged job (rejected, unknown job) leave the "
+            "index with the purge's mark at the next purge after its time; a forger's cancel, "
+            "start and purge of an id never enqueued (rejected) stay for 7 days of log time.",
+            scenario_orphans.orphans,
+        ),
     )
 }
 
@@ -291,13 +300,18 @@ def recorded(index: PartitionIndex, key: str, *, schedule: bool) -> list[tuple[i
 
 def kept(got: list[tuple[int, str]], rows: list[list[object]]) -> bool:
     """Whether an index's timeline ``got`` is what it keeps of the fold's ``rows``: all of them,
-    or, after an applied purge, the rows from that purge on (its mark may have expired)."""
+    or, after an applied purge, the rows from that purge on (its mark may have expired); and
+    rejected events of the job while the index did not hold it, until they expired (fold
+    version 6)."""
     want = [(int(str(row[1])), str(row[3])) for row in rows]
+    orphans = {w for w, row in zip(want, rows, strict=True) if row[4] is None and w[1] != "applied"}
     purges = [i for i, row in enumerate(rows) if row[2] == "JobPurged" and row[3] == "applied"]
-    if not purges:
-        return got == want
-    tail = want[purges[-1] :]
-    return got in (tail, tail[1:])
+    if purges:
+        want = want[purges[-1] :]
+        if got[:1] != want[:1]:
+            want = want[1:]  # the purge's mark expired
+    lasting = [w for w in want if w not in orphans]
+    return [g for g in got if g not in orphans] == lasting and set(got) <= set(want)
 
 
 def check_nodes(history: Path, home: Path) -> int:

@@ -19,10 +19,12 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, ReadOptions, Wri
 from evsched.adapters import avro
 from evsched.adapters.index_keys import (
     DUE,
+    FOLLOWERS,
     JOBS,
     KEYS,
     LEASES,
     MARKS,
+    ORPHANS,
     PURGES,
     QUEUE_TIMELINE,
     SCHEDULE_TIMELINE,
@@ -34,6 +36,7 @@ from evsched.adapters.index_keys import (
     timeline_family,
     timeline_key,
 )
+from evsched.adapters.index_orphans import Orphan
 from evsched.adapters.index_priority import (
     BUILT,
     DUE_PRIORITY,
@@ -56,15 +59,15 @@ SCHEDULES, CRON_DUE, UNDECODABLE, META = "schedules", "cron_due", "undecodable",
 REFUSED, CONTROLS = "refused", "controls"
 COLUMN_FAMILIES = (
     JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS,
-    PURGES, MARKS, META, DUE_PRIORITY, TALLIES,
+    PURGES, MARKS, META, DUE_PRIORITY, TALLIES, ORPHANS, FOLLOWERS,
 )  # fmt: skip
 # What the digest covers: everything the fold derives, in a fixed order.
 DIGEST_FAMILIES = (
     JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS,
-    PURGES, MARKS, TALLIES,
+    PURGES, MARKS, TALLIES, ORPHANS, FOLLOWERS,
 )  # fmt: skip
-# Keyed by an 8-byte big-endian time, then the entity id.
-TIME_FAMILIES = (DUE, LEASES, CRON_DUE, PURGES, MARKS)
+# Keyed by an 8-byte big-endian time, then the entity id (``orphans``: then an offset).
+TIME_FAMILIES = (DUE, LEASES, CRON_DUE, PURGES, MARKS, ORPHANS)
 # Derived from the job and schedule states alone: a restore rebuilds them instead of reading
 # them from the changelog (they change on most events; every other family is mirrored). Purge
 # marks outlive their jobs, so they are mirrored.
@@ -118,6 +121,8 @@ class IndexBatch:
     purges: list[Purge] = field(default_factory=list)
     # What the batch adds to the partition's lifetime tallies (core.tallies), by name.
     tallies: dict[str, int] = field(default_factory=dict)
+    # Rejected events of jobs the index does not hold, in log order (index_orphans).
+    orphans: list[Orphan] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
@@ -129,6 +134,7 @@ class IndexBatch:
             or self.limits
             or self.purges
             or self.tallies
+            or self.orphans
         )
 
 
@@ -337,12 +343,13 @@ class PartitionIndex:
         unless ``record`` is False (no changelog to feed).
 
         Timeline entries go first, so a purge later in the batch deletes those of its job; then
-        the purges, in log order; then the states (a job enqueued again after its purge is new).
+        the purges and the orphans (``index_orphans``), in log order; then the states (a job
+        enqueued again after its purge is new).
         """
         wb = Recorder(self._mirrored if record else {})
         self._put_timeline(wb, batch)
-        if batch.purges:
-            PurgeWriter(self, wb, batch.purges, batch.timeline).write()
+        if batch.purges or batch.orphans:
+            PurgeWriter(self, wb, batch.purges, batch.timeline, batch.orphans).write()
         for job_id, state in batch.jobs.items():
             self._put_job(wb, batch.before_jobs.get(job_id), state)
         for schedule_id, schedule in batch.schedules.items():

@@ -19,6 +19,9 @@ from evsched.core.state import JobState
 JOBS, DUE, LEASES, TIMELINE, KEYS = "jobs", "due", "leases", "timeline", "keys"
 # Finished jobs by purge time; the purge entries kept for audits, by the time they expire.
 PURGES, MARKS = "purges", "purge_marks"
+# Rejected events of jobs the index does not hold (adapters.index_orphans): their own marks, by
+# the time they expire, and the ones that follow a kept purge mark, by job id.
+ORPHANS, FOLLOWERS = "orphans", "purge_followers"
 U64 = struct.Struct(">Q")
 
 # A job, a schedule and a queue may share an id: their timelines live under different first bytes.

@@ -5,7 +5,8 @@ own timeline entry (what audits read: when, where, and where the history still i
 ``mark_until``. Those marks expire deterministically from the log: each applied purge, at log time
 T, first deletes every mark whose time is at most T. So the index after any offset is the same
 however the records were batched, and in steady state it holds no more than two retention periods
-of finished jobs.
+of finished jobs. The batch's orphans (``index_orphans``) are judged in the same pass, in log
+order with the purges: they follow a job's kept purge mark, or get a mark of their own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from evsched.adapters.index_keys import (
     timeline_family,
     timeline_key,
 )
+from evsched.adapters.index_orphans import Orphan, OrphanMarks, kept_purge
 from evsched.core.state import JobState, TimelineEntry
 
 
@@ -74,10 +76,17 @@ class PurgeWriter:
         wb: Any,
         purges: Sequence[Purge],
         timeline: Sequence[tuple[str, TimelineEntry, bytes]],
+        orphans: Sequence[Orphan] = (),
     ) -> None:
         self._index = index
         self._wb = wb
         self._purges = purges
+        self._orphans = orphans
+        self._orphan_marks = OrphanMarks(index, wb)
+        # Purge marks expired in this batch, and the jobs it purged so far (for the orphans).
+        self._expired: set[tuple[str, int]] = set()
+        self._purged: set[str] = set()
+        self._live: dict[str, int] = {}  # per job, its marks made in this batch and still kept
         # Marks in the index below this time are deleted already (before or in this batch).
         self._scanned = index.low(MARKS)
         self._created: dict[bytes, tuple[str, int]] = {}
@@ -93,14 +102,31 @@ class PurgeWriter:
                 self._offsets.setdefault(entity_id, []).append(entry.offset)
 
     def write(self) -> None:
-        for purge in self._purges:
-            self._expire_marks(purge.log_at)
-            self._drop_job(purge)
-            self._mark(purge)
+        items: list[Purge | Orphan] = [*self._purges, *self._orphans]
+        items.sort(key=_offset)  # log order: a purge and an orphan never share an offset
+        for item in items:
+            if isinstance(item, Orphan):
+                self._orphan_marks.add(item, follows=self._mark_kept(item.job_id))
+                continue
+            self._expire_marks(item.log_at)
+            self._orphan_marks.expire(item.log_at)
+            self._drop_job(item)
+            self._mark(item)
+            self._purged.add(item.job_id)
         self._timeline_keys = None  # its iterator must not outlive the batch (nor the DB)
         self._index.raise_low(MARKS, self._scanned)
         for key in self._created:
             self._index.lower(MARKS, _time(key))
+        self._orphan_marks.finish()
+
+    def _mark_kept(self, job_id: str) -> bool:
+        """Whether a purge mark of ``job_id`` is kept at this point of the batch."""
+        if self._live.get(job_id):
+            return True
+        if job_id in self._purged:
+            return False  # purged in this batch, and that mark expired in it too
+        stored = kept_purge(self._index, job_id)
+        return stored is not None and (job_id, stored) not in self._expired
 
     def _expire_marks(self, log_at: int) -> None:
         end = log_at + 1
@@ -114,11 +140,14 @@ class PurgeWriter:
             expired.append((seq, key))
         for _, key in sorted(expired):
             job_id, offset = self._created.pop(key)
+            self._live[job_id] -= 1
             self._expire(key, job_id, offset)
 
     def _expire(self, key: bytes, job_id: str, offset: int) -> None:
         self._wb.delete(key, self._index.h(MARKS))
         self._wb.delete(timeline_key(job_id, offset), self._index.h(TIMELINE))
+        self._expired.add((job_id, offset))
+        self._orphan_marks.mark_expired(job_id)
 
     def _drop_job(self, purge: Purge) -> None:
         job_id, timeline = purge.job_id, self._index.h(TIMELINE)
@@ -142,6 +171,11 @@ class PurgeWriter:
         if key not in self._created:
             heapq.heappush(self._due, (purge.mark_until, next(self._seq), key))
         self._created[key] = (purge.job_id, purge.offset)
+        self._live[purge.job_id] = self._live.get(purge.job_id, 0) + 1
+
+
+def _offset(item: Purge | Orphan) -> int:
+    return item.offset
 
 
 def _time(key: bytes) -> int:

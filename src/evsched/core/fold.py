@@ -42,9 +42,10 @@ from evsched.core.state import (
 )
 
 # Bump when a change to the fold could change any state or verdict, or the index holds something
-# an older one lacks (5: workflow rewaits; the partition's tallies, core.tallies): indexes then
+# an older one lacks (5: workflow rewaits; the partition's tallies, core.tallies; 6: rejected
+# events of jobs the index does not hold expire, core.retention.orphan_until): indexes then
 # rebuild.
-FOLD_VERSION = 5
+FOLD_VERSION = 6
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
 # transition rules (they are rejected or stale), so a short window keeps state small.

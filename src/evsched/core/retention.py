@@ -13,6 +13,11 @@ from evsched.core.state import TERMINAL_STATUSES, JobState
 DAY_MS = 86_400_000
 DEFAULT_RETENTION_MS = 7 * DAY_MS
 DEFAULT_KEY_WINDOW_MS = DAY_MS
+# How long the index keeps a rejected event of a job it does not hold (a forged id, or a late
+# event of a purged job once the purge's own mark is gone): the default retention, so such
+# entries expire like purge marks, from the log alone (fold version 6). A namespace's own
+# retention is not on the log for an unknown job, so it cannot decide this.
+ORPHAN_KEPT_MS = DEFAULT_RETENTION_MS
 
 
 def retention_ms(state: JobState) -> int:
@@ -65,3 +70,12 @@ def mark_until(state: JobState, log_at: int) -> int:
     jobs, whatever the age of the deployment (flat in steady state).
     """
     return log_at + retention_ms(state)
+
+
+def orphan_until(log_at: int) -> int:
+    """Until when the index keeps a rejected event at ``log_at`` of a job it does not hold.
+
+    A late event of a purged job whose purge mark is still kept goes with that mark instead
+    (``adapters.index_orphans``): this is the window of every other one.
+    """
+    return log_at + ORPHAN_KEPT_MS

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from evsched.core import retention
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
@@ -128,10 +129,18 @@ def purged_line(entry: TimelineEntry) -> str:
     )
 
 
+# Where a rejected event of an unknown job is read once its entry expired (fold version 6).
+_KEPT = (
+    f"; the index keeps this entry until the job's purge mark expires, else for "
+    f"{retention.ORPHAN_KEPT_MS // retention.DAY_MS} days of log time; the events log and its "
+    "archives keep it for good"
+)
+
+
 def _refused(entry: TimelineEntry, event: JobEvent, before: JobState | None) -> str:
     """A stale or rejected event: who sent it and why the state it met refused it."""
     if before is None:
-        return f"{_who(entry)} rejected: no such job (never enqueued on this partition)"
+        return f"{_who(entry)} rejected: no such job (never enqueued here, or purged){_KEPT}"
     if entry.verdict is Verdict.STALE:
         return _stale(entry, before)
     if entry.verdict is Verdict.REJECTED:

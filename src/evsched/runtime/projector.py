@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from evsched.adapters import avro
-from evsched.adapters.index import IndexBatch, PartitionIndex, control_key, limit_key
+from evsched.adapters.index import IndexBatch, PartitionIndex, control_key, keyable, limit_key
+from evsched.adapters.index_orphans import Orphan
 from evsched.adapters.index_purge import Purge
 from evsched.adapters.index_writes import PreparedWrite
 from evsched.core import retention, workflows
@@ -274,6 +275,9 @@ class Projector:
         )
         if entry.verdict is Verdict.APPLIED and after is None and before is not None:
             self._purged(before, position, out)
+        elif before is None and after is None and keyable(event.job_id):
+            # Rejected, of a job the index does not hold: its entry expires (fold version 6).
+            out.batch.orphans.append(Orphan(event.job_id, position.offset, position.log_at))
         if entry.verdict is not Verdict.APPLIED or after is None:
             return
         if event.job_id not in out.batch.before_jobs:
@@ -391,6 +395,8 @@ class Projector:
         self._limit_folded(
             event.job_id, after=after, entry=entry, forward=forward, out=out, raw=raw, job=job
         )
+        if job is None and keyable(event.job_id):  # rejected: unknown job; its entry expires
+            out.batch.orphans.append(Orphan(event.job_id, position.offset, position.log_at))
 
     def _limit_folded(
         self,
