@@ -7,8 +7,8 @@ STAMP := $(VENV)/.installed
 WORKERS ?= 2
 
 # The pure tier starts no broker and times no process of its own: unit tests, replay histories,
-# compose files. It runs in WORKERS processes (pytest-xdist, test by test: one file, the Avro
-# codec's properties, holds ~40 % of its time) and measures the core's branch coverage. Every
+# compose files. It runs in WORKERS processes (pytest-xdist, test by test: the Avro codec's
+# property file alone holds a large share of its time) and measures the core's coverage. Every
 # other test starts brokers, nodes or browsers and waits on them with deadlines: it runs one test
 # at a time, with no coverage tracing (the judges fold whole logs through the core in-process).
 PURE_TESTS := tests/unit tests/replay tests/test_compose.py tests/test_compose_cluster.py
