@@ -111,6 +111,9 @@ async def stop_producer(spent: AIOKafkaProducer, timeout_s: float = STOP_TIMEOUT
         # now is of no use to anyone.
         with contextlib.suppress(Exception):
             await stopping
+        # stop() may have raised before it closed the client: its connections go either way.
+        with contextlib.suppress(Exception):
+            await spent.client.close()
     except KafkaError as exc:
         log.warning("producer_stop_failed", error=repr(exc))
 
