@@ -13,7 +13,7 @@ from replay.scenarios import produce_raw, until_node_past_the_end
 from tests.integration.engine import Stack, wait_for
 from tests.integration.test_retention_orphans import key_on
 
-from evsched.adapters import avro
+from evsched.adapters import avro, clock
 from evsched.core.events import AttemptStarted, AttemptSucceeded, JobCancelled, JobPurged
 from evsched.core.state import Verdict
 
@@ -31,6 +31,7 @@ async def orphans(stack: Stack) -> None:
         await produce_raw(stack, _late_and_forged(purged, token=1))  # its one lease's token
         await _until_judged(stack, purged, 3)
         await _until_judged(stack, GHOST, 3)
+        await _until_log_time_passes(stack, purged, 5_000)
         triggers = [
             await effect.options(idempotency_key=key_on(p, stack.partitions), retention=1).enqueue(
                 "trigger"
@@ -54,6 +55,17 @@ async def _until_applied(stack: Stack, job_id: str, kind: str, count: int) -> No
         return sum(e.kind == kind and e.verdict is Verdict.APPLIED for e in timeline) >= count
 
     await wait_for(enough, what=f"{count} applied {kind} of {job_id}", timeout_s=WAIT_S)
+
+
+async def _until_log_time_passes(stack: Stack, job_id: str, retention_ms: int) -> None:
+    """Until the wall clock (the broker's log time, on this host) is past the purge mark's time:
+    a purge applied before it would leave the mark, and no purge would come after."""
+    purge = next(e for e in await stack.timeline(job_id) if e.kind == "JobPurged")
+
+    async def past() -> bool:
+        return clock.now_ms() > purge.log_at + retention_ms + 1_000
+
+    await wait_for(past, what=f"log time past {job_id}'s purge mark", timeout_s=WAIT_S)
 
 
 async def _until_judged(stack: Stack, job_id: str, count: int) -> None:
