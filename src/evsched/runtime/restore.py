@@ -19,6 +19,7 @@ from evsched.adapters.index import PartitionIndex
 from evsched.core.fold import FOLD_VERSION
 from evsched.errors import IndexVersionMismatch, RestoreRefused
 from evsched.ports import PartitionLog, Record
+from evsched.runtime.fold_chunks import fold_chunked
 from evsched.runtime.projector import Folded, Projector
 
 FETCH_RECORDS = 10_000
@@ -103,13 +104,14 @@ class Restorer:
             end = None if targets is None else targets[partition]
             records = read if end is None else [r for r in read if r.offset < end]
             if records:
-                folded += self._fold(partition, records)
+                folded += await self._fold(partition, records)
         return folded
 
-    def _fold(self, partition: int, records: list[Record]) -> int:
+    async def _fold(self, partition: int, records: list[Record]) -> int:
         projector = self.projectors[partition]
         try:
-            projector.fold(records, self._pending[partition])
+            # In chunks: a read of thousands of records must not hold the event loop.
+            await fold_chunked(projector, records, self._pending[partition])
             self._uncommitted[partition] += len(records)
             if self._uncommitted[partition] >= self.batch_records:
                 self.flush([partition])
