@@ -40,3 +40,19 @@ async def fold_chunked(
             await asyncio.sleep(0)
         projector.fold(records[start : start + size], out)
     return out
+
+
+async def refold_chunked(
+    projector: Projector, records: Sequence[Record], *, chunk: int | None = None
+) -> None:
+    """Fold ``records`` and write them to the index a chunk at a time, yielding in between.
+
+    For records whose outputs are already in the log (a new owner's gap below the group's
+    offset): each chunk's changes and offset go in one WriteBatch, so the index stands at a
+    chunk's end after each write, and ends where one fold and one write of them all would.
+    """
+    size = FOLD_CHUNK_RECORDS if chunk is None else chunk
+    for start in range(0, len(records), size):
+        if start:
+            await asyncio.sleep(0)
+        projector.commit(projector.fold(records[start : start + size]))

@@ -28,7 +28,7 @@ from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.changelog import ChangelogWriter
-from evsched.runtime.fold_chunks import fold_chunked
+from evsched.runtime.fold_chunks import fold_chunked, refold_chunked
 from evsched.runtime.pending import Pending
 from evsched.runtime.permit_plan import PermitPlanner
 from evsched.runtime.projector import AcceptedEffect, CommitHook, Folded, Projector
@@ -159,7 +159,7 @@ class OwnedPartition:
         fresh = [r for r in records if r.offset >= self.replay_until]
         # Folded in chunks: a catch-up's thousands of records must not hold the event loop.
         if gap:
-            self.projector.commit(await fold_chunked(self.projector, gap))
+            await refold_chunked(self.projector, gap)
             self.log.info("gap_refolded", count=len(gap), until=self.replay_until)
         folded = await fold_chunked(self.projector, fresh)
         if fresh:
