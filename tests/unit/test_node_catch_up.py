@@ -24,8 +24,14 @@ from evsched.runtime.changelog_restore import restore_partition
 from evsched.runtime.index_threads import IndexThreads
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.projector import Projector
-from evsched.runtime.restore import index_path
-from evsched.testing import FrozenClock, MemoryBroker, MemoryOutbox, NodeDriver
+from evsched.runtime.restore import index_path, restore
+from evsched.testing import (
+    FrozenClock,
+    MemoryBroker,
+    MemoryOutbox,
+    MemoryPartitionLog,
+    NodeDriver,
+)
 from evsched.testing.driver import every_queue_declared
 from tests.unit.node_driver_events import enqueued
 
@@ -135,6 +141,26 @@ async def test_a_gap_below_the_group_offset_is_refolded_in_chunks(tmp_path: Path
         assert owner.index.digest() == reference.index.digest()
     finally:
         owner.close()
+        reference.index.close()
+        source.close()
+
+
+async def test_a_rebuild_reads_and_folds_in_chunks_to_what_one_fold_gives(tmp_path: Path) -> None:
+    source = driver_over(tmp_path / "log", jobs())
+    log = MemoryPartitionLog()
+    for record in source.log():
+        log.append(0, record.value, key=record.key, log_at=record.log_at)
+    await log.start()
+    rebuilt = Projector(PartitionIndex(tmp_path / "rebuilt", 0))
+    reference = Projector(PartitionIndex(tmp_path / "one-go", 0))
+    try:
+        folded, turns = await Ticker().during(restore(log, {0: rebuilt}))
+        assert folded == JOBS
+        assert turns >= JOBS // fold_chunks.FOLD_CHUNK_RECORDS - 1  # one read, which yields once
+        reference.commit(reference.fold(source.log()))
+        assert rebuilt.index.digest() == reference.index.digest()
+    finally:
+        rebuilt.index.close()
         reference.index.close()
         source.close()
 
