@@ -23,7 +23,7 @@ from evsched.errors import RestoreRefused
 from evsched.ports import Holdback, Outgoing, PartitionLog, PartitionOutbox
 from evsched.runtime.changelog import ChangelogWriter, Meta, changelog_keys, restore_into
 from evsched.runtime.offload import Offload, in_turn, made
-from evsched.runtime.restore import index_path, swap_in
+from evsched.runtime.restore import fresh_index, index_path, swap_in
 
 # An index (an empty one too) more records than this behind the changelog's snapshot is restored
 # rather than folded forward: a restore costs the live keys, a fold the records in between.
@@ -130,7 +130,7 @@ async def restore_partition(
     """
     scratch = data_dir / f".p{partition:04d}.restoring"
     # A cancelled restore (the partition revoked) must not leave the scratch index open.
-    opened = functools.partial(_scratch_index, scratch, partition)
+    opened = functools.partial(fresh_index, scratch, partition)
     index = await made(offload, opened, PartitionIndex.close)
     try:
         meta = await restore_into(log, partition, index, offload)
@@ -142,11 +142,6 @@ async def restore_partition(
         raise RestoreRefused(partition, refusal(local, log_start, meta))
     await offload(functools.partial(swap_in, data_dir, partition, scratch))
     return meta
-
-
-def _scratch_index(scratch: Path, partition: int) -> PartitionIndex:
-    shutil.rmtree(scratch, ignore_errors=True)  # a crashed restore's leftovers
-    return PartitionIndex(scratch, partition)
 
 
 async def seed(

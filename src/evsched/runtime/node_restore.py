@@ -234,7 +234,8 @@ class IndexRestores:
         # published yet, which the partition's owner must fold (and send) itself.
         until = await consumer.committed(partition) or 0
         async with _reading(self.open_log([partition])) as reader:
-            return await rebuild_index(reader, self.data_dir, mismatch, until)
+            offload = self.threads.offload(partition)
+            return await rebuild_index(reader, self.data_dir, mismatch, until, offload)
 
     def _refused(self, exc: RestoreRefused) -> None:
         partition = exc.partition
