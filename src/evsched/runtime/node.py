@@ -33,11 +33,11 @@ from evsched.runtime.changelog import ChangelogWriter
 from evsched.runtime.changelog_restore import Action, OpenPlan
 from evsched.runtime.dispatch_topics import QueueTopics
 from evsched.runtime.health import NodeHealth
+from evsched.runtime.index_threads import IndexThreads, seek_to_index
 from evsched.runtime.lifecycle import Phase
 from evsched.runtime.node_restore import IndexRestores, kafka_reader
 from evsched.runtime.ownership import Holder, Ownership
 from evsched.runtime.partition import OwnedPartition
-from evsched.runtime.restore import open_index
 from evsched.runtime.runner import PartitionRunner
 from evsched.runtime.standby import Standby, kafka_standby, unowned
 from evsched.runtime.startup import until_broker
@@ -98,6 +98,7 @@ class Node:
         self.standby: Standby | None = None  # --standby: started with the consumer
         self.log = log.bind(node_id=config.node_id)
         self.health = NodeHealth(None if metrics is None else metrics.node.failing, logger=self.log)
+        self.threads = IndexThreads()  # index opens and closes, off the event loop
         client_id = f"evsched-node-{config.node_id}"
         self.restores = IndexRestores(
             kafka_reader(config.settings, self.topics.events, client_id),
@@ -107,6 +108,7 @@ class Node:
             counter=None if metrics is None else metrics.node.index_rebuilds,
             log=self.log,
             done=self._restored,
+            threads=self.threads,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -129,6 +131,7 @@ class Node:
         finally:
             async with self._lock:
                 await self._close_all()
+            await self.threads.stop()
             await consumer.close()
             await self.group_owners.close()
             if self.standby is not None:
@@ -213,14 +216,7 @@ class Node:
         self, consumer: KafkaGroupConsumer, partition: int, plan: OpenPlan | None = None
     ) -> None:
         """Open the partition again; by ``plan`` when one was just made, else planned anew."""
-        self.health.move(partition, Phase.OPENING)
-        try:
-            index = self._seek_to_index(consumer, partition)
-        except IndexVersionMismatch as exc:
-            self.restores.start(consumer, partition, _rebuilding(exc))
-            return
-        except Exception as exc:
-            self._open_failed(partition, exc)
+        if (index := await self._index(consumer, partition)) is None:
             return
         try:
             [planned] = [plan] if plan is not None else await self._plans(consumer, [index])
@@ -336,21 +332,13 @@ class Node:
         if self.standby is not None:  # closed before any of them opens as owned
             await self.standby.release(partitions)
         self.health.assigned(partitions)
-        # Seek every partition to its index before anything awaits, and hold its fetches until
-        # it is open: a fetch from the group's committed offset must never reach the fold first.
-        indexes = []
-        for partition in partitions:
-            if partition in self.owned:
-                # Not expected (the revoke closed every partition and adoption waits for this
-                # call), but reopening an open index would fail on its lock and leave it paused.
-                continue
-            self.health.move(partition, Phase.OPENING)
-            try:
-                indexes.append(self._seek_to_index(consumer, partition))
-            except IndexVersionMismatch as exc:
-                self.restores.start(consumer, exc.partition, _rebuilding(exc))
-            except Exception as exc:
-                self._open_failed(partition, exc)
+        # Not expected (the revoke closed every partition and adoption waits for this call),
+        # but reopening an open index would fail on its lock and leave it paused.
+        opening = [p for p in partitions if p not in self.owned]
+        # Each index opens on a thread, side by side; each partition's fetches are held from
+        # before the first await until it is open (``index_threads.seek_to_index``).
+        found = await asyncio.gather(*(self._index(consumer, p) for p in opening))
+        indexes = [index for index in found if index is not None]
         plans = await self._plans(consumer, indexes)
         # Side by side: each partition waits on its own producer's start (which aborts a killed
         # owner's open transaction) and offset round trips; in turn, a take-over of n
@@ -379,16 +367,16 @@ class Node:
         except Exception as exc:
             return [exc for _ in indexes]  # each index is closed by _open
 
-    def _seek_to_index(self, consumer: KafkaGroupConsumer, partition: int) -> PartitionIndex:
-        """Pause the partition's fetches, open its index and seek past it (no await)."""
-        consumer.pause(partition)  # first: held back even when the index does not open
-        index = open_index(self.config.data_dir, partition)
+    async def _index(self, consumer: KafkaGroupConsumer, partition: int) -> PartitionIndex | None:
+        """The partition's index, paused and sought (None: a rebuild started, or it failed)."""
+        self.health.move(partition, Phase.OPENING)
         try:
-            consumer.seek(partition, index.applied_offset() + 1)
-        except BaseException:
-            index.close()  # else its lock stays held and every reopen fails
-            raise
-        return index
+            return await seek_to_index(self.threads, consumer, self.config.data_dir, partition)
+        except IndexVersionMismatch as exc:
+            self.restores.start(consumer, partition, _rebuilding(exc))
+        except Exception as exc:
+            self._open_failed(partition, exc)
+        return None
 
     async def _restored(
         self, consumer: KafkaGroupConsumer, partition: int, plan: OpenPlan | None
@@ -432,7 +420,7 @@ class Node:
                 raise plan
             # Of another fold version, behind the log's start, or far behind the changelog.
             if plan.action is not Action.USE_LOCAL:
-                index.close()
+                await self.threads.close(index)
                 self.restores.start(consumer, partition, f"index: {plan.action.value}", plan)
                 return
             outbox = await self._start_outbox(partition)
@@ -445,12 +433,11 @@ class Node:
             consumer.resume(partition)
         except BaseException:
             # Whatever failed, the index is closed (its lock released) before a retry reopens it.
-            if owner is None:
-                index.close()
-            else:
-                owner.close()  # leaves the node's budget too
+            if owner is not None:
+                owner.leave()  # the node's budget
             if outbox is not None:
                 await outbox.close()
+            await self.threads.close(index)
             raise
         self.owned[partition] = runner
         if self.standby is not None:
@@ -506,7 +493,8 @@ class Node:
 
     async def _close(self, owner: OwnedPartition) -> None:
         await owner.outbox.close()
-        owner.close()
+        owner.leave()
+        await self.threads.close(owner.index)
 
     async def _close_all(self) -> None:
         await self.revoke(sorted(set(self.owned) | set(self.health.phases())))
