@@ -36,6 +36,7 @@ from evsched.runtime.health import NodeHealth
 from evsched.runtime.index_threads import IndexThreads, seek_to_index
 from evsched.runtime.lifecycle import Phase
 from evsched.runtime.node_restore import IndexRestores, kafka_reader
+from evsched.runtime.openings import Openings, opened_side_by_side
 from evsched.runtime.ownership import Holder, Ownership
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.runner import PartitionRunner
@@ -99,6 +100,7 @@ class Node:
         self.log = log.bind(node_id=config.node_id)
         self.health = NodeHealth(None if metrics is None else metrics.node.failing, logger=self.log)
         self.threads = IndexThreads()  # index opens and closes, off the event loop
+        self.openings = Openings(self.health, self._open_failed, self.log)  # outside callbacks
         client_id = f"evsched-node-{config.node_id}"
         self.restores = IndexRestores(
             kafka_reader(config.settings, self.topics.events, client_id),
@@ -219,7 +221,7 @@ class Node:
         if (index := await self._index(consumer, partition)) is None:
             return
         try:
-            [planned] = [plan] if plan is not None else await self._plans(consumer, [index])
+            [planned] = [plan] if plan is not None else await self.restores.plans(consumer, [index])
             await self._open(consumer, index, planned)
         except Exception as exc:
             self._open_failed(partition, exc)
@@ -324,22 +326,42 @@ class Node:
 
     # --- ownership ---------------------------------------------------------------------------
 
-    async def assign(self, partitions: Iterable[int]) -> None:
+    def assigned(self, partitions: Iterable[int]) -> list[int]:
+        """Take the group's new assignment as its callback must: at once, without an await.
+
+        Each partition to open (returned) has its fetches held until it is open: a fetch from
+        the group's committed offset must never reach the fold.
+        """
         consumer = self._consumer
         assert consumer is not None
         self._generation += 1
         partitions = list(partitions)
-        if self.standby is not None:  # closed before any of them opens as owned
-            await self.standby.release(partitions)
         self.health.assigned(partitions)
         # Not expected (the revoke closed every partition and adoption waits for this call),
         # but reopening an open index would fail on its lock and leave it paused.
         opening = [p for p in partitions if p not in self.owned]
-        # Each index opens on a thread, side by side; each partition's fetches are held from
-        # before the first await until it is open (``index_threads.seek_to_index``).
-        found = await asyncio.gather(*(self._index(consumer, p) for p in opening))
-        indexes = [index for index in found if index is not None]
-        plans = await self._plans(consumer, indexes)
+        for partition in opening:
+            consumer.pause(partition)
+        return opening
+
+    async def assign(self, partitions: Iterable[int]) -> None:
+        """Take an assignment and open it (the group's callback leaves the opens to a task)."""
+        await self._open_assigned(self.assigned(partitions))
+
+    async def _open_assigned(self, partitions: list[int]) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        if self.standby is not None:  # closed before any of them opens as owned
+            async with self._lock:  # not while _start_standby holds copies
+                await self.standby.release(partitions)
+        # Each index opens on a thread, side by side (``index_threads.seek_to_index``).
+        opening = [self._index(consumer, p) for p in partitions]
+        indexes = await opened_side_by_side(opening, self.threads.close)
+        try:
+            plans = await self.restores.plans(consumer, indexes)
+        except BaseException:  # cancelled (a revoke): no index is left open
+            await asyncio.gather(*(self.threads.close(index) for index in indexes))
+            raise
         # Side by side: each partition waits on its own producer's start (which aborts a killed
         # owner's open transaction) and offset round trips; in turn, a take-over of n
         # partitions took n times as long (issue 9, F.19).
@@ -354,18 +376,6 @@ class Node:
             await self._open(consumer, index, plan)
         except Exception as exc:
             self._open_failed(index.partition, exc)
-
-    async def _plans(
-        self, consumer: KafkaGroupConsumer, indexes: list[PartitionIndex]
-    ) -> list[OpenPlan | BaseException]:
-        """Each index's plan against the log's start and the changelog, or why none was made."""
-        if not indexes:
-            return []
-        try:
-            starts = await consumer.start_offsets([i.partition for i in indexes])
-            return await self.restores.plans(indexes, starts)
-        except Exception as exc:
-            return [exc for _ in indexes]  # each index is closed by _open
 
     async def _index(self, consumer: KafkaGroupConsumer, partition: int) -> PartitionIndex | None:
         """The partition's index, paused and sought (None: a rebuild started, or it failed)."""
@@ -389,6 +399,7 @@ class Node:
     async def revoke(self, partitions: Iterable[int]) -> None:
         self._generation += 1
         partitions = list(partitions)
+        await self.openings.cancel(partitions)  # first: each undoes what it opened
         for partition in partitions:
             await self.restores.cancel(partition)
         runners = [r for p in partitions if (r := self.owned.pop(p, None)) is not None]
@@ -415,14 +426,14 @@ class Node:
         partition = index.partition
         outbox: KafkaOutbox | None = None
         owner: OwnedPartition | None = None
+        # Of another fold version, behind the log's start, or far behind the changelog.
+        if not isinstance(plan, BaseException) and plan.action is not Action.USE_LOCAL:
+            await self.threads.close(index)
+            self.restores.start(consumer, partition, f"index: {plan.action.value}", plan)
+            return
         try:
             if isinstance(plan, BaseException):
                 raise plan
-            # Of another fold version, behind the log's start, or far behind the changelog.
-            if plan.action is not Action.USE_LOCAL:
-                await self.threads.close(index)
-                self.restores.start(consumer, partition, f"index: {plan.action.value}", plan)
-                return
             outbox = await self._start_outbox(partition)
             committed = await consumer.committed(partition)
             end = (await consumer.end_offsets([partition]))[partition]
@@ -524,7 +535,7 @@ class NodeMetrics:
 
 
 class _Rebalance:
-    """Opens and closes owned partitions as the group assigns and revokes them."""
+    """Closes what the group revokes before it returns; starts opening what it assigns."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -538,8 +549,9 @@ class _Rebalance:
                 await self.node.standby.hold(partitions)
 
     async def assigned(self, partitions: list[int]) -> None:
-        async with self.node._lock:
-            try:
-                await self.node.assign(partitions)
-            finally:
-                self.node._rebalancing = False
+        # No await: aiokafka heartbeats again only once this returns (``runtime.openings``).
+        try:
+            node = self.node
+            node.openings.start(node.assigned(partitions), node._open_assigned)
+        finally:
+            self.node._rebalancing = False

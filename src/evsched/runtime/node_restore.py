@@ -112,6 +112,19 @@ class IndexRestores:
         self.tasks: dict[int, asyncio.Task[None]] = {}
 
     async def plans(
+        self, consumer: Committed, indexes: Sequence[PartitionIndex]
+    ) -> list[OpenPlan | BaseException]:
+        """Each index's plan against the log's start and the changelog, or why none was made
+        (the node's open then closes that index)."""
+        if not indexes:
+            return []
+        try:
+            starts = await consumer.start_offsets([i.partition for i in indexes])
+            return await self._plans(indexes, starts)
+        except Exception as exc:
+            return [exc for _ in indexes]
+
+    async def _plans(
         self, indexes: Sequence[PartitionIndex], starts: Mapping[int, int]
     ) -> list[OpenPlan | BaseException]:
         """What each opening partition does with its (open) local index: one changelog reader
