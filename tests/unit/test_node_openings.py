@@ -12,6 +12,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from evsched.adapters.index import PartitionIndex
 from evsched.runtime import health, index_threads
@@ -157,3 +158,31 @@ async def test_a_revoke_of_one_partition_of_an_assignment_still_opening_reopens_
     assert rig.node.health.phase(0) in (Phase.CATCHING_UP, Phase.RUNNING)
     await rig.node.revoke([0])
     assert index_free(tmp_path, 0)
+
+
+class StuckStandby:
+    """A standby copy that will not let go of its partitions (a bug, a disk error)."""
+
+    async def release(self, partitions: Collection[int]) -> None:
+        raise RuntimeError("the copy would not let go")
+
+    def took_over(self, partition: int, resume_offset: int, end_offset: int) -> None:
+        pass
+
+
+async def test_an_assignment_whose_open_fails_as_a_whole_is_reopened_partition_by_partition(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, Group({0: ME}))
+    rig.append(enqueued("a"))
+    rig.node.standby = StuckStandby()  # type: ignore[assignment]
+    with capture_logs() as logs:
+        await _Rebalance(rig.node).assigned([0])
+        # Not left OPENING for good (ready, and never retried): failed, logged, reopened.
+        await rig.pump(lambda: rig.leased() == [("a", 1)])
+    failed = [e for e in logs if e["event"] == "partition_opens_failed"]
+    assert [(e["partitions"], e["log_level"]) for e in failed] == [([0], "error")]
+    assert "the copy would not let go" in failed[0]["error"]
+    reopened = [e for e in logs if e["event"] == "partition_open_failed"]
+    assert [e["partition"] for e in reopened] == [0]
+    await rig.node.revoke([0])

@@ -337,9 +337,10 @@ class Node:
         self._generation += 1
         partitions = list(partitions)
         self.health.assigned(partitions)
-        # Not expected (the revoke closed every partition and adoption waits for this call),
-        # but reopening an open index would fail on its lock and leave it paused.
-        opening = [p for p in partitions if p not in self.owned]
+        # Not expected (the revoke closed or cancelled every one and adoption waits for this
+        # call), but reopening an open index would fail on its lock and leave it paused.
+        busy = set(self.owned) | self.openings.opening()
+        opening = [p for p in partitions if p not in busy]
         for partition in opening:
             consumer.pause(partition)
         return opening

@@ -56,7 +56,7 @@ class Openings:
 
     def opening(self) -> frozenset[int]:
         """The partitions of every open under way."""
-        return frozenset().union(*self._tasks.values())
+        return frozenset[int]().union(*self._tasks.values())
 
     async def cancel(self, partitions: Collection[int]) -> None:
         """Cancel the opens that hold any of ``partitions``; return once each has ended.
@@ -71,7 +71,7 @@ class Openings:
         if hit:
             # Not shielded: each open undoes what it opened itself, even if this wait is cut.
             await asyncio.wait(list(hit))
-        spared = frozenset().union(*hit.values()) - revoked
+        spared = frozenset[int]().union(*hit.values()) - revoked
         self._unopened(spared, PartitionRevoked("its open was cancelled with another's revoke"))
 
     async def wait(self) -> None:
