@@ -220,11 +220,13 @@ class RefusingConsumer:
         raise PartitionRevoked("not assigned any more")
 
 
-def test_an_index_opened_for_a_partition_that_then_fails_is_closed(tmp_path: Path) -> None:
+async def test_an_index_opened_for_a_partition_that_then_fails_is_closed(tmp_path: Path) -> None:
     node = Node(NodeConfig(settings=Settings(namespace="ns"), node_id="n", data_dir=tmp_path))
     consumer = cast(KafkaGroupConsumer, RefusingConsumer())
-    with pytest.raises(PartitionRevoked):
-        node._seek_to_index(consumer, 0)
+    node.health.assigned([0])
+    assert await node._index(consumer, 0) is None
+    assert node.health.phase(0) is Phase.FAILED
+    await node.threads.stop()
     PartitionIndex(tmp_path / "p0000", 0).close()  # no "LOCK: No locks available"
 
 

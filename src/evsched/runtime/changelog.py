@@ -10,6 +10,7 @@ applied offset on. Wire format: ``docs/wire-format.md``.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.index_writes import Change, PreparedWrite
 from evsched.ports import Outgoing, PartitionLog, Record
+from evsched.runtime.offload import Offload, in_turn
 
 # The meta record's key: no family name starts with a NUL byte.
 META_KEY = b"\x00meta"
@@ -27,6 +29,8 @@ SEPARATOR = b"\x00"
 
 # Records read per fetch while restoring, and how long one read waits.
 FETCH_RECORDS = 20_000
+# Changelog records written to an index in one go while restoring.
+LOAD_CHUNK_RECORDS = 2_000
 # Consumer options of a restore's readers: it reads whole partitions, so large fetches.
 RESTORE_FETCH = {"max_partition_fetch_bytes": 16 << 20, "fetch_max_bytes": 64 << 20}
 READ_WAIT_S = 0.5
@@ -123,26 +127,40 @@ async def latest_meta(log: PartitionLog, partition: int) -> Meta | None:
         window *= 16
 
 
-async def restore_into(log: PartitionLog, partition: int, index: PartitionIndex) -> Meta | None:
+async def restore_into(
+    log: PartitionLog, partition: int, index: PartitionIndex, offload: Offload = in_turn
+) -> Meta | None:
     """Load the partition's whole changelog into ``index`` (fresh); the newest meta, if any.
 
     Derived column families and the applied offset are written only for a meta found: without
-    one the index holds no usable snapshot and the caller discards it.
+    one the index holds no usable snapshot and the caller discards it. The records are loaded
+    in order, ``LOAD_CHUNK_RECORDS`` at a time, each chunk by ``offload`` (a node's index
+    thread; by default on the loop, in turns), so a large snapshot never holds the event loop.
     """
     start = (await log.start_offsets([partition]))[partition]
     end = (await log.end_offsets([partition]))[partition]
     found: Meta | None = None
     async for records in _read(log, partition, start, end):
-        changes: list[Change] = []
-        for record in records:
-            change = decode_change(record)
-            if change is not None:
-                changes.append(change)
-            elif record.key == META_KEY and record.value is not None:
-                found = decode_meta(record.value) or found
-        index.load(changes)
+        for first in range(0, len(records), LOAD_CHUNK_RECORDS):
+            chunk = records[first : first + LOAD_CHUNK_RECORDS]
+            found = await offload(functools.partial(_load, index, chunk)) or found
     if found is not None:
-        index.finish_load(found.applied_offset, found.fold_version)
+        meta = found
+        await offload(lambda: index.finish_load(meta.applied_offset, meta.fold_version))
+    return found
+
+
+def _load(index: PartitionIndex, records: list[Record]) -> Meta | None:
+    """Write the changes of ``records`` into ``index``; the newest meta among them, if any."""
+    changes: list[Change] = []
+    found: Meta | None = None
+    for record in records:
+        change = decode_change(record)
+        if change is not None:
+            changes.append(change)
+        elif record.key == META_KEY and record.value is not None:
+            found = decode_meta(record.value) or found
+    index.load(changes)
     return found
 
 

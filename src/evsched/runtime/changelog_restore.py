@@ -11,6 +11,7 @@ index the changelog does not cover yet (an upgrade, a rebuild from the log) seed
 from __future__ import annotations
 
 import enum
+import functools
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ from evsched.core.fold import FOLD_VERSION
 from evsched.errors import RestoreRefused
 from evsched.ports import Holdback, Outgoing, PartitionLog, PartitionOutbox
 from evsched.runtime.changelog import ChangelogWriter, Meta, changelog_keys, restore_into
-from evsched.runtime.restore import index_path, swap_in
+from evsched.runtime.offload import Offload, in_turn, made
+from evsched.runtime.restore import fresh_index, index_path, swap_in
 
 # An index (an empty one too) more records than this behind the changelog's snapshot is restored
 # rather than folded forward: a restore costs the live keys, a fold the records in between.
@@ -112,25 +114,33 @@ def refusal(local: LocalIndex, log_start: int, meta: Meta | None) -> str:
 
 
 async def restore_partition(
-    log: PartitionLog, data_dir: Path, partition: int, *, log_start: int
+    log: PartitionLog,
+    data_dir: Path,
+    partition: int,
+    *,
+    log_start: int,
+    offload: Offload = in_turn,
 ) -> Meta:
     """Load the partition's changelog into a fresh index and swap it in for the local one.
 
     ``log`` reads the partition of ``<ns>.state``. Raises RestoreRefused when the changelog
     holds no snapshot that covers the log from ``log_start`` on; the local index is left as is.
+    Every blocking step (the scratch index's open, writes and close, the renames) runs through
+    ``offload``: a node's index threads, or by default on the loop, in turns.
     """
     scratch = data_dir / f".p{partition:04d}.restoring"
-    shutil.rmtree(scratch, ignore_errors=True)  # a crashed restore's leftovers
-    index = PartitionIndex(scratch, partition)
+    # A cancelled restore (the partition revoked) must not leave the scratch index open.
+    opened = functools.partial(fresh_index, scratch, partition)
+    index = await made(offload, opened, PartitionIndex.close)
     try:
-        meta = await restore_into(log, partition, index)
+        meta = await restore_into(log, partition, index, offload)
     finally:
-        index.close()
+        await offload(index.close)
     if meta is None or not meta.covers(FOLD_VERSION, log_start):
-        shutil.rmtree(scratch, ignore_errors=True)
+        await offload(functools.partial(shutil.rmtree, scratch, ignore_errors=True))
         local = LocalIndex()
         raise RestoreRefused(partition, refusal(local, log_start, meta))
-    swap_in(data_dir, partition, scratch)
+    await offload(functools.partial(swap_in, data_dir, partition, scratch))
     return meta
 
 

@@ -33,12 +33,13 @@ from evsched.runtime.changelog import ChangelogWriter
 from evsched.runtime.changelog_restore import Action, OpenPlan
 from evsched.runtime.dispatch_topics import QueueTopics
 from evsched.runtime.health import NodeHealth
+from evsched.runtime.index_threads import IndexThreads, seek_to_index
 from evsched.runtime.lifecycle import Phase
 from evsched.runtime.node_restore import IndexRestores, kafka_reader
+from evsched.runtime.openings import Openings, opened_side_by_side
 from evsched.runtime.outbox_starts import OutboxStarts
 from evsched.runtime.ownership import Holder, Ownership
 from evsched.runtime.partition import OwnedPartition
-from evsched.runtime.restore import open_index
 from evsched.runtime.runner import PartitionRunner
 from evsched.runtime.standby import Standby, kafka_standby, unowned
 from evsched.runtime.startup import until_broker
@@ -99,6 +100,8 @@ class Node:
         self.standby: Standby | None = None  # --standby: started with the consumer
         self.log = log.bind(node_id=config.node_id)
         self.health = NodeHealth(None if metrics is None else metrics.node.failing, logger=self.log)
+        self.threads = IndexThreads()  # index opens and closes, off the event loop
+        self.openings = Openings(self.health, self._open_failed, self.log)  # outside callbacks
         client_id = f"evsched-node-{config.node_id}"
         self.restores = IndexRestores(
             kafka_reader(config.settings, self.topics.events, client_id),
@@ -108,6 +111,7 @@ class Node:
             counter=None if metrics is None else metrics.node.index_rebuilds,
             log=self.log,
             done=self._restored,
+            threads=self.threads,
         )
         # Looked up at each start, not bound now: tests replace _start_outbox.
         self.outbox_starts = OutboxStarts(
@@ -135,6 +139,7 @@ class Node:
         finally:
             async with self._lock:
                 await self._close_all()
+            await self.threads.stop()
             await consumer.close()
             await self.group_owners.close()
             if self.standby is not None:
@@ -228,21 +233,15 @@ class Node:
     ) -> None:
         """Open the partition again; by ``plan`` when one was just made, else planned anew;
         with ``outbox`` when its producer was started already (or why it did not start)."""
-        self.health.move(partition, Phase.OPENING)
-        try:
-            if isinstance(outbox, Exception):
-                raise outbox
-            index = self._seek_to_index(consumer, partition)
-        except IndexVersionMismatch as exc:
-            await _unused(outbox)
-            self.restores.start(consumer, partition, _rebuilding(exc))
+        if isinstance(outbox, Exception):
+            self.health.move(partition, Phase.OPENING)
+            self._open_failed(partition, outbox)
             return
-        except Exception as exc:
+        if (index := await self._index(consumer, partition)) is None:
             await _unused(outbox)
-            self._open_failed(partition, exc)
             return
         try:
-            [planned] = [plan] if plan is not None else await self._plans(consumer, [index])
+            [planned] = [plan] if plan is not None else await self.restores.plans(consumer, [index])
             await self._open(consumer, index, planned, outbox)
         except Exception as exc:
             self._open_failed(partition, exc)
@@ -347,30 +346,43 @@ class Node:
 
     # --- ownership ---------------------------------------------------------------------------
 
-    async def assign(self, partitions: Iterable[int]) -> None:
+    def assigned(self, partitions: Iterable[int]) -> list[int]:
+        """Take the group's new assignment as its callback must: at once, without an await.
+
+        Each partition to open (returned) has its fetches held until it is open: a fetch from
+        the group's committed offset must never reach the fold.
+        """
         consumer = self._consumer
         assert consumer is not None
         self._generation += 1
         partitions = list(partitions)
-        if self.standby is not None:  # closed before any of them opens as owned
-            await self.standby.release(partitions)
         self.health.assigned(partitions)
-        # Seek every partition to its index before anything awaits, and hold its fetches until
-        # it is open: a fetch from the group's committed offset must never reach the fold first.
-        indexes = []
-        for partition in partitions:
-            if partition in self.owned:
-                # Not expected (the revoke closed every partition and adoption waits for this
-                # call), but reopening an open index would fail on its lock and leave it paused.
-                continue
-            self.health.move(partition, Phase.OPENING)
-            try:
-                indexes.append(self._seek_to_index(consumer, partition))
-            except IndexVersionMismatch as exc:
-                self.restores.start(consumer, exc.partition, _rebuilding(exc))
-            except Exception as exc:
-                self._open_failed(partition, exc)
-        plans = await self._plans(consumer, indexes)
+        # Not expected (the revoke closed or cancelled every one and adoption waits for this
+        # call), but reopening an open index would fail on its lock and leave it paused.
+        busy = set(self.owned) | self.openings.opening()
+        opening = [p for p in partitions if p not in busy]
+        for partition in opening:
+            consumer.pause(partition)
+        return opening
+
+    async def assign(self, partitions: Iterable[int]) -> None:
+        """Take an assignment and open it (the group's callback leaves the opens to a task)."""
+        await self._open_assigned(self.assigned(partitions))
+
+    async def _open_assigned(self, partitions: list[int]) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        if self.standby is not None:  # closed before any of them opens as owned
+            async with self._lock:  # not while _start_standby holds copies
+                await self.standby.release(partitions)
+        # Each index opens on a thread, side by side (``index_threads.seek_to_index``).
+        opening = [self._index(consumer, p) for p in partitions]
+        indexes = await opened_side_by_side(opening, self.threads.close)
+        try:
+            plans = await self.restores.plans(consumer, indexes)
+        except BaseException:  # cancelled (a revoke): no index is left open
+            await asyncio.gather(*(self.threads.close(index) for index in indexes))
+            raise
         # Side by side: each partition waits on its own producer's start (which aborts a killed
         # owner's open transaction) and offset round trips; in turn, a take-over of n
         # partitions took n times as long (issue 9, F.19).
@@ -386,28 +398,16 @@ class Node:
         except Exception as exc:
             self._open_failed(index.partition, exc)
 
-    async def _plans(
-        self, consumer: KafkaGroupConsumer, indexes: list[PartitionIndex]
-    ) -> list[OpenPlan | BaseException]:
-        """Each index's plan against the log's start and the changelog, or why none was made."""
-        if not indexes:
-            return []
+    async def _index(self, consumer: KafkaGroupConsumer, partition: int) -> PartitionIndex | None:
+        """The partition's index, paused and sought (None: a rebuild started, or it failed)."""
+        self.health.move(partition, Phase.OPENING)
         try:
-            starts = await consumer.start_offsets([i.partition for i in indexes])
-            return await self.restores.plans(indexes, starts)
+            return await seek_to_index(self.threads, consumer, self.config.data_dir, partition)
+        except IndexVersionMismatch as exc:
+            self.restores.start(consumer, partition, _rebuilding(exc))
         except Exception as exc:
-            return [exc for _ in indexes]  # each index is closed by _open
-
-    def _seek_to_index(self, consumer: KafkaGroupConsumer, partition: int) -> PartitionIndex:
-        """Pause the partition's fetches, open its index and seek past it (no await)."""
-        consumer.pause(partition)  # first: held back even when the index does not open
-        index = open_index(self.config.data_dir, partition)
-        try:
-            consumer.seek(partition, index.applied_offset() + 1)
-        except BaseException:
-            index.close()  # else its lock stays held and every reopen fails
-            raise
-        return index
+            self._open_failed(partition, exc)
+        return None
 
     async def _restored(
         self, consumer: KafkaGroupConsumer, partition: int, plan: OpenPlan | None
@@ -421,6 +421,7 @@ class Node:
         self._generation += 1
         partitions = list(partitions)
         await self.outbox_starts.cancel(partitions)
+        await self.openings.cancel(partitions)  # first: each undoes what it opened
         for partition in partitions:
             await self.restores.cancel(partition)
         runners = [r for p in partitions if (r := self.owned.pop(p, None)) is not None]
@@ -452,15 +453,15 @@ class Node:
         partition = index.partition
         outbox = started
         owner: OwnedPartition | None = None
+        # Of another fold version, behind the log's start, or far behind the changelog.
+        if not isinstance(plan, BaseException) and plan.action is not Action.USE_LOCAL:
+            await self.threads.close(index)
+            await _unused(outbox)
+            self.restores.start(consumer, partition, f"index: {plan.action.value}", plan)
+            return
         try:
             if isinstance(plan, BaseException):
                 raise plan
-            # Of another fold version, behind the log's start, or far behind the changelog.
-            if plan.action is not Action.USE_LOCAL:
-                index.close()
-                await _unused(outbox)
-                self.restores.start(consumer, partition, f"index: {plan.action.value}", plan)
-                return
             if outbox is None:
                 outbox = await self._start_outbox(partition)
             committed = await consumer.committed(partition)
@@ -472,12 +473,11 @@ class Node:
             consumer.resume(partition)
         except BaseException:
             # Whatever failed, the index is closed (its lock released) before a retry reopens it.
-            if owner is None:
-                index.close()
-            else:
-                owner.close()  # leaves the node's budget too
+            if owner is not None:
+                owner.leave()  # the node's budget
             if outbox is not None:
                 await outbox.close()
+            await self.threads.close(index)
             raise
         self.owned[partition] = runner
         if self.standby is not None:
@@ -533,7 +533,8 @@ class Node:
 
     async def _close(self, owner: OwnedPartition) -> None:
         await owner.outbox.close()
-        owner.close()
+        owner.leave()
+        await self.threads.close(owner.index)
 
     async def _close_all(self) -> None:
         starting = self.outbox_starts.starting()
@@ -570,7 +571,7 @@ class NodeMetrics:
 
 
 class _Rebalance:
-    """Opens and closes owned partitions as the group assigns and revokes them."""
+    """Closes what the group revokes before it returns; starts opening what it assigns."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -584,8 +585,9 @@ class _Rebalance:
                 await self.node.standby.hold(partitions)
 
     async def assigned(self, partitions: list[int]) -> None:
-        async with self.node._lock:
-            try:
-                await self.node.assign(partitions)
-            finally:
-                self.node._rebalancing = False
+        # No await: aiokafka heartbeats again only once this returns (``runtime.openings``).
+        try:
+            node = self.node
+            node.openings.start(node.assigned(partitions), node._open_assigned)
+        finally:
+            self.node._rebalancing = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +34,7 @@ from evsched.runtime.changelog_restore import (
     seed,
 )
 from evsched.runtime.health import NodeHealth
+from evsched.runtime.index_threads import IndexThreads
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.restore import Rebuilt, index_path, rebuild_index
 from evsched.settings import Settings
@@ -97,6 +99,7 @@ class IndexRestores:
         counter: Any,
         log: Any,
         done: Done,
+        threads: IndexThreads,
     ) -> None:
         self.open_log = open_log  # a reader of events partitions
         self.open_state = open_state  # a reader of changelog partitions
@@ -105,9 +108,23 @@ class IndexRestores:
         self.counter = counter  # evsched_node_index_rebuilds, or None without metrics
         self.log = log
         self.done = done
+        self.threads = threads  # the node's: each partition's index calls in order, off the loop
         self.tasks: dict[int, asyncio.Task[None]] = {}
 
     async def plans(
+        self, consumer: Committed, indexes: Sequence[PartitionIndex]
+    ) -> list[OpenPlan | BaseException]:
+        """Each index's plan against the log's start and the changelog, or why none was made
+        (the node's open then closes that index)."""
+        if not indexes:
+            return []
+        try:
+            starts = await consumer.start_offsets([i.partition for i in indexes])
+            return await self._plans(indexes, starts)
+        except Exception as exc:
+            return [exc for _ in indexes]
+
+    async def _plans(
         self, indexes: Sequence[PartitionIndex], starts: Mapping[int, int]
     ) -> list[OpenPlan | BaseException]:
         """What each opening partition does with its (open) local index: one changelog reader
@@ -187,7 +204,9 @@ class IndexRestores:
     ) -> tuple[str | None, Details]:
         """Restore as the plan says: ("restored" | "rebuilt" | None, what to log)."""
         started = monotonic_s()
-        local = local_index(self.data_dir, partition)
+        local = await self.threads.run(
+            partition, functools.partial(local_index, self.data_dir, partition)
+        )
         log_start = (await consumer.start_offsets([partition]))[partition]
         if plan is None or plan.action is Action.RESTORE:
             # One changelog reader for the plan and the restore it may call for.
@@ -197,7 +216,11 @@ class IndexRestores:
                     plan = plan_open(local, log_start=log_start, meta=meta)
                 if plan.action is Action.RESTORE:
                     meta = await restore_partition(
-                        state, self.data_dir, partition, log_start=log_start
+                        state,
+                        self.data_dir,
+                        partition,
+                        log_start=log_start,
+                        offload=self.threads.offload(partition),
                     )
                     return "restored", {
                         "applied_offset": meta.applied_offset,
@@ -224,7 +247,8 @@ class IndexRestores:
         # published yet, which the partition's owner must fold (and send) itself.
         until = await consumer.committed(partition) or 0
         async with _reading(self.open_log([partition])) as reader:
-            return await rebuild_index(reader, self.data_dir, mismatch, until)
+            offload = self.threads.offload(partition)
+            return await rebuild_index(reader, self.data_dir, mismatch, until, offload)
 
     def _refused(self, exc: RestoreRefused) -> None:
         partition = exc.partition

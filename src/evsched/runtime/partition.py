@@ -28,6 +28,7 @@ from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.changelog import ChangelogWriter
+from evsched.runtime.fold_chunks import fold_chunked, refold_chunked
 from evsched.runtime.lease_plan import (
     Candidate,
     LeanLeases,
@@ -172,11 +173,12 @@ class OwnedPartition:
         held = self._held() if self.budget is not None else 0
         gap = [r for r in records if r.offset < self.replay_until]
         fresh = [r for r in records if r.offset >= self.replay_until]
+        # Folded in chunks: a catch-up's thousands of records must not hold the event loop.
         if gap:
-            self.projector.commit(self.projector.fold(gap))
+            await refold_chunked(self.projector, gap)
             self.log.info("gap_refolded", count=len(gap), until=self.replay_until)
         started = dict(self.projector.started) if self.budget is not None else {}
-        folded = self.projector.fold(fresh)
+        folded = await fold_chunked(self.projector, fresh)
         if self.budget is not None and self.projector.started != started:
             # The starts this step folded size the node's unstarted limits.
             grown = {q: n - started.get(q, 0) for q, n in self.projector.started.items()}
@@ -454,9 +456,13 @@ class OwnedPartition:
         )
 
     def close(self) -> None:
+        self.leave()
+        self.index.close()
+
+    def leave(self) -> None:
+        """Leave the node's budget; a node closes the index itself, off the event loop."""
         if self.budget is not None:
             self.budget.leave(self.partition, self)
-        self.index.close()
 
 
 def _effect_record(topics: Topics, accepted: AcceptedEffect) -> Outgoing:

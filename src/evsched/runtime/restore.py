@@ -9,6 +9,7 @@ the node's projector, so every index of one log equals every other at the same o
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from evsched.adapters.index import PartitionIndex
 from evsched.core.fold import FOLD_VERSION
 from evsched.errors import IndexVersionMismatch, RestoreRefused
 from evsched.ports import PartitionLog, Record
+from evsched.runtime.fold_chunks import fold_chunked
+from evsched.runtime.offload import Offload, in_turn, made
 from evsched.runtime.projector import Folded, Projector
 
 FETCH_RECORDS = 10_000
@@ -44,6 +47,12 @@ def swap_in(data_dir: Path, partition: int, fresh: Path) -> None:
         live.rename(old)
     fresh.rename(live)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def fresh_index(path: Path, partition: int) -> PartitionIndex:
+    """An empty index at ``path``, in place of whatever a crashed restore or rebuild left there."""
+    shutil.rmtree(path, ignore_errors=True)
+    return PartitionIndex(path, partition)
 
 
 def open_index(data_dir: Path, partition: int) -> PartitionIndex:
@@ -103,13 +112,14 @@ class Restorer:
             end = None if targets is None else targets[partition]
             records = read if end is None else [r for r in read if r.offset < end]
             if records:
-                folded += self._fold(partition, records)
+                folded += await self._fold(partition, records)
         return folded
 
-    def _fold(self, partition: int, records: list[Record]) -> int:
+    async def _fold(self, partition: int, records: list[Record]) -> int:
         projector = self.projectors[partition]
         try:
-            projector.fold(records, self._pending[partition])
+            # In chunks: a read of thousands of records must not hold the event loop.
+            await fold_chunked(projector, records, self._pending[partition])
             self._uncommitted[partition] += len(records)
             if self._uncommitted[partition] >= self.batch_records:
                 self.flush([partition])
@@ -178,14 +188,19 @@ class Rebuilt:
 
 
 async def rebuild_index(
-    log: PartitionLog, data_dir: Path, mismatch: IndexVersionMismatch, until: int
+    log: PartitionLog,
+    data_dir: Path,
+    mismatch: IndexVersionMismatch,
+    until: int,
+    offload: Offload = in_turn,
 ) -> Rebuilt:
     """Fold the partition's log up to ``until`` (exclusive) into a fresh index, then swap it in.
 
     Refuses (RestoreRefused) when the log no longer starts at offset 0: the records retention
     deleted are not in the log any more, and an index without them would lose their jobs. The
     fresh index is built aside and renamed into place: a crash leaves the old index, or none
-    (which a node refolds from the log as for a new partition), never a half-built one.
+    (which a node refolds from the log as for a new partition), never a half-built one. The
+    fresh index's open and close and the renames run through ``offload`` (a node's threads).
     """
     partition = mismatch.partition
     started = monotonic_s()
@@ -197,14 +212,15 @@ async def rebuild_index(
             f"rebuild of its index for fold version {mismatch.expected} would lose history",
         )
     scratch = data_dir / f".p{partition:04d}.rebuilding"
-    shutil.rmtree(scratch, ignore_errors=True)  # a crashed rebuild's leftovers
-    index = PartitionIndex(scratch, partition)
+    # A cancelled rebuild (the partition revoked) must not leave the fresh index open.
+    opened = functools.partial(fresh_index, scratch, partition)
+    index = await made(offload, opened, PartitionIndex.close)
     try:
         records = await Restorer(log, {partition: Projector(index)}).run_to({partition: until})
         applied = index.applied_offset()
     finally:
-        index.close()
-    swap_in(data_dir, partition, scratch)
+        await offload(index.close)
+    await offload(functools.partial(swap_in, data_dir, partition, scratch))
     return Rebuilt(
         partition=partition,
         old_version=mismatch.found,
