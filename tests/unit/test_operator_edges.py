@@ -11,11 +11,18 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from evsched.operator import register
+from evsched.operator import register, render
 from tests.unit.test_operator_audit import Story, enq
 
 runner = CliRunner()
 GARBAGE = b"\xc3\x01not avro at all"
+
+
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tables at the width these tests read them: the console takes COLUMNS when it is made,
+    at import, which is another test's moment in a pytest-xdist worker."""
+    monkeypatch.setattr(render.out, "width", 200)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from evsched.core import events as ev
 from evsched.core.workflow_graph import GraphNode, ParentLink
-from evsched.operator import register
+from evsched.operator import register, render
 from evsched.operator.audit import audit
 from evsched.operator.workflow_render import parents_text
 from tests.unit.test_operator_audit import Story, enq, fail, lease, ok, start
@@ -58,6 +58,13 @@ def chain_story() -> Story:
 def data_dir(tmp_path: Path) -> Iterator[Path]:
     chain_story().index(tmp_path / "replica" / "p0000").close()
     yield tmp_path / "replica"
+
+
+@pytest.fixture(autouse=True)
+def _wide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tables at the width these tests read them: the console takes COLUMNS when it is made,
+    at import, which is another test's moment in a pytest-xdist worker."""
+    monkeypatch.setattr(render.out, "width", 250)
 
 
 @pytest.fixture(scope="module")
