@@ -12,7 +12,7 @@ so the index after any offset is the same however the records were batched.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -46,6 +46,8 @@ class OrphanTarget(Protocol):
     def scan(
         self, name: str, start: bytes = b"", end: bytes | None = None
     ) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def ranges(self, name: str) -> Callable[[bytes, bytes], Iterator[bytes]]: ...
 
     def low(self, name: str) -> int: ...
 
@@ -85,6 +87,9 @@ class OrphanMarks:
         self._scanned = index.low(ORPHANS)
         self._created: dict[bytes, str] = {}  # own marks made in this batch -> job id
         self._followers: dict[str, list[bytes]] = {}  # followers made in this batch, per job
+        # One iterator for the batch's lookups (``PartitionIndex.ranges``: one per purge mark
+        # expired would cost an iterator per purge in steady state).
+        self._stored_followers: Callable[[bytes, bytes], Iterator[bytes]] | None = None
 
     def expire(self, log_at: int) -> None:
         """An applied purge at ``log_at``: every own mark at or below it goes, with its entry."""
@@ -101,7 +106,9 @@ class OrphanMarks:
     def mark_expired(self, job_id: str) -> None:
         """A purge mark of ``job_id`` expired: the orphans that followed it go with it."""
         prefix = timeline_key(job_id, 0)[:-8]
-        stored = [key for key, _ in self._index.scan(FOLLOWERS, prefix, prefix_end(prefix))]
+        if self._stored_followers is None:
+            self._stored_followers = self._index.ranges(FOLLOWERS)
+        stored = list(self._stored_followers(prefix, prefix_end(prefix)))
         followers, timeline = self._index.h(FOLLOWERS), self._index.h(TIMELINE)
         for key in stored + self._followers.pop(job_id, []):
             self._wb.delete(key, followers)
@@ -120,6 +127,7 @@ class OrphanMarks:
 
     def finish(self) -> None:
         """Move the scan bound of the own marks past what this batch deleted."""
+        self._stored_followers = None  # its iterator must not outlive the batch (nor the DB)
         self._index.raise_low(ORPHANS, self._scanned)
         for key in self._created:
             self._index.lower(ORPHANS, _time(key))
