@@ -304,6 +304,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--partitions", type=int, default=6)
     add("--max-in-flight", type=int, default=1_000, help="passed to the nodes")
     add("--max-unstarted", type=int, help="passed to the nodes (default: the node's)")
+    add("--standby", action="store_true", help="nodes keep warm copies of the others' partitions")
     add("--lease-s", type=float, default=5.0, help="workers' run lease")
     add("--dispatch-timeout-s", type=float, default=5.0, help="nodes' time for a worker to start")
     add("--node-kill-every-s", type=float, default=60.0)

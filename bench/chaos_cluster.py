@@ -57,6 +57,8 @@ class Soak(Cluster):
         command += ["--max-in-flight", str(self.args.max_in_flight)]
         if self.args.max_unstarted is not None:
             command += ["--max-unstarted", str(self.args.max_unstarted)]
+        if self.args.standby:
+            command += ["--standby"]
         return self._spawn_proc(f"node-{i}", command)
 
     def node_dir(self, i: int) -> Path:

@@ -109,6 +109,8 @@ def test_server_properties_make_one_loopback_node_for_transactions() -> None:
     assert int(config["offsets.topic.num.partitions"]) <= 4
     assert int(config["transaction.state.log.num.partitions"]) <= 4
     assert config["group.initial.rebalance.delay.ms"] == "0"
+    # A 3 s session (docs/operations.md, "Failover") must be allowed: Kafka's minimum is 6 s.
+    assert int(config["group.min.session.timeout.ms"]) <= 3_000
     assert config["auto.create.topics.enable"] == "false"
 
 

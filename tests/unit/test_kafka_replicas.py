@@ -8,6 +8,7 @@ returned. To close (adapters.kafka.stop_producer): records it cannot deliver do 
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -60,6 +61,40 @@ async def test_a_missing_ack_fails_at_once_when_the_partition_lacks_replicas() -
     assert caught.value.retriable and len(asked) == 2
     future.set_exception(RuntimeError("later"))  # retrieved by the abandoned ack's callback
     await asyncio.sleep(0)
+
+
+async def test_an_ack_abandoned_by_a_cancelled_caller_fails_later_without_a_loop_warning() -> None:
+    # The enqueue path bounds its wait from outside too: a cancelled wait must not leave the
+    # producer's failure unretrieved ("Task exception was never retrieved" at garbage collection).
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    settle: asyncio.Future[int] = loop.create_future()
+
+    async def ack() -> int:
+        return await settle
+
+    async def fine() -> str | None:
+        return None
+
+    try:
+        waiting = asyncio.ensure_future(
+            acknowledged(ack(), what="w", timeout_s=30, problem=fine, check_after_s=5)
+        )
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        settle.set_exception(RuntimeError("the broker refused it later"))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        del waiting
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert [c for c in reported if "never retrieved" in str(c.get("message"))] == []
 
 
 async def test_a_slow_ack_fails_at_the_timeout_saying_it_may_still_land() -> None:

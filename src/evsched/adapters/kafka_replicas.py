@@ -127,6 +127,22 @@ async def acknowledged(
     it), so the messages say it is not acknowledged, not that it is lost or refused for good.
     """
     future = asyncio.ensure_future(ack)
+    try:
+        return await _within(future, what, timeout_s, problem, check_after_s)
+    except BaseException:
+        # Abandoned (timed out, refused, or the caller cancelled): the producer may still
+        # settle the ack later, and nobody waits for it any more.
+        future.add_done_callback(_retrieved)
+        raise
+
+
+async def _within(
+    future: asyncio.Future[T],
+    what: str,
+    timeout_s: float,
+    problem: Callable[[], Awaitable[str | None]],
+    check_after_s: float,
+) -> T:
     deadline = monotonic_s() + timeout_s
     while True:
         left = deadline - monotonic_s()
@@ -134,7 +150,6 @@ async def acknowledged(
         if done:
             return future.result()
         if left <= check_after_s:
-            future.add_done_callback(_retrieved)
             raise PublishError(
                 f"{what}: not acknowledged within {timeout_s:g} s (the broker may be slow or "
                 "down); it may still be written: retry with an idempotency key to be safe"
@@ -144,7 +159,6 @@ async def acknowledged(
         except TimeoutError:
             cause = None
         if cause is not None:
-            future.add_done_callback(_retrieved)
             raise NotEnoughReplicas(
                 f"{what}: not acknowledged: {cause}; retry once the brokers are back (it may "
                 "still be written then: use an idempotency key to be safe)"
