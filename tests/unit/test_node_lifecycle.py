@@ -16,7 +16,8 @@ from evsched.adapters.index import PartitionIndex
 from evsched.core.fold import FOLD_VERSION
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.lifecycle import TRANSITIONS, InvalidTransition, Phase, check
-from evsched.runtime.node import Node, NodeConfig, NodeMetrics
+from evsched.runtime.node import Node, NodeConfig
+from evsched.runtime.node_metrics import NodeMetrics
 from evsched.runtime.projector import Projector
 from evsched.runtime.restore import open_index, restore
 from evsched.settings import Settings
@@ -93,7 +94,7 @@ def node_over(
         index.close()
         node.health.move(index.partition, Phase.CATCHING_UP)
 
-    node._open = fake_open  # type: ignore[method-assign,assignment]
+    node.opener.open = fake_open  # type: ignore[method-assign,assignment]
     return node, consumer, opened
 
 

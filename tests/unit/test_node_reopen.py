@@ -92,12 +92,12 @@ async def test_a_reopen_waiting_for_its_producer_holds_back_no_other_partition(
     # other partition leases its job while partition 0's producer start waits.
     await rig.pump(lambda: leased_on(rig, 1) == [("c", 1)])
     assert rig.node.health.phase(0) is Phase.FAILED and 0 not in rig.node.owned
-    assert rig.node.outbox_starts.starting() == {0}
+    assert rig.node.opener.outbox_starts.starting() == {0}
     assert rig.leased() == [("a", 1)]  # b's lease went with the lost transaction
 
     coordinator.answer.set()
     await rig.pump(lambda: rig.leased() == [("a", 1), ("b", 1)])
-    assert 0 in rig.node.owned and not rig.node.outbox_starts.starting()
+    assert 0 in rig.node.owned and not rig.node.opener.outbox_starts.starting()
     assert coordinator.starts.count(0) == 2 and coordinator.cancelled == 0
     await rig.node.revoke([0, 1])
 
@@ -107,7 +107,7 @@ async def test_a_revoke_gives_up_a_producer_start_that_waits(tmp_path: Path) -> 
     opened = len(rig.outboxes)
     await rig.node.revoke([0, 1])
     assert coordinator.cancelled == 1
-    assert not rig.node.outbox_starts.starting()
+    assert not rig.node.opener.outbox_starts.starting()
     assert rig.node.health.phase(0) is Phase.CLOSED and rig.node.owned == {}
     assert len(rig.outboxes) == opened and all(box.closed for box in rig.outboxes)
 
