@@ -230,8 +230,8 @@ class Node:
             await self._adopt_orphans(consumer)
 
     async def _adopt_orphans(self, consumer: KafkaGroupConsumer) -> None:
-        """Reopen assigned partitions that failed (to open, to step) once their wait is over
-        (``PartitionOpener.adopt``).
+        """Reopen assigned partitions that failed (to open, to step) once their wait is over, and
+        open those whose index was restored (``PartitionOpener.adopt``).
 
         Never while the group rebalances: until the new assignment is set, the consumer still
         lists the old one, and reopening a partition just revoked would start its producer and
@@ -279,10 +279,10 @@ class Node:
     async def _restored(
         self, consumer: KafkaGroupConsumer, partition: int, plan: OpenPlan | None
     ) -> None:
-        """The partition's index was rebuilt: open it, unless it was revoked meanwhile."""
-        async with self.lock:
-            if self.health.phase(partition) is Phase.RESTORING:
-                await self.opener.reopen(consumer, partition, plan)
+        """The partition's index was restored: the poll loop opens it once its producer has
+        started (``PartitionOpener.restored``), unless it was revoked meanwhile."""
+        async with self.lock:  # never in the middle of a revoke, which gives up its start
+            self.opener.restored(partition, plan)
 
     async def revoke(self, partitions: Iterable[int]) -> None:
         self._generation += 1

@@ -4,9 +4,11 @@ a failure, with why a partition did not open.
 An open pauses the partition's fetches, opens its index on the node's threads, plans against the
 changelog and the log's start (``runtime.node_restore``), starts the partition's transactional
 producer and hands the node a runner. An index that cannot be used as it is goes to a restore
-instead. A partition reopened from the node's poll loop (its open or a step failed) never awaits its
-producer's start there: that start runs beside the loop (``runtime.outbox_starts``), and the
-partition opens on a later pass, once it has.
+instead. A partition reopened from the node's poll loop (its open or a step failed, or its index
+was just restored) never awaits its producer's start there nor under the node's lock: a start
+waits for the transaction coordinator, as long as a slow or short-handed cluster takes, and the
+poll loop and the group's revokes wait for that lock. The start runs beside the loop
+(``runtime.outbox_starts``), and the partition opens on a later pass, once it has.
 """
 
 from __future__ import annotations
@@ -75,19 +77,31 @@ class PartitionOpener:
         self.log = logger
         self.openings = Openings(health, self.failed, logger)  # outside the group's callbacks
         self.outbox_starts: OutboxStarts[KafkaOutbox] = OutboxStarts(start_outbox, logger=logger)
+        # Partitions whose index was restored, waiting for their producer to start, each with the
+        # plan to open it by (None: plan again).
+        self._restored: dict[int, OpenPlan | None] = {}
 
     async def adopt(self, consumer: KafkaGroupConsumer, unowned: Iterable[int]) -> None:
-        """Reopen each of the ``unowned`` assigned partitions that failed (to open, to step) once
-        its wait is over.
+        """Reopen each of the ``unowned`` assigned partitions that waits for it: its index was
+        restored, or it failed (to open, to step) and its wait is over.
 
         Called from the poll loop under the node's lock, never while the group rebalances. The
         producer starts first, beside the loop: the partition reopens on a later pass, once it has.
         """
         for partition in unowned:
-            if self.health.retry_due(partition):
-                started = self.outbox_starts.take(partition)
-                if started is not None:
-                    await self.reopen(consumer, partition, outbox=started)
+            if partition not in self._restored and not self.health.retry_due(partition):
+                continue
+            started = self.outbox_starts.take(partition)
+            if started is not None:
+                plan = self._restored.pop(partition, None)
+                await self._reopen(consumer, partition, plan, outbox=started)
+
+    def restored(self, partition: int, plan: OpenPlan | None) -> None:
+        """The partition's index was restored (called under the node's lock): unless it was
+        revoked meanwhile, start its producer; the poll loop opens it once it has (``adopt``)."""
+        if self.health.phase(partition) is Phase.RESTORING:
+            self._restored[partition] = plan
+            self.outbox_starts.begin(partition)
 
     async def cancel(self, partitions: Collection[int]) -> None:
         """Give up every open under way of ``partitions`` (revoked); return once each has undone
@@ -96,24 +110,24 @@ class PartitionOpener:
         await self.openings.cancel(partitions)  # first: each undoes what it opened
         for partition in partitions:
             await self.restores.cancel(partition)
+            self._restored.pop(partition, None)
 
-    async def reopen(
+    async def _reopen(
         self,
         consumer: KafkaGroupConsumer,
         partition: int,
-        plan: OpenPlan | None = None,
+        plan: OpenPlan | None,
         *,
-        outbox: KafkaOutbox | Exception | None = None,
+        outbox: KafkaOutbox | Exception,
     ) -> None:
-        """Open the partition again; by ``plan`` when one was just made, else planned anew;
-        with ``outbox`` when its producer was started already (or why it did not start)."""
+        """Open the partition again with its started ``outbox`` (or why it did not start); by
+        ``plan`` when one was made, else planned anew."""
         if isinstance(outbox, Exception):
             self.health.move(partition, Phase.OPENING)
             self.failed(partition, outbox)
             return
         if (index := await self.index(consumer, partition)) is None:
-            if outbox is not None:
-                await outbox.close()
+            await outbox.close()
             return
         try:
             [planned] = [plan] if plan is not None else await self.restores.plans(consumer, [index])
