@@ -4,7 +4,6 @@ log without a snapshot refused loudly, and a changelog seeded with an index it d
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from evsched.runtime.node import Node
 from evsched.runtime.replica_restore import prepare_partitions
 from evsched.testing import MemoryPartitionLog, NodeDriver
 from tests.unit.node_driver_events import enqueued, started, succeeded
-from tests.unit.test_node_lifecycle import node_over
+from tests.unit.test_node_lifecycle import node_over, poll_until
 
 V = FOLD_VERSION
 
@@ -88,7 +87,7 @@ async def _history(tmp_path: Path) -> NodeDriver:
 async def _restored_by_a_node(
     tmp_path: Path, events: MemoryPartitionLog, state: MemoryPartitionLog
 ) -> tuple[list[tuple[int, int | None, int]], Node, list[dict[str, Any]]]:
-    node, _, opened = node_over(tmp_path, events, committed=None)
+    node, consumer, opened = node_over(tmp_path, events, committed=None)
     readers: list[Collection[int]] = []
 
     def open_state(partitions: Collection[int]) -> MemoryPartitionLog:
@@ -100,9 +99,9 @@ async def _restored_by_a_node(
     node.health.move(0, Phase.OPENING)
     with capture_logs() as logs:
         node.restores.start(node._consumer, 0, "test")  # type: ignore[arg-type]
-        async with asyncio.timeout(10):
-            while node.health.phase(0) in (Phase.OPENING, Phase.RESTORING):
-                await asyncio.sleep(0.01)
+        await poll_until(
+            node, consumer, lambda: node.health.phase(0) not in (Phase.OPENING, Phase.RESTORING)
+        )
     # One reader of the changelog both plans and restores; the restored index opens unplanned.
     assert readers == [[0]]
     return opened, node, logs

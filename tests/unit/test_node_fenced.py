@@ -21,7 +21,8 @@ from evsched.errors import BrokerUnavailable
 from evsched.ports import ConsumerOffset, Holdback, Outgoing, Record
 from evsched.runtime import health, ownership
 from evsched.runtime.lifecycle import Phase
-from evsched.runtime.node import Node, NodeConfig, NodeMetrics
+from evsched.runtime.node import Node, NodeConfig
+from evsched.runtime.node_metrics import NodeMetrics
 from evsched.runtime.ownership import Holder, Ownership
 from evsched.settings import Settings
 from evsched.testing import MemoryBroker, MemoryOutbox
@@ -136,7 +137,7 @@ class Rig:
         self.abort: set[str] = set()  # jobs whose lease's transaction is aborted (once)
         node = self.node
         node._consumer = self.consumer  # type: ignore[assignment]
-        node.ownership = Ownership(
+        node.steps.ownership = Ownership(
             group, group_id=config.group_id, topic=self.topic, member_id=self.consumer.member_id
         )
         # The changelog as the outboxes wrote it: a reopen finds its snapshot.
@@ -175,7 +176,7 @@ class Rig:
                 for partition, records in self.consumer.fetch().items():
                     if (runner := node.owned.get(partition)) is not None:
                         runner.feed(records)
-                async with node._lock:
+                async with node.lock:
                     await node._adopt_orphans(self.consumer)  # type: ignore[arg-type]
                 await asyncio.sleep(0.01)
 

@@ -5,7 +5,7 @@ logged and counted, or refused loudly and not retried soon when the log lost its
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import pytest
@@ -16,11 +16,12 @@ from evsched.adapters.index import PartitionIndex
 from evsched.core.fold import FOLD_VERSION
 from evsched.runtime.health import NodeHealth
 from evsched.runtime.lifecycle import TRANSITIONS, InvalidTransition, Phase, check
-from evsched.runtime.node import Node, NodeConfig, NodeMetrics
+from evsched.runtime.node import Node, NodeConfig
+from evsched.runtime.node_metrics import NodeMetrics
 from evsched.runtime.projector import Projector
 from evsched.runtime.restore import open_index, restore
 from evsched.settings import Settings
-from evsched.testing import MemoryPartitionLog
+from evsched.testing import MemoryBroker, MemoryOutbox, MemoryPartitionLog
 from tests.prometheus import parse, value
 from tests.unit.test_restore import history, write_foreign_version
 
@@ -53,13 +54,17 @@ def test_every_phase_can_end_closed_and_moves_outside_the_table_raise() -> None:
 
 
 class GroupConsumer:
-    """The node's group consumer as the open path uses it: pauses, seeks, the group's offset."""
+    """The node's group consumer as the open path uses it: pauses, seeks, the group's offset;
+    partition 0 assigned."""
 
     def __init__(self, committed: int | None, log: MemoryPartitionLog) -> None:
         self.committed_offset = committed
         self.log = log
         self.paused: set[int] = set()
         self.seeks: list[tuple[int, int]] = []
+
+    def assignment(self) -> set[int]:
+        return {0}
 
     def pause(self, partition: int) -> None:
         self.paused.add(partition)
@@ -77,7 +82,8 @@ class GroupConsumer:
 def node_over(
     tmp_path: Path, log: MemoryPartitionLog, committed: int | None
 ) -> tuple[Node, GroupConsumer, list[tuple[int, int | None, int]]]:
-    """A node whose rebuilds read ``log``; ``_open`` records the index it would run on."""
+    """A node whose rebuilds read ``log``; its open records the index it would run on, with a
+    producer of the in-memory broker when it was started beforehand (a restored index's)."""
     config = NodeConfig(settings=Settings(namespace="ns"), node_id="n", data_dir=tmp_path / "n")
     node = Node(config, NodeMetrics.create())
     node.restores.open_log = lambda partition: log
@@ -87,14 +93,32 @@ def node_over(
     opened: list[tuple[int, int | None, int]] = []
 
     async def fake_open(
-        _: object, index: PartitionIndex, plan: object = None, started: object = None
+        _: object, index: PartitionIndex, plan: object = None, started: MemoryOutbox | None = None
     ) -> None:
         opened.append((index.partition, index.fold_version(), index.applied_offset()))
         index.close()
+        if started is not None:
+            await started.close()
         node.health.move(index.partition, Phase.CATCHING_UP)
 
-    node._open = fake_open  # type: ignore[method-assign,assignment]
+    async def start_outbox(partition: int) -> MemoryOutbox:
+        outbox = MemoryOutbox(MemoryBroker(), config.transactional_id(partition))
+        await outbox.start()
+        return outbox
+
+    node.opener.open = fake_open  # type: ignore[method-assign,assignment]
+    node._start_outbox = start_outbox  # type: ignore[method-assign,assignment]
     return node, consumer, opened
+
+
+async def poll_until(node: Node, consumer: GroupConsumer, until: Callable[[], bool]) -> None:
+    """Run the poll loop's passes that reopen partitions (under the node's lock) until ``until()``
+    holds: a restored partition opens there, once its producer has started."""
+    async with asyncio.timeout(10):
+        while not until():
+            async with node.lock:
+                await node._adopt_orphans(consumer)  # type: ignore[arg-type]
+            await asyncio.sleep(0.01)
 
 
 async def foreign_index(tmp_path: Path, log: MemoryPartitionLog) -> None:
@@ -118,9 +142,7 @@ async def test_a_foreign_index_is_rebuilt_up_to_the_group_offset_then_opened(
         assert node.health.phase(0) is Phase.RESTORING and 0 in consumer.paused
         ready, text = node.health.readiness()
         assert not ready and "partition 0 restoring: rebuilding its index" in text
-        async with asyncio.timeout(10):
-            while not opened:
-                await asyncio.sleep(0.01)
+        await poll_until(node, consumer, lambda: bool(opened))
     # Folded up to the group's offset only: the owner folds (and sends) what comes after.
     assert opened == [(0, FOLD_VERSION, 8)]
     assert consumer.seeks == [(0, 9)]

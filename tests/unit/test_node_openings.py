@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from evsched.adapters.index import PartitionIndex
 from evsched.runtime import health, index_threads
 from evsched.runtime.lifecycle import Phase
-from evsched.runtime.node import _Rebalance
+from evsched.runtime.rebalance import NodeRebalance
 from evsched.runtime.restore import open_index
 from tests.unit.node_driver_events import enqueued
 from tests.unit.test_node_fenced import ME, Group, Rig
@@ -65,12 +65,12 @@ async def test_the_assignment_callback_returns_at_once_and_the_partition_opens_a
     rig = Rig(tmp_path, Group({0: ME}))
     rig.append(enqueued("a"))
     opens = held_opens(monkeypatch, [0])
-    listener = _Rebalance(rig.node)
+    listener = NodeRebalance(rig.node)
     await listener.revoked([])  # the first join
     async with asyncio.timeout(5):  # before the fix: waited on the open, held on its thread
         await listener.assigned([0])
     await opens.started()
-    assert not rig.node._rebalancing and rig.node.openings.opening() == {0}
+    assert not rig.node.rebalancing and rig.node.opener.openings.opening() == {0}
     assert rig.node.health.phase(0) is Phase.OPENING and 0 not in rig.node.owned
     # Its fetches are held from the callback on: nothing from the group's offset is folded,
     # and nothing is decided before the partition is open.
@@ -78,7 +78,7 @@ async def test_the_assignment_callback_returns_at_once_and_the_partition_opens_a
     assert rig.outboxes == [] and rig.leased() == []
     opens.release.set()
     await rig.pump(lambda: rig.leased() == [("a", 1)])
-    assert rig.node.openings.opening() == frozenset() and 0 not in rig.consumer.paused
+    assert rig.node.opener.openings.opening() == frozenset() and 0 not in rig.consumer.paused
     await rig.node.revoke([0])
     assert rig.node.health.phase(0) is Phase.CLOSED and index_free(tmp_path, 0)
 
@@ -89,7 +89,7 @@ async def test_a_partition_revoked_while_its_index_opens_is_closed_cleanly(
     rig = Rig(tmp_path, Group({0: ME}))
     rig.append(enqueued("a"))
     opens = held_opens(monkeypatch, [0])
-    listener = _Rebalance(rig.node)
+    listener = NodeRebalance(rig.node)
     await listener.assigned([0])
     await opens.started()
     revoking = asyncio.create_task(listener.revoked([0]))
@@ -101,7 +101,7 @@ async def test_a_partition_revoked_while_its_index_opens_is_closed_cleanly(
     async with asyncio.timeout(10):
         await revoking
     assert rig.node.health.phase(0) is Phase.CLOSED and rig.node.owned == {}
-    assert rig.node.openings.opening() == frozenset()
+    assert rig.node.opener.openings.opening() == frozenset()
     assert rig.outboxes == [] and rig.leased() == []
     assert index_free(tmp_path, 0)
 
@@ -120,7 +120,7 @@ async def test_a_partition_revoked_once_its_producer_started_is_closed_cleanly(
         return await group_offset(partition)
 
     rig.consumer.committed = committed  # type: ignore[method-assign]
-    listener = _Rebalance(rig.node)
+    listener = NodeRebalance(rig.node)
     await listener.assigned([0])
     async with asyncio.timeout(10):
         await asking.wait()
@@ -139,7 +139,7 @@ async def test_a_revoke_of_one_partition_of_an_assignment_still_opening_reopens_
     rig.consumer.assigned = {0, 1}
     rig.append(enqueued("a"))  # on partition 0
     opens = held_opens(monkeypatch, [1])
-    listener = _Rebalance(rig.node)
+    listener = NodeRebalance(rig.node)
     await listener.assigned([0, 1])
     await opens.started()  # partition 0's index is open by now, or soon: it waits for 1's
     rig.consumer.assigned = {0}
@@ -177,7 +177,7 @@ async def test_an_assignment_whose_open_fails_as_a_whole_is_reopened_partition_b
     rig.append(enqueued("a"))
     rig.node.standby = StuckStandby()  # type: ignore[assignment]
     with capture_logs() as logs:
-        await _Rebalance(rig.node).assigned([0])
+        await NodeRebalance(rig.node).assigned([0])
         # Not left OPENING for good (ready, and never retried): failed, logged, reopened.
         await rig.pump(lambda: rig.leased() == [("a", 1)])
     failed = [e for e in logs if e["event"] == "partition_opens_failed"]

@@ -224,7 +224,7 @@ async def test_an_index_opened_for_a_partition_that_then_fails_is_closed(tmp_pat
     node = Node(NodeConfig(settings=Settings(namespace="ns"), node_id="n", data_dir=tmp_path))
     consumer = cast(KafkaGroupConsumer, RefusingConsumer())
     node.health.assigned([0])
-    assert await node._index(consumer, 0) is None
+    assert await node.opener.index(consumer, 0) is None
     assert node.health.phase(0) is Phase.FAILED
     await node.threads.stop()
     PartitionIndex(tmp_path / "p0000", 0).close()  # no "LOCK: No locks available"

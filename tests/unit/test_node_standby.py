@@ -11,7 +11,7 @@ from evsched.adapters.index import PartitionIndex
 from evsched.core.fold import FOLD_VERSION
 from evsched.runtime.changelog_restore import Action, OpenPlan
 from evsched.runtime.lifecycle import Phase
-from evsched.runtime.node import _Rebalance
+from evsched.runtime.rebalance import NodeRebalance
 from evsched.runtime.restore import open_index
 from evsched.runtime.standby import Standby
 from evsched.testing import MemoryPartitionLog
@@ -39,7 +39,7 @@ async def test_the_group_hands_a_standby_copy_to_the_owner_and_back(tmp_path: Pa
         assert index.fold_version() == FOLD_VERSION
         index.close()
 
-    node._open = open_  # type: ignore[method-assign]
+    node.opener.open = open_  # type: ignore[method-assign]
     try:
         await standby.hold([0])
         await until(lambda: standby.projectors[0].next_offset == 9, "the copy to be warm")
@@ -47,7 +47,7 @@ async def test_the_group_hands_a_standby_copy_to_the_owner_and_back(tmp_path: Pa
         # The copy's offset: the owner seeks past it and folds the tail from the group's offset.
         assert plans == [(0, 8, Action.USE_LOCAL)]
         assert consumer.seeks == [(0, 9)] and standby.taken == {0: 9}
-        await _Rebalance(node).revoked([0])
+        await NodeRebalance(node).revoked([0])
         assert 0 in standby.projectors and node.health.phase(0) is Phase.CLOSED
         offsets.offsets[0] = 12
         await until(lambda: standby.projectors[0].next_offset == 11, "the copy to follow again")

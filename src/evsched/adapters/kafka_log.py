@@ -47,9 +47,11 @@ class KafkaEventLog:
         self._replicas = ReplicaCheck(lambda topic: describe_partitions(settings, topic))
         self._client_id = client_id
         self._producer: Any = None
-        # An append gave up on its record because its partition lacked replicas: closing drops
-        # what the producer holds at once (it could not land before the brokers return).
-        self._refused = False
+        # Records whose appends gave up on them because their partition lacked replicas, as long
+        # as the producer holds them: closing then drops what it holds at once (they could not
+        # land before the brokers return). One that lands (or fails) leaves: the brokers are back,
+        # and closing waits for later appends in flight as it would without the refusal.
+        self._refused: set[asyncio.Future[Any]] = set()
         self._lock = asyncio.Lock()
         self._atomic = AtomicWriter(settings, client_id=client_id)
 
@@ -127,15 +129,18 @@ class KafkaEventLog:
             count = len(await current.partitions_for(topic))
             return await self._replicas.problem(topic, partition_for(key, count))
 
+        sending = asyncio.ensure_future(future)
         try:
             return await acknowledged(
-                future,
+                sending,
                 what=f"writing to {topic!r}",
                 timeout_s=self._ack_timeout_s,
                 problem=problem,
             )
         except NotEnoughReplicas:
-            self._refused = True
+            if not sending.done():  # held by the producer until it lands or is dropped
+                self._refused.add(sending)
+                sending.add_done_callback(self._refused.discard)
             raise
 
     async def _current(self) -> Any:

@@ -3,22 +3,22 @@
 Kafka's group assignment is the ownership: there is no election of our own. Each owned partition
 gets a transactional producer whose id is bound to the partition, so a new owner's producer fences
 a zombie's, and the fold rejects whatever a zombie still manages to write. Each assigned partition
-goes through the phases of ``runtime.lifecycle``; one whose index another fold version built is
-rebuilt from the log (``runtime.restore``) before it opens.
+goes through the phases of ``runtime.lifecycle``: it opens (``runtime.partition_opener``), or is
+restored first (``runtime.node_restore``), then runs in a task of its own until it is revoked or
+fails; the group's callbacks are ``runtime.rebalance``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 
-from evsched.adapters.clock import SYSTEM_CLOCK, now_ms
+from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.kafka_events import KafkaGroupConsumer
 from evsched.adapters.kafka_groups import GroupOwners
@@ -26,24 +26,24 @@ from evsched.adapters.kafka_outbox import KafkaOutbox
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics
 from evsched.core.planner import PlannerLimits
-from evsched.errors import BrokerUnavailable, Fenced, IndexVersionMismatch, PartitionRevoked
-from evsched.metrics import Metrics, NodeInstruments
+from evsched.errors import BrokerUnavailable, PartitionRevoked
 from evsched.runtime.budget import QueueBudget
 from evsched.runtime.changelog import ChangelogWriter
-from evsched.runtime.changelog_restore import Action, OpenPlan
+from evsched.runtime.changelog_restore import OpenPlan
 from evsched.runtime.dispatch_topics import QueueTopics
 from evsched.runtime.health import NodeHealth
-from evsched.runtime.index_threads import IndexThreads, seek_to_index
+from evsched.runtime.index_threads import IndexThreads
 from evsched.runtime.lifecycle import Phase
+from evsched.runtime.node_metrics import NodeMetrics
 from evsched.runtime.node_restore import IndexRestores, kafka_reader
-from evsched.runtime.openings import Openings, opened_side_by_side
-from evsched.runtime.outbox_starts import OutboxStarts
-from evsched.runtime.ownership import Holder, Ownership
+from evsched.runtime.ownership import Ownership
 from evsched.runtime.partition import OwnedPartition
+from evsched.runtime.partition_opener import PartitionOpener
+from evsched.runtime.partition_steps import PartitionSteps
+from evsched.runtime.rebalance import NodeRebalance
 from evsched.runtime.runner import PartitionRunner
 from evsched.runtime.standby import Standby, kafka_standby, unowned
 from evsched.runtime.startup import until_broker
-from evsched.runtime.waiting import WaitingForWorker
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.node")
@@ -84,26 +84,35 @@ class Node:
         self.owned: dict[int, PartitionRunner] = {}
         if metrics is not None:  # read at scrape time
             metrics.node.watch_owned(lambda: list(self.owned))
-        self._lock = asyncio.Lock()
+        self.lock = asyncio.Lock()  # partitions open, close and are adopted one holder at a time
         self.queue_topics = QueueTopics(config.settings)
         self._consumer: KafkaGroupConsumer | None = None
         self.group_owners = GroupOwners(config.settings)
-        self.ownership = Ownership(
-            self.group_owners,
-            group_id=config.group_id,
-            topic=self.topics.events,
-            member_id=lambda: None if self._consumer is None else self._consumer.member_id(),
-        )
         self._generation = 0  # bumped on every assignment change
-        self._rebalancing = False  # between the group's revoke and assign callbacks
+        self.rebalancing = False  # between the group's revoke and assign callbacks
         self.budget = QueueBudget()  # --max-in-flight and --max-unstarted hold per node
         self.standby: Standby | None = None  # --standby: started with the consumer
         self.log = log.bind(node_id=config.node_id)
         self.health = NodeHealth(None if metrics is None else metrics.node.failing, logger=self.log)
         self.threads = IndexThreads()  # index opens and closes, off the event loop
-        self.openings = Openings(self.health, self._open_failed, self.log)  # outside callbacks
+        self.restores = self._index_restores()
+        self.opener = PartitionOpener(
+            data_dir=config.data_dir,
+            health=self.health,
+            threads=self.threads,
+            restores=self.restores,
+            # Looked up at each start, not bound now: tests replace _start_outbox.
+            start_outbox=lambda p: self._start_outbox(p),  # noqa: PLW0108
+            make_owner=self._owner,
+            opened=self._opened,
+            logger=self.log,
+        )
+        self.steps = self._partition_steps()
+
+    def _index_restores(self) -> IndexRestores:
+        config, metrics = self.config, self.metrics
         client_id = f"evsched-node-{config.node_id}"
-        self.restores = IndexRestores(
+        return IndexRestores(
             kafka_reader(config.settings, self.topics.events, client_id),
             open_state=kafka_reader(config.settings, self.topics.state, client_id),
             data_dir=config.data_dir,
@@ -113,9 +122,22 @@ class Node:
             done=self._restored,
             threads=self.threads,
         )
-        # Looked up at each start, not bound now: tests replace _start_outbox.
-        self.outbox_starts = OutboxStarts(
-            lambda p: self._start_outbox(p),  # noqa: PLW0108
+
+    def _partition_steps(self) -> PartitionSteps:
+        ownership = Ownership(
+            self.group_owners,
+            group_id=self.config.group_id,
+            topic=self.topics.events,
+            member_id=lambda: None if self._consumer is None else self._consumer.member_id(),
+        )
+        return PartitionSteps(
+            restores=self.restores,
+            health=self.health,
+            ownership=ownership,
+            max_records=self.config.max_records,
+            max_idle_ms=self.config.max_idle_ms,
+            dropped=None if self.metrics is None else self.metrics.node.dropped,
+            drop=self._drop,
             logger=self.log,
         )
 
@@ -137,7 +159,7 @@ class Node:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), POLL_RETRY_S)
         finally:
-            async with self._lock:
+            async with self.lock:
                 await self._close_all()
             await self.threads.stop()
             await consumer.close()
@@ -164,7 +186,7 @@ class Node:
         started = await until_broker(start, what="standby reader", stop=stop)
         if started is None:
             return
-        async with self._lock:  # not while the group assigns: its partitions are not ours
+        async with self.lock:  # not while the group assigns: its partitions are not ours
             self.standby, count = started
             mine = set(consumer.assignment()) | set(self.owned) | set(self.health.phases())
             await self.standby.hold(unowned(count, mine))
@@ -176,7 +198,7 @@ class Node:
             group_id=self.config.group_id,
             client_id=f"evsched-node-{self.config.node_id}",
             max_records=self.config.max_records,
-            listener=_Rebalance(self),
+            listener=NodeRebalance(self),
         )
         self._consumer = consumer  # the group may assign partitions before start() returns
         try:
@@ -193,7 +215,7 @@ class Node:
         if generation != self._generation:
             # The assignment changed while we fetched: these records may predate our seeks.
             # Drop them and fetch again from exactly where each partition's runner stands.
-            async with self._lock:
+            async with self.lock:
                 for partition, runner in self.owned.items():
                     with contextlib.suppress(PartitionRevoked):
                         consumer.seek(partition, runner.fetched_to)
@@ -204,145 +226,21 @@ class Node:
         # getmany(timeout_ms=0) may return without yielding: let heartbeats, fetches and the
         # partition runners go.
         await asyncio.sleep(0)
-        async with self._lock:
+        async with self.lock:
             await self._adopt_orphans(consumer)
 
     async def _adopt_orphans(self, consumer: KafkaGroupConsumer) -> None:
-        """Reopen assigned partitions that failed (to open, to step) once their wait is over.
+        """Reopen assigned partitions that failed (to open, to step) once their wait is over, and
+        open those whose index was restored (``PartitionOpener.adopt``).
 
         Never while the group rebalances: until the new assignment is set, the consumer still
         lists the old one, and reopening a partition just revoked would start its producer and
-        fence the partition's new owner. The producer starts first, beside this loop
-        (``runtime.outbox_starts``): the partition reopens on a later pass, once it has.
+        fence the partition's new owner.
         """
-        if self._rebalancing:
+        if self.rebalancing:
             return
-        for partition in consumer.assignment():
-            if partition not in self.owned and self.health.retry_due(partition):
-                started = self.outbox_starts.take(partition)
-                if started is not None:
-                    await self._reopen(consumer, partition, outbox=started)
-
-    async def _reopen(
-        self,
-        consumer: KafkaGroupConsumer,
-        partition: int,
-        plan: OpenPlan | None = None,
-        *,
-        outbox: KafkaOutbox | Exception | None = None,
-    ) -> None:
-        """Open the partition again; by ``plan`` when one was just made, else planned anew;
-        with ``outbox`` when its producer was started already (or why it did not start)."""
-        if isinstance(outbox, Exception):
-            self.health.move(partition, Phase.OPENING)
-            self._open_failed(partition, outbox)
-            return
-        if (index := await self._index(consumer, partition)) is None:
-            await _unused(outbox)
-            return
-        try:
-            [planned] = [plan] if plan is not None else await self.restores.plans(consumer, [index])
-            await self._open(consumer, index, planned, outbox)
-        except Exception as exc:
-            self._open_failed(partition, exc)
-
-    def _open_failed(self, partition: int, exc: Exception) -> None:
-        # Left unowned (and paused): the poll loop retries it, later each time.
-        failures = self.health.failed(partition, f"open failed: {exc!r}")
-        self.log.warning(
-            "partition_open_failed", partition=partition, error=repr(exc), failures=failures
-        )
-
-    async def _run_partition(
-        self, consumer: KafkaGroupConsumer, runner: PartitionRunner, *, seed: bool = False
-    ) -> None:
-        """Step one partition whenever it has records or its next wake time comes.
-
-        Each owned partition runs on its own, so a due lease waits for its own partition's
-        transaction only, never for another partition's fold or round trips. ``seed``: write the
-        index to the changelog first, here rather than in the rebalance, which must not wait for
-        it; no step runs before it is done (the records fetched meanwhile wait in the inbox).
-        """
-        owner = runner.owner
-        try:
-            if seed:
-                await self.restores.seed(owner)
-            while not runner.closing:
-                await runner.wait(self._wait_s(owner))
-                if runner.closing:
-                    return
-                # Position before records: a fetch landing in between can only make the
-                # "caught up" test late, never early.
-                position = await consumer.position(owner.partition)
-                records = runner.take(self.config.max_records)
-                now = now_ms()
-                if owner.has_work(records, now):
-                    await owner.step(records, now, position)
-                    self.health.stepped(owner.partition, caught_up=owner.caught_up)
-        except PartitionRevoked:
-            return  # revoked while we fetched; the listener closes it
-        except Fenced as exc:
-            if runner.closing:
-                return  # revoked meanwhile: the revoke closes it
-            reason = str(exc)
-            traceback.clear_frames(exc.__traceback__)  # index handles: see below
-            await self._fenced(consumer, runner, reason)
-        except Exception as exc:
-            if runner.closing:
-                return  # revoked meanwhile: the revoke closes it
-            # Anything else (broker trouble, a producer that must be recreated): drop the
-            # partition's in-memory work; _adopt_orphans reopens it from its index, which
-            # stays consistent with the log, after a wait that grows while it keeps failing.
-            failures = self.health.failed(owner.partition, f"step failed: {exc!r}")
-            self.log.warning(
-                "partition_step_failed",
-                partition=owner.partition,
-                error=repr(exc),
-                failures=failures,
-                retry_in_s=self.health.retry_in_s(owner.partition),
-            )
-            self._dropped("error")
-            # The exception's frames may hold index handles (a scan, a write batch): RocksDB
-            # would keep its lock and the reopen fail with "No locks available".
-            traceback.clear_frames(exc.__traceback__)
-            del exc
-            await self._drop(runner)
-
-    async def _fenced(
-        self, consumer: KafkaGroupConsumer, runner: PartitionRunner, reason: str
-    ) -> None:
-        """The partition's producer was fenced: by a new owner, or by the broker aborting a
-        transaction that outlived its timeout (``runtime.ownership``). The group says which."""
-        partition = runner.owner.partition
-        with contextlib.suppress(PartitionRevoked, BrokerUnavailable):
-            consumer.pause(partition)  # its runner steps no more; a reopen resumes it
-        holder = await self.ownership.settle(partition, runner)
-        if holder is None:
-            return  # revoked while asking: the revoke closes it
-        self.log.warning("partition_fenced", partition=partition, holder=holder.value)
-        if holder is Holder.ANOTHER:
-            # Reopening would fence the new owner back: wait for the revoke instead.
-            self.health.move(partition, Phase.FENCED)
-            self._dropped("fenced")
-        else:
-            # Nobody else has it: what the aborted transaction held never reached the log, and
-            # _adopt_orphans reopens the partition with a new producer from its index and the
-            # committed offset, as a restart would; it decides again from there.
-            self.health.failed(partition, f"transaction lost, still the owner: {reason}")
-            self._dropped("transaction_lost")
-        await self._drop(runner)
-
-    def _dropped(self, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.node.dropped.labels(reason).inc()
-
-    def _wait_s(self, owner: OwnedPartition) -> float:
-        """Sleep no longer than until the partition's next due time, and at most max_idle_ms."""
-        wait_ms = self.config.max_idle_ms
-        wake = owner.next_wake_at()
-        if wake is not None:
-            wait_ms = min(wait_ms, wake - now_ms())
-        return max(0, wait_ms) / 1000
+        unowned = [p for p in consumer.assignment() if p not in self.owned]
+        await self.opener.adopt(consumer, unowned)
 
     # --- ownership ---------------------------------------------------------------------------
 
@@ -359,7 +257,7 @@ class Node:
         self.health.assigned(partitions)
         # Not expected (the revoke closed or cancelled every one and adoption waits for this
         # call), but reopening an open index would fail on its lock and leave it paused.
-        busy = set(self.owned) | self.openings.opening()
+        busy = set(self.owned) | self.opener.openings.opening()
         opening = [p for p in partitions if p not in busy]
         for partition in opening:
             consumer.pause(partition)
@@ -367,63 +265,29 @@ class Node:
 
     async def assign(self, partitions: Iterable[int]) -> None:
         """Take an assignment and open it (the group's callback leaves the opens to a task)."""
-        await self._open_assigned(self.assigned(partitions))
+        await self.open_assigned(self.assigned(partitions))
 
-    async def _open_assigned(self, partitions: list[int]) -> None:
+    async def open_assigned(self, partitions: list[int]) -> None:
+        """Open an assignment's partitions (in a task of ``Openings``, not the group's callback)."""
         consumer = self._consumer
         assert consumer is not None
         if self.standby is not None:  # closed before any of them opens as owned
-            async with self._lock:  # not while _start_standby holds copies
+            async with self.lock:  # not while _start_standby holds copies
                 await self.standby.release(partitions)
-        # Each index opens on a thread, side by side (``index_threads.seek_to_index``).
-        opening = [self._index(consumer, p) for p in partitions]
-        indexes = await opened_side_by_side(opening, self.threads.close)
-        try:
-            plans = await self.restores.plans(consumer, indexes)
-        except BaseException:  # cancelled (a revoke): no index is left open
-            await asyncio.gather(*(self.threads.close(index) for index in indexes))
-            raise
-        # Side by side: each partition waits on its own producer's start (which aborts a killed
-        # owner's open transaction) and offset round trips; in turn, a take-over of n
-        # partitions took n times as long (issue 9, F.19).
-        await asyncio.gather(
-            *(self._open_logged(consumer, i, p) for i, p in zip(indexes, plans, strict=True))
-        )
-
-    async def _open_logged(
-        self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan | BaseException
-    ) -> None:
-        try:
-            await self._open(consumer, index, plan)
-        except Exception as exc:
-            self._open_failed(index.partition, exc)
-
-    async def _index(self, consumer: KafkaGroupConsumer, partition: int) -> PartitionIndex | None:
-        """The partition's index, paused and sought (None: a rebuild started, or it failed)."""
-        self.health.move(partition, Phase.OPENING)
-        try:
-            return await seek_to_index(self.threads, consumer, self.config.data_dir, partition)
-        except IndexVersionMismatch as exc:
-            self.restores.start(consumer, partition, _rebuilding(exc))
-        except Exception as exc:
-            self._open_failed(partition, exc)
-        return None
+        await self.opener.open_assigned(consumer, partitions)
 
     async def _restored(
         self, consumer: KafkaGroupConsumer, partition: int, plan: OpenPlan | None
     ) -> None:
-        """The partition's index was rebuilt: open it, unless it was revoked meanwhile."""
-        async with self._lock:
-            if self.health.phase(partition) is Phase.RESTORING:
-                await self._reopen(consumer, partition, plan)
+        """The partition's index was restored: the poll loop opens it once its producer has
+        started (``PartitionOpener.restored``), unless it was revoked meanwhile."""
+        async with self.lock:  # never in the middle of a revoke, which gives up its start
+            self.opener.restored(partition, plan)
 
     async def revoke(self, partitions: Iterable[int]) -> None:
         self._generation += 1
         partitions = list(partitions)
-        await self.outbox_starts.cancel(partitions)
-        await self.openings.cancel(partitions)  # first: each undoes what it opened
-        for partition in partitions:
-            await self.restores.cancel(partition)
+        await self.opener.cancel(partitions)
         runners = [r for p in partitions if (r := self.owned.pop(p, None)) is not None]
         for runner in runners:
             self.health.move(runner.owner.partition, Phase.CLOSING)
@@ -441,52 +305,25 @@ class Node:
         await self._close(runner.owner)
         self.log.info("partition_revoked", partition=runner.owner.partition, **runner.owner.stats)
 
-    async def _open(
+    def _opened(
         self,
         consumer: KafkaGroupConsumer,
-        index: PartitionIndex,
-        plan: OpenPlan | BaseException,
-        started: KafkaOutbox | None = None,
+        runner: PartitionRunner,
+        *,
+        seed: bool,
+        committed: int | None,
+        end: int,
     ) -> None:
-        """Run the partition on its (open) index as planned; ``plan`` may be why none was made.
-        ``started``: its outbox, started already (else started here)."""
-        partition = index.partition
-        outbox = started
-        owner: OwnedPartition | None = None
-        # Of another fold version, behind the log's start, or far behind the changelog.
-        if not isinstance(plan, BaseException) and plan.action is not Action.USE_LOCAL:
-            await self.threads.close(index)
-            await _unused(outbox)
-            self.restores.start(consumer, partition, f"index: {plan.action.value}", plan)
-            return
-        try:
-            if isinstance(plan, BaseException):
-                raise plan
-            if outbox is None:
-                outbox = await self._start_outbox(partition)
-            committed = await consumer.committed(partition)
-            end = (await consumer.end_offsets([partition]))[partition]
-            owner = self._owner(index, outbox, committed, end)
-            runner = PartitionRunner(owner, consumer)
-            owner.on_wake = runner.kick
-            consumer.seek(partition, runner.fetched_to)
-            consumer.resume(partition)
-        except BaseException:
-            # Whatever failed, the index is closed (its lock released) before a retry reopens it.
-            if owner is not None:
-                owner.leave()  # the node's budget
-            if outbox is not None:
-                await outbox.close()
-            await self.threads.close(index)
-            raise
-        self.owned[partition] = runner
+        """Own and run a partition just opened; ``seed``: its index goes to the changelog first."""
+        owner = runner.owner
+        self.owned[owner.partition] = runner
         if self.standby is not None:
-            self.standby.took_over(partition, owner.resume_offset, end)
-        self.health.move(partition, Phase.CATCHING_UP)
-        runner.start(self._run_partition(consumer, runner, seed=plan.seed))
+            self.standby.took_over(owner.partition, owner.resume_offset, end)
+        self.health.move(owner.partition, Phase.CATCHING_UP)
+        runner.start(self.steps.run(consumer, runner, seed=seed))
         self.log.info(
             "partition_assigned",
-            partition=partition,
+            partition=owner.partition,
             resume_offset=owner.resume_offset,
             committed=committed,
             end_offset=end,
@@ -537,57 +374,5 @@ class Node:
         await self.threads.close(owner.index)
 
     async def _close_all(self) -> None:
-        starting = self.outbox_starts.starting()
+        starting = self.opener.outbox_starts.starting()
         await self.revoke(sorted(set(self.owned) | set(self.health.phases()) | starting))
-
-
-async def _unused(outbox: KafkaOutbox | Exception | None) -> None:
-    """Close a started outbox the partition will not use (nothing else to do otherwise)."""
-    if outbox is not None and not isinstance(outbox, Exception):
-        await outbox.close()
-
-
-def _rebuilding(mismatch: IndexVersionMismatch) -> str:
-    return (
-        f"rebuilding its index from the log (fold version {mismatch.found} -> {mismatch.expected})"
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class NodeMetrics:
-    """A node's Prometheus instruments: what it folds (verdicts, lateness) and what it does."""
-
-    folded: Metrics
-    node: NodeInstruments
-    waiting: WaitingForWorker
-
-    @classmethod
-    def create(cls) -> NodeMetrics:
-        # A node folds only the partitions it owns: no jobs-by-status gauge (the API has it).
-        folded = Metrics(job_counts=False)
-        waiting = WaitingForWorker(folded.registry)
-        folded.followers.append(waiting.observe)
-        return cls(folded=folded, node=NodeInstruments(folded.registry), waiting=waiting)
-
-
-class _Rebalance:
-    """Closes what the group revokes before it returns; starts opening what it assigns."""
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-
-    async def revoked(self, partitions: list[int]) -> None:
-        # Called at the start of every rebalance (with nothing on the first join).
-        self.node._rebalancing = True
-        async with self.node._lock:
-            await self.node.revoke(partitions)
-            if self.node.standby is not None:  # followed again, as a standby copy
-                await self.node.standby.hold(partitions)
-
-    async def assigned(self, partitions: list[int]) -> None:
-        # No await: aiokafka heartbeats again only once this returns (``runtime.openings``).
-        try:
-            node = self.node
-            node.openings.start(node.assigned(partitions), node._open_assigned)
-        finally:
-            self.node._rebalancing = False

@@ -12,7 +12,8 @@ import signal
 from evsched.adapters.topics import ensure_namespace_topics
 from evsched.metrics import serve_metrics
 from evsched.runtime.gc_policy import tune_for_folding
-from evsched.runtime.node import Node, NodeConfig, NodeMetrics
+from evsched.runtime.node import Node, NodeConfig
+from evsched.runtime.node_metrics import NodeMetrics
 from evsched.runtime.startup import until_broker
 
 # How long one try at provisioning the base topics may take before it is retried.

@@ -25,9 +25,9 @@ from evsched.runtime.lifecycle import Phase
 
 T = TypeVar("T")
 
-# Opens a list of partitions (the node's ``_open_assigned``).
+# Opens a list of partitions (``Node.open_assigned``).
 Opens = Callable[[list[int]], Coroutine[Any, Any, None]]
-# Marks a partition FAILED, to be reopened later (the node's ``_open_failed``).
+# Marks a partition FAILED, to be reopened later (``PartitionOpener.failed``).
 Failed = Callable[[int, Exception], None]
 
 # The phases of a partition whose open had not ended when its task did.

@@ -1,11 +1,12 @@
 """The producer starts of partitions a node reopens, run beside its poll loop instead of in it.
 
-A partition reopened after a failed step or a transaction the broker aborted (``runtime.ownership``)
-needs a new transactional producer, and a producer's start waits for the transaction coordinator,
-which cannot answer while its own partition of ``__transaction_state`` lacks in-sync replicas: for
-as long as the brokers stay down. Awaited in the poll loop under the node's lock, that wait held
-every other partition's records, and the group's rebalance callbacks, behind it. Here each start
-is a task of its own; the poll loop takes the started outbox once it is ready (the partition stays
+A partition reopened after a failed step or a transaction the broker aborted
+(``runtime.ownership``), or opened once its index was restored (``runtime.node_restore``), needs a
+new transactional producer, and a producer's start waits for the transaction coordinator, which
+cannot answer while its own partition of ``__transaction_state`` lacks in-sync replicas: for as
+long as the brokers stay down. Awaited in the poll loop under the node's lock, that wait held every
+other partition's records, and the group's rebalance callbacks, behind it. Here each start is a
+task of its own; the poll loop takes the started outbox once it is ready (the partition stays
 closed until then) and goes on stepping the others meanwhile. A revoke gives the start up.
 """
 
@@ -40,9 +41,7 @@ class OutboxStarts(Generic[OutboxT]):
         first call starts it). What is returned is the caller's: to use or to close."""
         task = self._tasks.get(partition)
         if task is None:
-            self._tasks[partition] = asyncio.create_task(
-                self._started(partition), name=f"evsched-outbox-start-{partition}"
-            )
+            self.begin(partition)
             return None
         if not task.done():
             return None
@@ -55,6 +54,13 @@ class OutboxStarts(Generic[OutboxT]):
         if isinstance(failure, Exception):
             return failure
         raise failure  # KeyboardInterrupt and the like are not a failed start
+
+    def begin(self, partition: int) -> None:
+        """Start the partition's outbox, unless its start is under way or waits to be taken."""
+        if partition not in self._tasks:
+            self._tasks[partition] = asyncio.create_task(
+                self._started(partition), name=f"evsched-outbox-start-{partition}"
+            )
 
     def starting(self) -> set[int]:
         """The partitions whose start is under way or not taken yet."""
