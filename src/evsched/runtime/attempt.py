@@ -110,7 +110,8 @@ class AttemptRunner:
             )
             return
         lease = LeaseWatch(self.lease_ms, self.clock, renewed_at=sent_at)
-        logger.info("job_started", attempt=dispatch.attempt, worker_id=self.worker_id)
+        # Debug, like job_succeeded: a line per job costs a worker more than the job's own work.
+        logger.debug("job_started", attempt=dispatch.attempt, worker_id=self.worker_id)
         fence = AttemptFence(dispatch)
         ctx = Context(
             dispatch,
@@ -315,7 +316,7 @@ class AttemptRunner:
             outcome = Failed("evsched.ResultTooLarge", exc.reason, retryable=False)
             await self.emit(self._completion(dispatch, outcome, ()))
         if isinstance(outcome, Succeeded):
-            logger.info("job_succeeded", effects=len(effects))
+            logger.debug("job_succeeded", effects=len(effects))
         else:
             logger.info(
                 "job_failed",
