@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from evsched.adapters.avro import decode_event
+from evsched.adapters.avro.registry import HEADER_SIZE, MAGIC, SchemaRegistry
 from evsched.adapters.signing import DispatchKey
 from evsched.adapters.topics import Topics, ensure_topics
 from evsched.client import App, Task
@@ -162,7 +163,10 @@ class Cluster:
     nodes: list[Proc] = field(default_factory=list)
     workers: list[Proc] = field(default_factory=list)
     spies: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    succeeded: int = 0  # job_succeeded lines seen in worker logs (progress, not the measure)
+    # AttemptSucceeded records on the events topic so far, counted by ``count_successes`` once
+    # something waits for successes (progress, not the measure: figures come from ``read_back``).
+    succeeded: int = 0
+    counting: asyncio.Task[None] | None = None
     owned: dict[str, set[int]] = field(default_factory=dict)
     dispatch_key: str = field(default_factory=DispatchKey.generate, repr=False)
 
@@ -237,9 +241,8 @@ class Cluster:
                     self.owned[proc.name].add(int(line["partition"]))
                 elif event == "partition_revoked":
                     self.owned[proc.name].discard(int(line["partition"]))
-        for proc in self.workers:
-            # Counted without parsing: the workers write thousands of lines a second.
-            self.succeeded += proc.new_bytes().count(b'"event": "job_succeeded"')
+        if self.counting is not None and self.counting.done():
+            self.counting.result()  # raises what stopped the count
         for proc in [*self.nodes, *self.workers]:
             if proc.popen.poll() is not None:
                 raise RuntimeError(
@@ -302,6 +305,40 @@ class Cluster:
             subprocess.run(command, check=False, stdout=subprocess.DEVNULL)
 
 
+# AttemptSucceeded as workers write it: single-object Avro, this header first.
+SUCCEEDED_HEADER = MAGIC + SchemaRegistry.from_contract().current("AttemptSucceeded").fingerprint
+
+
+async def count_successes(cluster: Cluster) -> None:
+    """Count the AttemptSucceeded records of ``cluster``'s events topic into ``cluster.succeeded``.
+
+    From the log rather than the workers' log lines: a worker writes no line per job at info.
+    Read uncommitted (workers write outside transactions, and the nodes' open transactions
+    would hold a read_committed consumer back); only the header is looked at.
+    """
+    settings = cluster.settings
+    topic = Topics(settings.namespace).events
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=50,
+        max_partition_fetch_bytes=8 << 20,
+    )
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(settings.event_partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        while True:
+            batches = await consumer.getmany(timeout_ms=200, max_records=20_000)
+            for raws in batches.values():
+                cluster.succeeded += sum(
+                    1 for raw in raws if (raw.value or b"")[:HEADER_SIZE] == SUCCEEDED_HEADER
+                )
+    finally:
+        await consumer.stop()
+
+
 def free_port_pairs(brokers: int) -> tuple[int, int]:
     """(port, controller port) whose node ports (port+2i, controller+2i) are all free now."""
     while True:
@@ -356,6 +393,8 @@ async def wait_for(cluster: Cluster, done: Callable[[], bool], timeout_s: float,
 
 
 async def wait_succeeded(cluster: Cluster, count: int, timeout_s: float) -> None:
+    if cluster.counting is None:  # from the log's start: successes before now count too
+        cluster.counting = asyncio.create_task(count_successes(cluster))
     await wait_for(cluster, lambda: cluster.succeeded >= count, timeout_s, f"{count} successes")
 
 

@@ -190,6 +190,20 @@ async def test_bad_calls_raise_naming_the_field_and_write_nothing(
     assert log.started == 0
 
 
+def test_arguments_are_checked_by_their_shape_every_time(app: App) -> None:
+    # A shape the signature took is remembered; every other one is still bound and refused.
+    send = app.get_task("mail.send")
+    for _ in range(2):
+        send.check_call(["a@example.com"], {"subject": "hi"})
+        send.check_call(["a@example.com"], {})
+        with pytest.raises(InvalidEnqueue, match="missing a required argument: 'to'"):
+            send.check_call([], {"subject": "hi"})
+        with pytest.raises(InvalidEnqueue, match="unexpected keyword"):
+            send.check_call(["a@example.com"], {"cc": "b@example.com"})
+        with pytest.raises(InvalidEnqueue, match="too many"):
+            send.check_call(["a@example.com", "b@example.com"], {})
+
+
 async def test_an_unknown_task_name_is_its_own_error(app: App) -> None:
     with pytest.raises(UnknownTask, match=r"no\.such\.task"):
         await app.enqueue("no.such.task")

@@ -144,6 +144,8 @@ class KafkaEventLog:
             raise
 
     async def _current(self) -> Any:
+        if (ready := self._producer) is not None:
+            return ready  # the lock only orders making and discarding one
         async with self._lock:
             if self._producer is None:
                 self._producer = await start_producer(self._settings, client_id=self._client_id)

@@ -146,8 +146,7 @@ async def _within(
     deadline = monotonic_s() + timeout_s
     while True:
         left = deadline - monotonic_s()
-        done, _ = await asyncio.wait({future}, timeout=max(0.0, min(check_after_s, left)))
-        if done:
+        if await _settled(future, max(0.0, min(check_after_s, left))):
             return future.result()
         if left <= check_after_s:
             raise PublishError(
@@ -163,6 +162,31 @@ async def _within(
                 f"{what}: not acknowledged: {cause}; retry once the brokers are back (it may "
                 "still be written then: use an idempotency key to be safe)"
             )
+
+
+async def _settled(future: asyncio.Future[Any], timeout_s: float) -> bool:
+    """Whether ``future`` is done within ``timeout_s``; it is never cancelled.
+
+    ``asyncio.wait({future}, timeout=...)`` without its sets and per-call task bookkeeping: this
+    runs once per append, and an ack usually comes within the first wait.
+    """
+    if future.done():
+        return True
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    timer = loop.call_later(timeout_s, wake)
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)
+    return future.done()
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:

@@ -105,13 +105,20 @@ class Context:
         self.idempotency_key = external_idempotency_key(dispatch.job_id)
         self.last_checkpoint: Any = decode_json(dispatch.checkpoint)
         self.trace: TraceContext | None = dispatch.trace
-        self.log = structlog.get_logger("evsched.handler").bind(
-            job_id=self.job_id, token=self.token, attempt=self.attempt
-        )
-        if self.trace is not None:
-            self.log = self.log.bind(traceparent=self.trace.traceparent)
+        self._log: Any = None
         self._io = io
         self._collected = _Collected()
+
+    @property
+    def log(self) -> Any:
+        """A logger bound to the attempt (made on first use: most handlers never log)."""
+        if self._log is None:
+            self._log = structlog.get_logger("evsched.handler").bind(
+                job_id=self.job_id, token=self.token, attempt=self.attempt
+            )
+            if self.trace is not None:
+                self._log = self._log.bind(traceparent=self.trace.traceparent)
+        return self._log
 
     @property
     def is_last_attempt(self) -> bool:

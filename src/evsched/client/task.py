@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 Handler = Callable[..., Any]
 CONTEXT_PARAMETER = "ctx"
+# Argument shapes a task remembers as accepted by its handler (a handful in practice).
+ACCEPTED_SHAPES = 64
 # Exception classes to the failure category their failures are counted under.
 Categories = Mapping[type[BaseException], str]
 
@@ -75,6 +77,9 @@ class Task:
         self.takes_context = takes_context(handler)
         self.is_async = inspect.iscoroutinefunction(handler)
         self._signature = inspect.signature(handler)
+        # Argument shapes (how many positional, which keywords) the signature took: binding
+        # depends on nothing else, and a worker checks every job's arguments before it runs.
+        self._accepted: set[tuple[int, frozenset[str]]] = set()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.handler(*args, **kwargs)
@@ -164,11 +169,16 @@ class Task:
 
     def check_call(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         """InvalidEnqueue when the handler could not be called with these arguments."""
+        shape = (len(args), frozenset(kwargs))
+        if shape in self._accepted:
+            return
         leading = (None,) if self.takes_context else ()
         try:
             self._signature.bind(*leading, *args, **kwargs)
         except TypeError as exc:
             raise InvalidEnqueue("args", f"{self.name}: {exc}") from exc
+        if len(self._accepted) < ACCEPTED_SHAPES:
+            self._accepted.add(shape)
 
     def template(
         self,

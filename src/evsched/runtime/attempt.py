@@ -5,14 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import threading
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
-
-import structlog
 
 from evsched.adapters.avro import encode_event
 from evsched.adapters.ids import new_id
@@ -33,11 +30,12 @@ from evsched.core.events import (
 )
 from evsched.errors import EncodeError, InvalidEnqueue
 from evsched.ports import Appended, Clock, EventLog, JobFeed, JobReader
-from evsched.runtime.fence import AttemptFence, stop_following
-from evsched.runtime.handler_loop import HandlerEscaped, HandlerLoop, contain
+from evsched.runtime.attempt_log import AttemptLog
+from evsched.runtime.fence import FOLLOW_AFTER_S, AttemptFence
+from evsched.runtime.handler_loop import HandlerEscaped, HandlerLoop, ThreadCount
+from evsched.runtime.later import LaterTask
 from evsched.runtime.log_clock import LogClock
 
-log = structlog.get_logger("evsched.worker")
 MAX_MESSAGE_CHARS = 4_000
 # How long a timed-out async handler keeps its slot while it winds down after its cancellation.
 OVERRUN_BOUND_S = 5.0
@@ -62,23 +60,6 @@ class Failed:
 
 
 Outcome = Succeeded | Failed
-
-
-class ThreadCount:
-    """How many sync handlers are running in threads right now."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.busy = 0
-
-    def run(self, context: contextvars.Context, call: Callable[[], Any]) -> Any:
-        with self._lock:
-            self.busy += 1
-        try:
-            return context.run(contain, call)
-        finally:
-            with self._lock:
-                self.busy -= 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,9 +97,7 @@ class AttemptRunner:
             await self._run(dispatch, task)
 
     async def _run(self, dispatch: Dispatch, task: Task | None) -> None:
-        logger = log.bind(job_id=dispatch.job_id, token=dispatch.token, task=dispatch.task)
-        if dispatch.trace is not None:
-            logger = logger.bind(traceparent=dispatch.trace.traceparent)
+        logger = AttemptLog(dispatch, with_task=True)
         sent_at = self.clock.monotonic_s()
         appended = await self._start(dispatch, logger)
         if appended.log_at is not None and appended.log_at >= start_deadline_by_log(dispatch):
@@ -131,11 +110,9 @@ class AttemptRunner:
             )
             return
         lease = LeaseWatch(self.lease_ms, self.clock, renewed_at=sent_at)
-        logger.info("job_started", attempt=dispatch.attempt, worker_id=self.worker_id)
+        # Debug, like job_succeeded: a line per job costs a worker more than the job's own work.
+        logger.debug("job_started", attempt=dispatch.attempt, worker_id=self.worker_id)
         fence = AttemptFence(dispatch)
-        following = None
-        if self.feed is not None:
-            following = asyncio.create_task(fence.follow(self.feed))
         ctx = Context(
             dispatch,
             worker_id=self.worker_id,
@@ -147,14 +124,7 @@ class AttemptRunner:
                 fence=fence,
             ),
         )
-        heartbeat = asyncio.create_task(self._heartbeat(dispatch, lease))
-        overrun: asyncio.Future[Any] | None = None
-        try:
-            outcome, overrun = await self._execute(dispatch, task, ctx, fence)
-        finally:
-            heartbeat.cancel()
-            await asyncio.wait({heartbeat})
-            await stop_following(following)
+        outcome, overrun = await self._supervised(dispatch, task, ctx, fence, lease)
         if fence.cancelled:
             # Whatever the handler did after: its attempt is over (the fold rejects it anyway).
             message = f"attempt cancelled: {fence.reason}"
@@ -171,6 +141,36 @@ class AttemptRunner:
                 bound = OVERRUN_BOUND_S if task is not None and task.is_async else None
                 await _outlive(overrun, logger, bound)
 
+    async def _supervised(
+        self,
+        dispatch: Dispatch,
+        task: Task | None,
+        ctx: Context,
+        fence: AttemptFence,
+        lease: LeaseWatch,
+    ) -> tuple[Outcome, asyncio.Future[Any] | None]:
+        """The handler's outcome, with heartbeats and the follow of the job while it runs.
+
+        Both start only when they have something to do (a third of the lease, and
+        ``FOLLOW_AFTER_S``): until then they are timers, and most attempts end before either.
+        """
+        name = f"job {dispatch.job_id} token {dispatch.token}"
+        heartbeat = LaterTask(
+            self.lease_ms / 3000, lambda: self._heartbeat(dispatch, lease), f"heartbeat {name}"
+        )
+        following = None
+        if self.feed is not None and dispatch.events_offset is not None:
+            feed = self.feed
+            following = LaterTask(FOLLOW_AFTER_S, lambda: fence.follow(feed), f"follow {name}")
+        try:
+            return await self._execute(dispatch, task, ctx, fence)
+        finally:
+            try:
+                await heartbeat.stop()
+            finally:
+                if following is not None:
+                    await following.stop()
+
     async def emit(self, event: JobEvent) -> Appended:
         """Write one event keyed by its job id; EncodeError when it cannot be written."""
         data = encode_event(event)
@@ -182,7 +182,7 @@ class AttemptRunner:
             self.log_clock.observe(sent_at=sent_at, log_at=appended.log_at)
         return appended
 
-    async def _start(self, dispatch: Dispatch, logger: Any) -> Appended:
+    async def _start(self, dispatch: Dispatch, logger: AttemptLog) -> Appended:
         """AttemptStarted, sent again when the log's clock had not reached run_at yet.
 
         The fold refuses a start logged before the job's run_at (only a pre-lease can be that
@@ -225,10 +225,10 @@ class AttemptRunner:
         )
 
     async def _heartbeat(self, dispatch: Dispatch, lease: LeaseWatch) -> None:
-        logger = log.bind(job_id=dispatch.job_id, token=dispatch.token)
+        """Renew the lease now and every third of it (started a third of it after the start)."""
+        logger = AttemptLog(dispatch)
         reported_lost = False
         while True:
-            await asyncio.sleep(self.lease_ms / 3000)
             sent_at = self.clock.monotonic_s()
             if lease.lost and not reported_lost:
                 reported_lost = True
@@ -246,8 +246,9 @@ class AttemptRunner:
                 await self.emit(renewal)
             except Exception as exc:  # keep beating: the next renewal may get through
                 logger.warning("lease_renew_failed", error=repr(exc))
-                continue
-            lease.renewed(sent_at)
+            else:
+                lease.renewed(sent_at)
+            await asyncio.sleep(self.lease_ms / 3000)
 
     async def _execute(
         self, dispatch: Dispatch, task: Task | None, ctx: Context, fence: AttemptFence
@@ -275,7 +276,7 @@ class AttemptRunner:
         if task.is_async:
             name = f"evsched handler {task.name} job {dispatch.job_id} token {dispatch.token}"
             run = self.handlers.submit(call, name=name)
-            running, stop = asyncio.wrap_future(run.done), run.cancel
+            running, stop = run.done, run.cancel
             fence.on_cancel(run.cancel)  # a cancel seen in the log reaches the handler
         else:
             context = contextvars.copy_context()
@@ -304,7 +305,7 @@ class AttemptRunner:
             return Failed("evsched.ResultNotJson", reason, retryable=False), None
 
     async def _complete(
-        self, dispatch: Dispatch, outcome: Outcome, effects: tuple[Any, ...], logger: Any
+        self, dispatch: Dispatch, outcome: Outcome, effects: tuple[Any, ...], logger: AttemptLog
     ) -> Outcome:
         """Send the completion; returns the outcome sent (a result too large becomes a failure)."""
         completion = self._completion(dispatch, outcome, effects)
@@ -315,7 +316,7 @@ class AttemptRunner:
             outcome = Failed("evsched.ResultTooLarge", exc.reason, retryable=False)
             await self.emit(self._completion(dispatch, outcome, ()))
         if isinstance(outcome, Succeeded):
-            logger.info("job_succeeded", effects=len(effects))
+            logger.debug("job_succeeded", effects=len(effects))
         else:
             logger.info(
                 "job_failed",
@@ -377,7 +378,7 @@ def _default_category(retryable: bool) -> str:
     return failures.TRANSIENT if retryable else failures.PERMANENT
 
 
-async def _outlive(running: asyncio.Future[Any], logger: Any, bound_s: float | None) -> None:
+async def _outlive(running: asyncio.Future[Any], logger: AttemptLog, bound_s: float | None) -> None:
     """Hold the attempt's slot until a timed-out handler stops, or at most ``bound_s``."""
     if not running.done():
         logger.warning("handler_overran")

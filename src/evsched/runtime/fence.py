@@ -12,8 +12,6 @@ stale. See docs/architecture.md ("Following one job") for the cost.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
 from collections.abc import Callable
 
@@ -65,12 +63,14 @@ class AttemptFence:
                 call()
         self._on_end.clear()
 
-    async def follow(self, feed: JobFeed, after_s: float = FOLLOW_AFTER_S) -> None:
-        """Follow the job until the attempt ends (then ``end``), or until cancelled."""
+    async def follow(self, feed: JobFeed) -> None:
+        """Follow the job until the attempt ends (then ``end``), or until cancelled.
+
+        The runner starts it ``FOLLOW_AFTER_S`` into the attempt.
+        """
         dispatch = self.dispatch
         if dispatch.events_offset is None:
             return  # a node before events_offset: the fence falls back to the lease watch
-        await asyncio.sleep(after_s)
         self.followed = True
         logger = log.bind(job_id=dispatch.job_id, token=dispatch.token)
         start = state_before_lease(dispatch)
@@ -100,10 +100,3 @@ def why_ended(state: JobState | None, token: int) -> str:
     if state.status is Status.SUCCEEDED:
         return "the job already succeeded"
     return f"the attempt's lease ended (job {state.status})"
-
-
-async def stop_following(task: asyncio.Task[None] | None) -> None:
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

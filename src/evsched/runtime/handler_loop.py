@@ -8,8 +8,8 @@ renewals of other attempts; it can only slow the other async handlers, and the w
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
+import functools
 import sys
 import threading
 import traceback
@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 
 from evsched.adapters.clock import monotonic_s
+from evsched.runtime.handoff import Mailbox
 
 log = structlog.get_logger("evsched.worker")
 
@@ -45,6 +46,23 @@ def contain(call: Callable[[], Any]) -> Any:
         raise HandlerEscaped(exc) from exc
 
 
+class ThreadCount:
+    """How many sync handlers are running in threads right now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.busy = 0
+
+    def run(self, context: contextvars.Context, call: Callable[[], Any]) -> Any:
+        with self._lock:
+            self.busy += 1
+        try:
+            return context.run(contain, call)
+        finally:
+            with self._lock:
+                self.busy -= 1
+
+
 async def _contained(call: Callable[[], Awaitable[Any]]) -> Any:
     # Caught inside the task: asyncio re-raises SystemExit and KeyboardInterrupt out of the loop.
     # GeneratorExit passes: it is how an abandoned handler's coroutine is closed.
@@ -58,15 +76,16 @@ async def _contained(call: Callable[[], Awaitable[Any]]) -> Any:
 
 @dataclass(slots=True)
 class HandlerRun:
-    """One async handler on the handler loop: ``done`` resolves only once the handler has ended."""
+    """One async handler on the handler loop: ``done`` (a future of the loop that submitted it)
+    resolves only once the handler has ended."""
 
-    done: concurrent.futures.Future[Any]
-    _loop: asyncio.AbstractEventLoop
+    done: asyncio.Future[Any]
+    _inbox: Mailbox
     _task: asyncio.Task[Any] | None = None
 
     def cancel(self) -> None:
         """Ask the handler to stop; it may ignore it (then ``done`` stays pending)."""
-        self._loop.call_soon_threadsafe(self._cancel)
+        self._inbox.post(self._cancel)
 
     def _cancel(self) -> None:
         if self._task is not None:
@@ -84,9 +103,14 @@ class HandlerLoop:
         )
         self._ticked_at = monotonic_s()
         self.abandoned = 0  # handlers that ignored cancellation at close()
+        # Starts and cancels go to the handler loop, and ends back to the submitting loop,
+        # through mailboxes: one wake-up of the other thread per burst, not per handler.
+        self._inbox: Mailbox | None = None
+        self._outbox: Mailbox | None = None
 
     def start(self) -> None:
         self._loop = asyncio.new_event_loop()
+        self._inbox = Mailbox(self._loop)
         self._ticked_at = monotonic_s()
         self._thread.start()
 
@@ -106,19 +130,29 @@ class HandlerLoop:
         self.loop.call_later(TICK_S, self._tick)
 
     def submit(self, call: Callable[[], Awaitable[Any]], name: str) -> HandlerRun:
-        """Run ``call()`` on the handler loop in the caller's context (trace, log bindings)."""
-        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        done.set_running_or_notify_cancel()  # only the handler's end settles it
-        run = HandlerRun(done, self.loop)
+        """Run ``call()`` on the handler loop in the caller's context (trace, log bindings).
+
+        Called on the worker's loop; the run's ``done`` is a future of that loop.
+        """
+        if self._inbox is None:
+            raise RuntimeError("the handler loop has not been started")
+        outbox = self._outbox_to(asyncio.get_running_loop())
+        done: asyncio.Future[Any] = outbox.loop.create_future()
+        run = HandlerRun(done, self._inbox)
         context = contextvars.copy_context()
 
         def begin() -> None:
             task = self.loop.create_task(_contained(call), name=name, context=context)
             run._task = task
-            task.add_done_callback(lambda t: _settle(done, t))
+            task.add_done_callback(lambda t: outbox.post(functools.partial(_settle, done, t)))
 
-        self.loop.call_soon_threadsafe(begin)
+        self._inbox.post(begin)
         return run
+
+    def _outbox_to(self, loop: asyncio.AbstractEventLoop) -> Mailbox:
+        if self._outbox is None or self._outbox.loop is not loop:
+            self._outbox = Mailbox(loop)
+        return self._outbox
 
     async def watch(self) -> None:
         """Log once per episode when user code holds the handler loop, naming the task and line."""
@@ -184,7 +218,10 @@ def _at(frame: traceback.FrameSummary | None) -> str:
     return "" if frame is None else f"{frame.filename}:{frame.lineno} in {frame.name}"
 
 
-def _settle(done: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
+def _settle(done: asyncio.Future[Any], task: asyncio.Task[Any]) -> None:
+    """On the submitting loop: ``done`` as the handler's task ended (it has, on its own loop)."""
+    if done.done():  # cancelled by its attempt, which no longer waits for it
+        return
     if task.cancelled():
         done.set_exception(HandlerEscaped(asyncio.CancelledError()))
     elif (exc := task.exception()) is not None:

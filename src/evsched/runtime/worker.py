@@ -9,7 +9,6 @@ import signal
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 
@@ -22,9 +21,10 @@ from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.errors import EvschedError
 from evsched.metrics import WorkerInstruments
 from evsched.ports import Clock, DispatchFeed, EventLog, JobFeed, JobReader, Record
-from evsched.runtime.attempt import AttemptRunner, ThreadCount
+from evsched.runtime.attempt import AttemptRunner
+from evsched.runtime.attempt_log import AttemptLog
 from evsched.runtime.gate import DispatchGate
-from evsched.runtime.handler_loop import BLOCKED_AFTER_S, HandlerLoop
+from evsched.runtime.handler_loop import BLOCKED_AFTER_S, HandlerLoop, ThreadCount
 from evsched.runtime.log_clock import LogClock
 
 log = structlog.get_logger("evsched.worker")
@@ -206,9 +206,7 @@ class Worker:
         dispatch = await self._gate.admit(record)
         if dispatch is None:
             return
-        logger = log.bind(job_id=dispatch.job_id, token=dispatch.token)
-        if dispatch.trace is not None:
-            logger = logger.bind(traceparent=dispatch.trace.traceparent)
+        logger = AttemptLog(dispatch)
         if not await self._wait_until(dispatch, logger) or not self._gate.in_time(dispatch):
             return
         try:
@@ -219,7 +217,7 @@ class Worker:
         except Exception:
             logger.exception("attempt_crashed")
 
-    async def _wait_until(self, dispatch: Dispatch, logger: Any) -> bool:
+    async def _wait_until(self, dispatch: Dispatch, logger: AttemptLog) -> bool:
         """Never start before run_at (by the log's clock, as this worker measures it against its
         own from its appends); False to skip the dispatch."""
         run_at = dispatch.run_at
