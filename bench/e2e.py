@@ -181,6 +181,9 @@ class Cluster:
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
+            # Workers run in bench/: a relative PYTHONPATH=src would silently fall back to
+            # whatever evsched is installed.
+            "PYTHONPATH": absolute_paths(os.environ.get("PYTHONPATH", "")),
             "EVSCHED_KAFKA_BOOTSTRAP": self.bootstrap,
             "EVSCHED_NAMESPACE": self.namespace,
             "EVSCHED_EVENT_PARTITIONS": str(self.args.partitions),
@@ -355,6 +358,11 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def absolute_paths(search_path: str) -> str:
+    """A PATH-like list with every entry made absolute against the current directory."""
+    return os.pathsep.join(str(Path(p).absolute()) for p in search_path.split(os.pathsep) if p)
 
 
 def _cpu_s(pid: int) -> float:
