@@ -110,31 +110,3 @@ async def test_stopping_a_later_task_raises_what_it_raised() -> None:
     await asyncio.sleep(0.02)
     with pytest.raises(ValueError, match="boom"):
         await later.stop()
-
-
-async def test_calls_posted_in_one_round_of_another_loop_wake_the_target_once() -> None:
-    target = asyncio.new_event_loop()
-    thread = threading.Thread(target=target.run_forever)
-    thread.start()
-    try:
-        mailbox = Mailbox(target)
-        drains = 0
-        drain = mailbox._drain
-
-        def counted() -> None:
-            nonlocal drains
-            drains += 1
-            drain()
-
-        mailbox._drain = counted  # type: ignore[method-assign]
-        done = threading.Event()
-        for _ in range(100):  # one round of this loop: the wake-up goes once it is over
-            mailbox.post(lambda: None)
-        mailbox.post(done.set)
-        await asyncio.to_thread(done.wait, 5)
-        assert done.is_set()
-        assert drains == 1
-    finally:
-        target.call_soon_threadsafe(target.stop)
-        thread.join(5)
-        target.close()

@@ -30,21 +30,8 @@ class Mailbox:
         self._calls.append(call)
         with self._lock:
             if self._woken:
-                return  # the wake-up on its way takes it
+                return  # the scheduled drain takes it
             self._woken = True
-        try:
-            here = asyncio.get_running_loop()
-        except RuntimeError:
-            here = None
-        if here is None or here is self.loop:
-            self._wake()
-        else:
-            # Posted from another loop: wake the target once this loop's round of callbacks is
-            # done, so what the round posts goes in one wake-up. Waking it at once would let its
-            # thread take the GIL during the write and drain each call on its own.
-            here.call_soon(self._wake)
-
-    def _wake(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: nothing will run on it
             self.loop.call_soon_threadsafe(self._drain)
 
