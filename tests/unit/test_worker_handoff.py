@@ -110,3 +110,21 @@ async def test_stopping_a_later_task_raises_what_it_raised() -> None:
     await asyncio.sleep(0.02)
     with pytest.raises(ValueError, match="boom"):
         await later.stop()
+
+
+async def test_a_call_posted_from_a_loop_that_then_blocks_still_runs_on_its_target() -> None:
+    # A handler's end is posted from the handler loop; the next callback there may be another
+    # handler that blocks. The end must reach the worker's loop all the same.
+    target = asyncio.new_event_loop()
+    thread = threading.Thread(target=target.run_forever, daemon=True)
+    thread.start()
+    try:
+        mailbox = Mailbox(target)
+        ran = threading.Event()
+        mailbox.post(ran.set)
+        # This loop blocks (no await), as a blocking handler would, until the call ran there.
+        assert ran.wait(2)
+    finally:
+        target.call_soon_threadsafe(target.stop)
+        thread.join(5)
+        target.close()
