@@ -320,18 +320,8 @@ async def count_successes(cluster: Cluster) -> None:
     would hold a read_committed consumer back); only the header is looked at.
     """
     settings = cluster.settings
-    topic = Topics(settings.namespace).events
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap,
-        enable_auto_commit=False,
-        fetch_max_wait_ms=50,
-        max_partition_fetch_bytes=8 << 20,
-    )
-    await consumer.start()
+    consumer, _ = await _events_from_start(settings)
     try:
-        tps = [TopicPartition(topic, p) for p in range(settings.event_partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
         while True:
             batches = await consumer.getmany(timeout_ms=200, max_records=20_000)
             for raws in batches.values():
@@ -358,6 +348,29 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+async def _events_from_start(
+    settings: Settings, **options: Any
+) -> tuple[AIOKafkaConsumer, list[TopicPartition]]:
+    """A started consumer of every events partition, at the beginning of each."""
+    topic = Topics(settings.namespace).events
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=50,
+        max_partition_fetch_bytes=8 << 20,
+        **options,
+    )
+    await consumer.start()
+    tps = [TopicPartition(topic, p) for p in range(settings.event_partitions)]
+    try:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+    except BaseException:
+        await consumer.stop()
+        raise
+    return consumer, tps
 
 
 def absolute_paths(search_path: str) -> str:
@@ -508,19 +521,8 @@ class JobTimes:
 
 async def read_back(settings: Settings, wanted: set[str]) -> dict[str, JobTimes]:
     """Fold the whole events topic and return the times of the ``wanted`` jobs."""
-    topic = Topics(settings.namespace).events
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap,
-        isolation_level="read_committed",
-        enable_auto_commit=False,
-        fetch_max_wait_ms=50,
-        max_partition_fetch_bytes=8 << 20,
-    )
-    await consumer.start()
+    consumer, tps = await _events_from_start(settings, isolation_level="read_committed")
     try:
-        tps = [TopicPartition(topic, p) for p in range(settings.event_partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
         states: dict[str, JobState] = {}
         times: dict[str, JobTimes] = {}
