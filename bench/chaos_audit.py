@@ -264,13 +264,17 @@ class Auditor:
         self.leases_by_partition.setdefault(record.partition, []).append(record.log_at)
 
     def _started(self, job: _Job, event: AttemptStarted, at: int) -> None:
-        # Every AttemptStarted is a handler a worker ran, whatever the model makes of it.
+        # Counted whatever the model makes of it. A start logged at or past its lease's start
+        # deadline is not applied, as the fold does not (docs/job-lifecycle.md): its worker runs
+        # no handler for it (its `start_after_deadline` line), and the expiry that follows
+        # spends no attempt.
         deadline = job.deadlines.get(event.token)
-        if deadline is not None and at > deadline:
+        late = deadline is not None and at >= deadline
+        if late and deadline is not None:
             self.late_starts += 1
             self.late_start_max_ms = max(self.late_start_max_ms, at - deadline)
         self.starts_after_terminal += job.status in TERMINAL
-        if job.status == LEASED and event.token == job.token:
+        if job.status == LEASED and event.token == job.token and not late:
             job.status, job.lease_until = RUNNING, at + event.lease_ms
             job.starts.append(at)
             attempt = job.attempts[event.token]

@@ -217,14 +217,20 @@ class Soak(Cluster):
 
 # Log events the soak counts: a partition that failed a step or could not open, a decision
 # held back, a fenced producer; a dispatch a worker refused (not signed by a node, undecodable)
-# or skipped (past its start deadline, superseded, finished).
+# or skipped (past its start deadline, superseded, finished); a start of its own that the log
+# stamped past the deadline (no handler ran).
 NODE_EVENTS = (
     "partition_step_failed",
     "partition_open_failed",
     "partition_fenced",
     "decision_quarantined",
 )
-WORKER_EVENTS = ("dispatch_unauthenticated", "dispatch_undecodable", "dispatch_skipped")
+WORKER_EVENTS = (
+    "dispatch_unauthenticated",
+    "dispatch_undecodable",
+    "dispatch_skipped",
+    "start_after_deadline",
+)
 
 
 def _compared(node: int, partition: dict[str, Any]) -> dict[str, Any]:

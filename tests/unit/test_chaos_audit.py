@@ -204,11 +204,24 @@ def test_an_expiry_before_the_lease_ends_is_not_applied() -> None:
 
 
 def test_starts_past_the_deadline_and_after_the_end_are_counted() -> None:
+    # The late start is not applied (the fold refuses it too): the expiry after it spends no
+    # attempt, and attempt 1 is leased again under token 2.
     log = Log().enqueue("a", 0).lease("a", 1, 1, 10, lease_ms=1_000).start("a", 1, 2_000)
-    log.renew("a", 1, 2_100).succeed("a", 1, 2_200).start("a", 1, 2_300)
-    found = audit(log, {"a"}, [("a", 1, 0)]).findings()
-    assert found.late_starts == 2 and found.late_start_max_ms == 1_290
+    log.expire("a", 1, 2_100).lease("a", 2, 1, 2_200).start("a", 2, 2_300)
+    log.succeed("a", 2, 2_400).start("a", 2, 2_500)
+    found = audit(log, {"a"}, [("a", 2, 0)]).findings()
+    assert found.late_starts == 1 and found.late_start_max_ms == 990
     assert found.starts_after_terminal == 1
+    assert found.unstarted_expiries == 1 and found.refused_leases == 0
+    assert found.succeeded == 1 and found.lost == [] and found.stale_effects == []
+
+
+def test_a_start_logged_exactly_at_its_deadline_is_late() -> None:
+    log = Log().enqueue("a", 0).lease("a", 1, 1, 10, lease_ms=1_000).start("a", 1, 1_010)
+    log.renew("a", 1, 1_100).succeed("a", 1, 1_200)
+    found = audit(log, {"a"}, [("a", 1, 0)]).findings()
+    assert found.late_starts == 1 and found.late_start_max_ms == 0
+    assert found.lost == ["a"] and found.stale_effects != []
 
 
 def test_a_permanent_failure_is_dead_with_a_start() -> None:
