@@ -18,7 +18,6 @@ from aiokafka.errors import (
     UnknownProducerId,
 )
 
-from evsched.adapters.kafka_partitioner import key_partitioner
 from evsched.errors import PublishError
 from evsched.ports import Record
 from evsched.settings import Settings
@@ -65,7 +64,6 @@ def producer(
         "acks": "all",
         "linger_ms": 0,
         "request_timeout_ms": 30_000,
-        "partitioner": key_partitioner,  # aiokafka's murmur2, in fewer operations
         **settings.kafka_options,
         **extra,
     }

@@ -14,10 +14,10 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.partitioner import murmur2
 from aiokafka.structs import TopicPartition
 
 from evsched.adapters import kafka
-from evsched.adapters.kafka_partitioner import partition_of
 from evsched.errors import BrokerUnavailable, PartitionRevoked
 from evsched.ports import Record
 from evsched.settings import Settings
@@ -25,7 +25,8 @@ from evsched.settings import Settings
 
 def partition_for(key: str, partitions: int) -> int:
     """Kafka's default partitioner for keyed records (murmur2), as every client computes it."""
-    return partition_of(key.encode(), partitions)
+    hashed: int = murmur2(key.encode())
+    return (hashed & 0x7FFFFFFF) % partitions
 
 
 @contextlib.contextmanager
