@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from evsched.adapters import avro
+from evsched.adapters import index as index_module
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.index_keys import (
     JOB_TIMELINE,
@@ -274,3 +275,17 @@ def test_a_purge_deletes_only_its_jobs_timeline_entries_of_the_batch() -> None:
     purge = Purge(job_id="x", offset=9, log_at=100, stored=None, mark_until=10**6)
     PurgeWriter(_PurgeTarget(), wb, [purge], timeline).write()
     assert [key for handle, key in wb.deleted if handle == TIMELINE] == [timeline_key("x", 0)]
+
+
+def test_rocksdbs_own_files_are_bounded(tmp_path: Path) -> None:
+    """The info LOG rolls and keeps few files, and the MANIFEST is rewritten past its bound, so
+    the index's disk stays flat in steady state (RocksDB's defaults grow both for ever)."""
+    index = PartitionIndex(tmp_path / "p0", 0)
+    index.close()
+    written = "\n".join(
+        p.read_text() for p in (tmp_path / "p0").iterdir() if p.name.startswith("OPTIONS-")
+    )
+    settings = dict(line.strip().split("=", 1) for line in written.splitlines() if "=" in line)
+    assert settings["max_log_file_size"] == str(index_module.INFO_LOG_BYTES)
+    assert settings["keep_log_file_num"] == str(index_module.INFO_LOGS_KEPT)
+    assert settings["max_manifest_file_size"] == str(index_module.MANIFEST_BYTES)
