@@ -10,7 +10,9 @@ too). Every ``--sample-s`` it samples:
 - ``live_jobs``: jobs in the API's index (``evsched_jobs``, summed over statuses);
 - ``node_disk_mb`` / ``api_disk_mb``: the nodes' and the API's data dirs on disk (RocksDB);
 - ``node_rss_mb`` / ``api_rss_mb`` / ``worker_rss_mb``: resident memory (nodes and workers
-  summed).
+  summed);
+- ``node_sst_mb`` / ``api_sst_mb``: of those data dirs, the table files alone (the index's data,
+  without write-ahead logs and RocksDB's info log and MANIFEST), shown but not judged.
 
 Per ``--chunk`` jobs (a million by default) it keeps each enqueue's acknowledgement time
 (``enqueue``) and, for the delayed jobs, the log time of the applied AttemptStarted minus
@@ -138,6 +140,8 @@ class SoakCluster(Cluster):
             "node_rss_mb": sum(p.rss_mb() for p in self.nodes),
             "api_rss_mb": self.api.rss_mb(),
             "worker_rss_mb": sum(p.rss_mb() for p in self.workers),
+            "node_sst_mb": sum(dir_mb(d, ".sst") for d in nodes),
+            "api_sst_mb": dir_mb(self.run_dir / "api", ".sst"),
         }
 
     def stop(self) -> None:

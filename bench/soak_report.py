@@ -23,18 +23,24 @@ SAMPLED = (
     "node_rss_mb",
     "api_rss_mb",
     "worker_rss_mb",
+    "node_sst_mb",
+    "api_sst_mb",
 )
-# The resources that must stay flat (live jobs follow from them and are shown, not judged).
-JUDGED = SAMPLED[1:]
+# The resources that must stay flat. Live jobs follow from them, and the table files (the
+# index's data, without its write-ahead logs and RocksDB's own files) say where disk goes: both
+# are shown, not judged.
+JUDGED = SAMPLED[1:6]
+SHOWN = ("live_jobs", "node_sst_mb", "api_sst_mb")
 FLAT_PCT = 10.0
 
 
-def dir_mb(path: Path) -> float:
+def dir_mb(path: Path, suffix: str = "") -> float:
     """Bytes on disk under ``path`` (allocated blocks, so sparse or preallocated files count
-    what they take), in MB; 0 when it does not exist."""
+    what they take) of the files whose names end in ``suffix``, in MB; 0 when it does not
+    exist."""
     total = 0
     for root, _, files in os.walk(path):
-        for name in files:
+        for name in (n for n in files if n.endswith(suffix)):
             try:
                 total += os.lstat(os.path.join(root, name)).st_blocks * 512
             except OSError:  # a RocksDB file compacted away meanwhile
@@ -124,8 +130,8 @@ def report(samples: Sequence[Sample], chunks: Chunks, warmup_s: float) -> dict[s
     """Print the verdicts and the per-chunk table; the figures for the last line."""
     figures: dict[str, object] = {}
     verdicts = [f for name in JUDGED if (f := flatness(samples, warmup_s, name)) is not None]
-    live = flatness(samples, warmup_s, "live_jobs")
-    for f in [*verdicts, *([live] if live else [])]:
+    shown = [f for name in SHOWN if (f := flatness(samples, warmup_s, name)) is not None]
+    for f in [*verdicts, *shown]:
         verdict = "flat" if f.flat else "NOT FLAT"
         print(
             f"{f.name}: {f.first:.1f} -> {f.last:.1f} ({f.change_pct:+.1f} %), "

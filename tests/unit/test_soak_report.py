@@ -70,3 +70,10 @@ def test_dir_mb_counts_allocated_bytes(tmp_path: Path) -> None:
     (tmp_path / "a" / "f").write_bytes(b"x" * (1 << 20))
     assert 0.9 < soak.dir_mb(tmp_path) < 1.2
     assert soak.dir_mb(tmp_path / "missing") == 0.0
+
+
+def test_dir_mb_counts_only_the_files_of_a_suffix(tmp_path: Path) -> None:
+    (tmp_path / "000007.sst").write_bytes(b"x" * (1 << 20))
+    (tmp_path / "LOG").write_bytes(b"x" * (2 << 20))
+    assert 0.9 < soak.dir_mb(tmp_path, ".sst") < 1.2
+    assert 2.9 < soak.dir_mb(tmp_path) < 3.2
