@@ -24,7 +24,7 @@ after ``--warmup-s`` (default 2.5 retentions: a purge's mark stays one more rete
 index holds up to two retentions of finished jobs in steady state), judged flat within
 ±10 %; the per-chunk percentiles side by side; and a last line of ``key=value`` pairs.
 
-Full run (the lead's, on a quiet machine; 3M jobs in about 30 minutes):
+Full run (the lead's, on a quiet machine; 3M jobs at 400 per second, about 2 h 5 min):
 ``PYTHONPATH=$PWD/src .venv/bin/python bench/soak.py``. Short run:
 ``... bench/soak.py --jobs 60000 --rate 300 --retention-s 20 --chunk 20000 --sample-s 5``.
 """
@@ -61,10 +61,10 @@ from evsched.errors import DecodeError
 from evsched.settings import Settings
 from soak_report import Chunks, Sample, dir_mb, report
 
-# 3M jobs in about 30 minutes: half of what one node and one worker sustained flooding on the
-# quiet 2-core machine (bench/e2e.py, ~3,200 jobs/s), leaving room for the API's replica and the
-# purges' extra event per job.
-DEFAULT_RATE = 1_667.0
+# What the whole stack (broker, node, worker, the API's replica and this load generator) sustains
+# on the quiet 2-core machine with the purges' extra event per job: it kept up with 400 jobs/s
+# for 3M jobs, and built a backlog at 450 (docs/benchmarks.md, "Soak"). 3M jobs take 2 h 5 min.
+DEFAULT_RATE = 400.0
 
 
 @dataclass
