@@ -8,6 +8,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from evsched.adapters.topic_spread import spread
 from evsched.adapters.topics import (
     DISPATCH_RETENTION_MS,
     EVENTS_RETENTION_FLOOR_MS,
@@ -180,6 +181,20 @@ async def test_ensure_topics_twice_is_a_no_op(
     assert first == second
     ours = sorted(t for t in await admin.list_topics() if t.startswith(f"{fresh_namespace}."))
     assert ours == sorted(first)
+
+
+@pytest.mark.broker
+async def test_spread_waits_for_every_broker_and_names_those_that_never_list_a_topic(
+    kafka_bootstrap: str, fresh_namespace: str, admin: AIOKafkaAdminClient
+) -> None:
+    [created, *_] = await ensure_topics(
+        kafka_bootstrap, fresh_namespace, event_partitions=1, queues=[]
+    )
+    brokers = sorted(b["node_id"] for b in (await admin.describe_cluster())["brokers"])
+    assert await spread(kafka_bootstrap, [created]) == []
+    never = f"{fresh_namespace}.dispatch.never"
+    assert await spread(kafka_bootstrap, [created, never], wait_s=1.0) == brokers
+    assert never not in await admin.list_topics()  # asking about it did not create it
 
 
 @pytest.mark.broker

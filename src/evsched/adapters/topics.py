@@ -13,6 +13,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from evsched.adapters.broker_count import count_brokers
 from evsched.adapters.kafka_access import raise_if_refused
+from evsched.adapters.topic_spread import spread
 from evsched.core.limits import namespace_refusal, queue_refusal
 from evsched.errors import EvschedError
 from evsched.settings import Settings
@@ -330,7 +331,9 @@ async def provision(
             enough = max([3, *(spec.replication_factor or 0 for spec in specs)])
             brokers = await count_brokers(admin, enough=enough)
             specs = [_replicated(spec, brokers) for spec in specs]
-            await _create_missing(admin, specs, timeout_ms, create=create, brokers=brokers)
+            created = await _create_missing(
+                admin, specs, timeout_ms, create=create, brokers=brokers
+            )
             observed = await _observe_when_visible(admin, [spec.name for spec in specs])
     except KafkaError as exc:
         await raise_if_refused(bootstrap, exc, **client_options)
@@ -341,6 +344,9 @@ async def provision(
         ) from exc
     finally:
         await admin.close()
+    if created:
+        # Whoever enqueues on a new queue next may ask any broker whether it is declared.
+        await spread(bootstrap, created, **client_options)
     found = [m for spec in specs for m in find_mismatches(spec, observed[spec.name])]
     if found:
         raise TopicMisconfigured(found)
@@ -365,11 +371,12 @@ async def _create_missing(
     *,
     create: bool,
     brokers: int,
-) -> None:
+) -> list[str]:
+    """Create the missing topics of ``specs``; their names."""
     existing = set(await admin.list_topics())
     missing = [spec for spec in specs if spec.name not in existing]
     if not missing:
-        return
+        return []
     if not create:
         raise TopicMissing(f"topics {[spec.name for spec in missing]} do not exist")
     new_topics = [_new_topic(spec, brokers) for spec in missing]
@@ -380,6 +387,7 @@ async def _create_missing(
         if result["error_code"] != 0 and error is not TopicAlreadyExistsError:
             detail = result.get("error_message") or error.__name__
             raise TopicRefused(f"creating topic {result['topic']!r} failed: {detail}")
+    return [spec.name for spec in missing]
 
 
 async def _observe_when_visible(
