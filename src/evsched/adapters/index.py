@@ -27,9 +27,11 @@ from evsched.adapters.index_keys import (
     ORPHANS,
     PURGES,
     QUEUE_TIMELINE,
+    REFUSED,
     SCHEDULE_TIMELINE,
     TIMELINE,
     U64,
+    UNDECODABLE,
     keys_key,
     prefix_end,
     time_key,
@@ -37,6 +39,7 @@ from evsched.adapters.index_keys import (
     timeline_key,
 )
 from evsched.adapters.index_orphans import Orphan
+from evsched.adapters.index_poison import PoisonBound
 from evsched.adapters.index_priority import (
     BUILT,
     DUE_PRIORITY,
@@ -55,8 +58,7 @@ from evsched.core.permits import LimitState
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status, TimelineEntry
 from evsched.errors import StoreError
 
-SCHEDULES, CRON_DUE, UNDECODABLE, META = "schedules", "cron_due", "undecodable", "meta"
-REFUSED, CONTROLS = "refused", "controls"
+SCHEDULES, CRON_DUE, META, CONTROLS = "schedules", "cron_due", "meta", "controls"
 COLUMN_FAMILIES = (
     JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS,
     PURGES, MARKS, META, DUE_PRIORITY, TALLIES, ORPHANS, FOLLOWERS,
@@ -164,6 +166,7 @@ class PartitionIndex:
         # instead; writes lower it, scans raise it to the first live key they meet.
         self._low = dict.fromkeys(TIME_FAMILIES, 0)
         self._fill_priorities()
+        self._poison = PoisonBound(self)
         self._levels = PriorityLevels(lambda start, end: self._scan(DUE_PRIORITY, start, end))
 
     # --- reads -----------------------------------------------------------------------------
@@ -344,10 +347,20 @@ class PartitionIndex:
 
         Timeline entries go first, so a purge later in the batch deletes those of its job; then
         the purges and the orphans (``index_orphans``), in log order; then the states (a job
-        enqueued again after its purge is new).
+        enqueued again after its purge is new). The undecodable and refused records keep only
+        the newest of their kind (``index_poison``).
         """
         wb = Recorder(self._mirrored if record else {})
-        self._put_timeline(wb, batch)
+        refused = self._put_timeline(wb, batch)
+        undecodable = [
+            (entry.offset, _join_entry(avro.encode_timeline(entry), raw))
+            for entry, raw in batch.undecodable
+        ]
+        on_applied = [
+            self._poison.write(wb, family, records)
+            for family, records in ((UNDECODABLE, undecodable), (REFUSED, refused))
+            if records
+        ]
         if batch.purges or batch.orphans:
             PurgeWriter(self, wb, batch.purges, batch.timeline, batch.orphans).write()
         for job_id, state in batch.jobs.items():
@@ -355,7 +368,7 @@ class PartitionIndex:
         for schedule_id, schedule in batch.schedules.items():
             self._put_schedule(wb, batch.before_schedules.get(schedule_id), schedule)
         add_tallies(self._cf[TALLIES].get, wb, self._h(TALLIES), batch.tallies)
-        return PreparedWrite(wb, applied_offset, fold_version)
+        return PreparedWrite(wb, applied_offset, fold_version, on_applied)
 
     def apply(self, prepared: PreparedWrite) -> None:
         """Write a prepared batch and its applied offset and fold version in one WriteBatch."""
@@ -366,22 +379,25 @@ class PartitionIndex:
             self._db.write(wb)
         except Exception as exc:
             raise StoreError(f"index write failed at {self.path}: {exc}") from exc
+        for applied in prepared.on_applied:
+            applied()
 
-    def _put_timeline(self, wb: Recorder, batch: IndexBatch) -> None:
+    def _put_timeline(self, wb: Recorder, batch: IndexBatch) -> list[tuple[int, bytes]]:
+        """Put the batch's timeline entries and controls; the refused ones, by offset, are
+        returned for the bound on that family to write."""
+        refused: list[tuple[int, bytes]] = []
         for entity_id, entry, raw in batch.timeline:
             value = _join_entry(avro.encode_timeline(entry), raw)
             if keyable(entity_id):
                 key = timeline_key(entity_id, entry.offset, family=timeline_family(entry.kind))
                 wb.put(key, value, self._h(TIMELINE))
             else:
-                wb.put(U64.pack(entry.offset), value, self._h(REFUSED))
+                refused.append((entry.offset, value))
         for key, control in batch.controls.items():
             wb.put(key, avro.encode_state(control), self._h(CONTROLS))
         for key, limit in batch.limits.items():
             wb.put(key, avro.encode_state(limit), self._h(CONTROLS))
-        for entry, raw in batch.undecodable:
-            value = _join_entry(avro.encode_timeline(entry), raw)
-            wb.put(U64.pack(entry.offset), value, self._h(UNDECODABLE))
+        return refused
 
     def delete_secondary(self, wb: Recorder, state: JobState) -> None:
         """Delete the due, lease and purge entries that ``state`` has in the index."""
@@ -458,6 +474,7 @@ class PartitionIndex:
             else:
                 wb.put(key, value, self._h(name))
         self._db.write(wb)
+        self._poison.forget()
 
     def finish_load(self, applied_offset: int, fold_version: int) -> None:
         """Derive the time families from the loaded states, and set the applied offset."""

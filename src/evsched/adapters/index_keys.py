@@ -22,6 +22,9 @@ PURGES, MARKS = "purges", "purge_marks"
 # Rejected events of jobs the index does not hold (adapters.index_orphans): their own marks, by
 # the time they expire, and the ones that follow a kept purge mark, by job id.
 ORPHANS, FOLLOWERS = "orphans", "purge_followers"
+# Records that did not decode, and events refused for an id that cannot key a timeline, by
+# offset; each keeps only its newest records (adapters.index_poison).
+UNDECODABLE, REFUSED = "undecodable", "refused"
 U64 = struct.Struct(">Q")
 
 # A job, a schedule and a queue may share an id: their timelines live under different first bytes.

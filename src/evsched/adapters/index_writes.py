@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from rocksdict import WriteBatch
@@ -41,6 +42,9 @@ class PreparedWrite:
     recorder: Recorder
     applied_offset: int
     fold_version: int
+    # What the index keeps in memory about its keys, to update once the batch is written (a
+    # batch prepared and then dropped, its transaction aborted, must leave no trace).
+    on_applied: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def changes(self) -> list[Change]:

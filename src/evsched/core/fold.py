@@ -43,9 +43,10 @@ from evsched.core.state import (
 
 # Bump when a change to the fold could change any state or verdict, or the index holds something
 # an older one lacks (5: workflow rewaits; the partition's tallies, core.tallies; 6: rejected
-# events of jobs the index does not hold expire, core.retention.orphan_until): indexes then
-# rebuild.
-FOLD_VERSION = 6
+# events of jobs the index does not hold expire, core.retention.orphan_until; 7: the index keeps
+# only the newest undecodable and refused records of each partition, adapters.index_poison,
+# where an index of version 6 keeps them all): indexes then rebuild.
+FOLD_VERSION = 7
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
 # transition rules (they are rejected or stale), so a short window keeps state small.
