@@ -15,9 +15,11 @@ from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.index_keys import REFUSED, U64, UNDECODABLE
 from evsched.adapters.index_poison import POISON_KEPT
+from evsched.api import undecodable
 from evsched.core import tallies
 from evsched.core.events import JobEnqueued
 from evsched.core.fold import FOLD_VERSION
+from evsched.operator import cmd_undecodable
 from evsched.ports import Record
 from evsched.runtime.projector import Projector
 
@@ -214,3 +216,31 @@ def test_a_cursor_after_a_trimmed_offset_goes_on_from_the_oldest_kept(
     kept = newest(records, UNDECODABLE)
     assert [e.offset for e, _ in index.undecodable_records(3)] == kept  # 3 was trimmed
     assert [e.offset for e, _ in index.undecodable_records(kept[5])] == kept[6:]
+
+
+def test_the_readers_help_states_the_bound() -> None:
+    """The CLI's help and the API's description say how many are kept and where the rest are."""
+    for reader in (cmd_undecodable.undecodable, undecodable.list_undecodable):
+        text = " ".join((reader.__doc__ or "").split())
+        assert f"newest {POISON_KEPT:,} of each partition" in text
+        assert "export --partition P --from OFFSET" in text and "archive" in text
+
+
+def test_a_kept_record_costs_its_bytes_and_about_a_hundred_more(
+    tmp_path: Path, indexes: list[PartitionIndex]
+) -> None:
+    """What docs/operations.md states per kept record (key and value, less the raw bytes)."""
+    huge = avro.encode_event(
+        JobEnqueued(
+            event_id="forged-1", job_id="j" * 70_000, emitted_at=0, source="forger", task="t",
+            queue="default", args=b"{}",
+        )
+    )  # fmt: skip
+    values = [GARBAGE, b"", b"y" * 1_000, huge, refused_event(0)]
+    index = folded(tmp_path / "p", log_of(values), [], indexes)
+    overheads = [
+        len(key) + len(value) - len(values[int(U64.unpack(key)[0])])
+        for family in (UNDECODABLE, REFUSED)
+        for key, value in index.scan(family)
+    ]
+    assert len(overheads) == len(values) and 64 <= min(overheads) <= max(overheads) <= 112

@@ -285,17 +285,22 @@ class PartitionIndex:
         ]
 
     def undecodable(self) -> list[TimelineEntry]:
+        """The newest ``POISON_KEPT`` undecodable records (``index_poison``), by offset."""
         return [avro.decode_timeline(_split_entry(v)[0]) for _, v in self._scan(UNDECODABLE)]
 
     def undecodable_records(self, after: int = -1) -> Iterator[tuple[TimelineEntry, bytes]]:
-        """Undecodable records after offset ``after``, lazily in offset order, with their bytes."""
+        """Undecodable records after offset ``after``, lazily in offset order, with their bytes.
+
+        Only the newest ``POISON_KEPT`` are kept: past an ``after`` that was trimmed since, the
+        next one is the oldest kept (older ones are on the log from their offset)."""
         start = U64.pack(after + 1) if after >= 0 else b""
         for _, value in self._scan(UNDECODABLE, start):
             entry, raw = _split_entry(value)
             yield avro.decode_timeline(entry), raw
 
     def refused(self) -> list[tuple[TimelineEntry, bytes]]:
-        """Events refused for an id that cannot key a timeline (too long, empty), by offset."""
+        """Events refused for an id that cannot key a timeline (too long, empty), by offset:
+        the newest ``POISON_KEPT`` of them (``index_poison``)."""
         return [
             (avro.decode_timeline(entry), raw)
             for entry, raw in (_split_entry(v) for _, v in self._scan(REFUSED))

@@ -1,4 +1,5 @@
-"""``/v1/undecodable``: the records of the events topic that did not decode, with why."""
+"""``/v1/undecodable``: the records of the events topic that did not decode, with why (the
+newest ``index_poison.POISON_KEPT`` of each partition)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,13 @@ async def list_undecodable(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     cursor: Annotated[str | None, Query(max_length=2_000)] = None,
 ) -> UndecodablePage:
-    """Undecodable records in (partition, offset) order, optionally of one partition."""
+    """Undecodable records in (partition, offset) order, optionally of one partition.
+
+    The index keeps the newest 1,000 of each partition (fold version 7); older ones are on the
+    events log (`evsched export --partition P --from OFFSET`) or in an archive (`evsched
+    archive`). A cursor past a record trimmed since goes on with the oldest one kept. The
+    dashboard's lifetime total counts every one.
+    """
     partitions = [p for p in reader.partitions(ctx.replica) if partition in (None, p)]
 
     def rows(p: int, after: str | None) -> Iterator[tuple[str, UndecodableRecord]]:

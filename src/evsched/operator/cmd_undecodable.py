@@ -57,7 +57,11 @@ def undecodable(
     timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
     as_json: Json = False,
 ) -> None:
-    """List records of the events topic that did not decode (skipped by the fold), with why."""
+    """List records of the events topic that did not decode (skipped by the fold), with why.
+
+    The index keeps the newest 1,000 of each partition; older ones are on the events log
+    (evsched export --partition P --from OFFSET) or in an archive (evsched archive).
+    """
     options = ReplicaOptions(data_dir=data_dir, offline=offline, timeout_s=timeout_s, quiet=as_json)
 
     async def main() -> None:
