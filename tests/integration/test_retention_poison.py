@@ -37,16 +37,17 @@ _FORGED = JobEnqueued(
 )  # fmt: skip
 
 
-def flood(count: int) -> list[tuple[str, bytes]]:
-    """``count`` garbage records and ``count`` refused events (family, value), interleaved.
+def flood(count: int, *, first: int = 0, huge: bool = True) -> list[tuple[str, bytes]]:
+    """``count`` garbage records and ``count`` refused events (family, value), interleaved,
+    numbered from ``first``.
 
-    The refused ones have an empty job id, but the first two and the last have a 70 kB one (as
-    ``hardening`` forges it): the first two are trimmed, the last is kept.
+    The refused ones have an empty job id; with ``huge``, the first two and the last have a
+    70 kB one (as ``hardening`` forges it): the first two are trimmed, the last is kept.
     """
     out: list[tuple[str, bytes]] = []
-    for n in range(count):
-        huge = n < 2 or n == count - 1
-        event = replace(_FORGED, event_id=f"forged-{n}", job_id="j" * 70_000 if huge else "")
+    for n in range(first, first + count):
+        big = huge and (n - first < 2 or n == first + count - 1)
+        event = replace(_FORGED, event_id=f"forged-{n}", job_id="j" * 70_000 if big else "")
         out += [(UNDECODABLE, b"\x00garbage-%d" % n), (REFUSED, avro.encode_event(event))]
     return out
 
