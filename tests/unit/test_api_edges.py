@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from evsched.adapters.index_poison import POISON_KEPT
 from evsched.adapters.payload import MAX_JSON_DEPTH, NotJson, decode_args, deeper_than
 from evsched.client import App
 from evsched.core import ids
@@ -143,6 +144,26 @@ async def test_undecodable_records_are_listed_with_offset_size_and_reason(api: H
     assert rest.json()["next_cursor"] is None
     other = await api.http.get("/v1/undecodable", params={"partition": 7})
     assert other.json()["records"] == []
+
+
+async def test_a_cursor_past_a_record_trimmed_since_goes_on_with_the_oldest_kept(
+    api: Harness,
+) -> None:
+    """The index keeps the newest POISON_KEPT (fold version 7): a page's cursor may name an
+    offset that is gone by the next request; the next page starts at the oldest one kept."""
+    for _ in range(3):
+        await api.log.append(api.replica.topic, "k", b"\x00garbage")
+    await api.http.post("/v1/jobs", json={"task": "t"})  # offset 3; waits for the replica
+    first = await api.http.get("/v1/undecodable", params={"limit": 2})
+    assert [r["offset"] for r in first.json()["records"]] == [0, 1]
+    for _ in range(POISON_KEPT):
+        await api.log.append(api.replica.topic, "k", b"\x00garbage")
+    await api.http.post("/v1/jobs", json={"task": "t"})
+    rest = await api.http.get(
+        "/v1/undecodable", params={"cursor": first.json()["next_cursor"], "limit": 3}
+    )
+    assert rest.status_code == 200, rest.text
+    assert [r["offset"] for r in rest.json()["records"]] == [4, 5, 6]  # 0 to 2 were trimmed
 
 
 # --- E.16: header and cursor encodings, a frozen broker -----------------------------------------

@@ -356,16 +356,7 @@ class PartitionIndex:
         the newest of their kind (``index_poison``).
         """
         wb = Recorder(self._mirrored if record else {})
-        refused = self._put_timeline(wb, batch)
-        undecodable = [
-            (entry.offset, _join_entry(avro.encode_timeline(entry), raw))
-            for entry, raw in batch.undecodable
-        ]
-        on_applied = [
-            self._poison.write(wb, family, records)
-            for family, records in ((UNDECODABLE, undecodable), (REFUSED, refused))
-            if records
-        ]
+        on_applied = self._poison.write(wb, self._put_timeline(wb, batch))
         if batch.purges or batch.orphans:
             PurgeWriter(self, wb, batch.purges, batch.timeline, batch.orphans).write()
         for job_id, state in batch.jobs.items():
@@ -387,22 +378,25 @@ class PartitionIndex:
         for applied in prepared.on_applied:
             applied()
 
-    def _put_timeline(self, wb: Recorder, batch: IndexBatch) -> list[tuple[int, bytes]]:
-        """Put the batch's timeline entries and controls; the refused ones, by offset, are
-        returned for the bound on that family to write."""
-        refused: list[tuple[int, bytes]] = []
+    def _put_timeline(self, wb: Recorder, batch: IndexBatch) -> dict[str, list[tuple[int, bytes]]]:
+        """Put the batch's timeline entries and controls; the undecodable and refused records
+        are returned by family, as (offset, value), for ``index_poison`` to write."""
+        poison: dict[str, list[tuple[int, bytes]]] = {UNDECODABLE: [], REFUSED: []}
         for entity_id, entry, raw in batch.timeline:
             value = _join_entry(avro.encode_timeline(entry), raw)
             if keyable(entity_id):
                 key = timeline_key(entity_id, entry.offset, family=timeline_family(entry.kind))
                 wb.put(key, value, self._h(TIMELINE))
             else:
-                refused.append((entry.offset, value))
+                poison[REFUSED].append((entry.offset, value))
         for key, control in batch.controls.items():
             wb.put(key, avro.encode_state(control), self._h(CONTROLS))
         for key, limit in batch.limits.items():
             wb.put(key, avro.encode_state(limit), self._h(CONTROLS))
-        return refused
+        for entry, raw in batch.undecodable:
+            value = _join_entry(avro.encode_timeline(entry), raw)
+            poison[UNDECODABLE].append((entry.offset, value))
+        return poison
 
     def delete_secondary(self, wb: Recorder, state: JobState) -> None:
         """Delete the due, lease and purge entries that ``state`` has in the index."""

@@ -14,7 +14,7 @@ offset) or in an archive.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,14 +64,19 @@ class PoisonBound:
         self._known = None
 
     def write(
+        self, wb: Any, records: Mapping[str, Sequence[tuple[int, bytes]]]
+    ) -> list[Callable[[], None]]:
+        """Put each family's ``records`` (offset, value; above every stored offset, in log
+        order) into ``wb`` and delete the oldest stored ones past the bound; the returned calls
+        make the bound's counts what the index holds once ``wb`` is applied."""
+        return [self._write(wb, family, found) for family, found in records.items() if found]
+
+    def _write(
         self, wb: Any, family: str, records: Sequence[tuple[int, bytes]]
     ) -> Callable[[], None]:
-        """Put ``records`` (offset, value; above every stored offset, in log order) into
-        ``wb`` and delete the oldest stored ones past the bound; the returned call makes the
-        bound's count what the index holds once ``wb`` is applied."""
         known = self._count()[family]
         fresh = dict(records)  # one record per offset; a repeat within the batch overwrites
-        new = sorted(fresh)[-self._kept :] if fresh else []
+        new = sorted(fresh)[-self._kept :]
         excess = known.count + len(new) - self._kept
         low = known.low
         if excess > 0:
