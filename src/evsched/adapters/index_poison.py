@@ -26,6 +26,7 @@ from evsched.adapters.index_keys import REFUSED, U64, UNDECODABLE
 # max.message.bytes (1 MiB by default), per family, partition and copy of the index.
 POISON_KEPT = 1_000
 POISON_FAMILIES = (UNDECODABLE, REFUSED)
+_END = b"\xff" * 9  # above every key of these families (8-byte offsets)
 
 
 class PoisonTarget(Protocol):
@@ -33,9 +34,7 @@ class PoisonTarget(Protocol):
 
     def h(self, name: str) -> Any: ...
 
-    def scan(
-        self, name: str, start: bytes = b"", end: bytes | None = None
-    ) -> Iterator[tuple[bytes, bytes]]: ...
+    def ranges(self, name: str) -> Callable[[bytes, bytes], Iterator[bytes]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +50,8 @@ class PoisonBound:
 
     What each family holds is counted once (when first written after an open or a load: at
     most ``kept`` keys), then followed in memory. Deletes always take the oldest keys, so the
-    tombstones all lie below ``Kept.low`` and a trim never steps over them.
+    tombstones all lie below ``Kept.low`` and a trim never steps over them. Only keys are read:
+    a value may be as large as a record of the events topic.
     """
 
     def __init__(self, index: PoisonTarget, kept: int = POISON_KEPT) -> None:
@@ -81,8 +81,8 @@ class PoisonBound:
         low = known.low
         if excess > 0:
             handle = self._index.h(family)
-            stored = self._index.scan(family, U64.pack(low))
-            for key, _ in itertools.islice(stored, excess):
+            stored = self._index.ranges(family)(U64.pack(low), _END)
+            for key in itertools.islice(stored, excess):
                 wb.delete(key, handle)
                 low = int(U64.unpack(key)[0]) + 1
         for offset in new:
@@ -101,7 +101,7 @@ class PoisonBound:
 
     def _counted(self, family: str) -> Kept:
         count, low = 0, None
-        for key, _ in self._index.scan(family):
+        for key in self._index.ranges(family)(b"", _END):
             count += 1
             low = int(U64.unpack(key)[0]) if low is None else low
         return Kept(count, 0 if low is None else low)
