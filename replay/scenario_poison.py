@@ -10,7 +10,7 @@ that offset; verdicts, states and the undecodable list of the outcome keep them 
 from __future__ import annotations
 
 from replay.scenarios import until_node_past_the_end, until_status
-from tests.integration.engine import Stack, wait_for
+from tests.integration.engine import Stack
 from tests.integration.test_retention_poison import flood, produce_to
 
 from evsched.adapters.index_poison import POISON_KEPT
@@ -43,10 +43,5 @@ async def poison(stack: Stack) -> None:
 async def _flood(stack: Stack, records: list[tuple[str, bytes]]) -> int:
     """Write ``records`` to the partition; wait until the replica folded them: the last offset."""
     offsets = await produce_to(stack, PARTITION, [value for _, value in records])
-    replica = await stack.replica()
-
-    async def folded() -> bool:
-        return replica.index(PARTITION).applied_offset() >= offsets[-1]
-
-    await wait_for(folded, what=f"the replica past offset {offsets[-1]}", timeout_s=WAIT_S)
+    await (await stack.replica()).wait_for(PARTITION, offsets[-1], timeout_s=WAIT_S)
     return offsets[-1]
