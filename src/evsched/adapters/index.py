@@ -123,7 +123,8 @@ class IndexBatch:
     purges: list[Purge] = field(default_factory=list)
     # What the batch adds to the partition's lifetime tallies (core.tallies), by name.
     tallies: dict[str, int] = field(default_factory=dict)
-    # Rejected events of jobs the index does not hold, in log order (index_orphans).
+    # Entries that expire on marks, in log order (index_orphans): rejected events of jobs and
+    # schedules the index does not hold, and limits' permit steps.
     orphans: list[Orphan] = field(default_factory=list)
 
     def __bool__(self) -> bool:

@@ -1,4 +1,4 @@
-"""Rejected events of jobs the index does not hold: their timeline entries expire from the log.
+"""Timeline entries that no purge of their own removes: they expire from the log on marks.
 
 An event the fold rejects for a job the index does not hold (a late completion after the job's
 purge, a forged event for an id never enqueued, a forged ``JobPurged``) is an *orphan*. Its
@@ -8,10 +8,17 @@ goes when the mark expires. Any other orphan gets a mark of its own in ``orphans
 ``retention.orphan_until`` and goes at the first applied purge at or after that log time, as
 purge marks do. ``index_purge.PurgeWriter`` decides both in log order with the batch's purges,
 so the index after any offset is the same however the records were batched.
+
+Two more kinds of entries get own marks the same way (fold version 7), as their entities are
+never purged: a rejected event of a schedule the index does not hold (schedule timeline), and
+every ``QueuePermit`` step of a limit, whatever its verdict (queue timeline, keyed by the limit's
+name). So an ``orphans`` value names the entry's timeline: its family byte (``j``, ``s``, ``q``:
+``index_keys.timeline_family``), then the entity id; the key gives the offset.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,6 +26,7 @@ from typing import Any, Protocol
 from evsched.adapters import avro
 from evsched.adapters.index_keys import (
     FOLLOWERS,
+    JOB_TIMELINE,
     ORPHANS,
     TIMELINE,
     U64,
@@ -31,11 +39,17 @@ from evsched.core.state import Verdict
 
 @dataclass(frozen=True, slots=True)
 class Orphan:
-    """A rejected event at ``offset`` (log time ``log_at``) of a job the index does not hold."""
+    """A timeline entry at ``offset`` (log time ``log_at``) that expires on a mark: a rejected
+    event of a job or schedule the index does not hold, or a limit's permit step.
 
-    job_id: str
+    ``family`` is the first byte of its timeline key; only a job's orphan (``JOB_TIMELINE``) may
+    follow a purge mark.
+    """
+
+    entity_id: str
     offset: int
     log_at: int
+    family: bytes = JOB_TIMELINE
 
 
 class OrphanTarget(Protocol):
@@ -57,8 +71,16 @@ class OrphanTarget(Protocol):
 
 
 def orphan_key(until: int, offset: int) -> bytes:
-    """An ``orphans`` key: the mark's expiry (8 B BE), then the orphan's offset (8 B BE)."""
+    """An ``orphans`` key: the mark's expiry (8 B BE), then the orphan's offset (8 B BE).
+
+    Its value is the timeline's family byte, then the entity id (``orphan_value``).
+    """
     return U64.pack(max(0, until)) + U64.pack(offset)
+
+
+def orphan_value(orphan: Orphan) -> bytes:
+    """An ``orphans`` value: the family byte of the entry's timeline, then the entity id."""
+    return orphan.family + orphan.entity_id.encode()
 
 
 def kept_purge(index: OrphanTarget, job_id: str) -> int | None:
@@ -85,7 +107,11 @@ class OrphanMarks:
         self._wb = wb
         # Own marks in the index below this time are deleted already (before or in this batch).
         self._scanned = index.low(ORPHANS)
-        self._created: dict[bytes, str] = {}  # own marks made in this batch -> job id
+        # Own marks made in this batch and not expired in it: keys (expiry first, so the heap
+        # gives the earliest) and their values. Permit steps make one each, so a rebuild's batch
+        # holds thousands: a purge must not pass over all of them.
+        self._due: list[bytes] = []
+        self._created: dict[bytes, bytes] = {}
         self._followers: dict[str, list[bytes]] = {}  # followers made in this batch, per job
         # One iterator for the batch's lookups (``PartitionIndex.ranges``: one per purge mark
         # expired would cost an iterator per purge in steady state).
@@ -96,12 +122,11 @@ class OrphanMarks:
         end = log_at + 1
         if end > self._scanned:
             for key, value in self._index.scan(ORPHANS, U64.pack(self._scanned), U64.pack(end)):
-                self._drop(key, value.decode())
+                self._drop(key, value)
             self._scanned = end
-        for key, job_id in list(self._created.items()):
-            if _time(key) <= log_at:
-                del self._created[key]
-                self._drop(key, job_id)
+        while self._due and _time(self._due[0]) <= log_at:
+            key = heapq.heappop(self._due)
+            self._drop(key, self._created.pop(key))
 
     def mark_expired(self, job_id: str) -> None:
         """A purge mark of ``job_id`` expired: the orphans that followed it go with it."""
@@ -117,25 +142,28 @@ class OrphanMarks:
     def add(self, orphan: Orphan, *, follows: bool) -> None:
         """Keep ``orphan`` until its job's kept purge mark expires (``follows``), or its own."""
         if follows:
-            key = timeline_key(orphan.job_id, orphan.offset)
+            key = timeline_key(orphan.entity_id, orphan.offset)
             self._wb.put(key, b"", self._index.h(FOLLOWERS))
-            self._followers.setdefault(orphan.job_id, []).append(key)
+            self._followers.setdefault(orphan.entity_id, []).append(key)
             return
         key = orphan_key(retention.orphan_until(orphan.log_at), orphan.offset)
-        self._wb.put(key, orphan.job_id.encode(), self._index.h(ORPHANS))
-        self._created[key] = orphan.job_id
+        value = orphan_value(orphan)
+        self._wb.put(key, value, self._index.h(ORPHANS))
+        heapq.heappush(self._due, key)
+        self._created[key] = value
 
     def finish(self) -> None:
         """Move the scan bound of the own marks past what this batch deleted."""
         self._stored_followers = None  # its iterator must not outlive the batch (nor the DB)
         self._index.raise_low(ORPHANS, self._scanned)
-        for key in self._created:
-            self._index.lower(ORPHANS, _time(key))
+        if self._due:  # the earliest of the batch's own marks still kept
+            self._index.lower(ORPHANS, _time(self._due[0]))
 
-    def _drop(self, key: bytes, job_id: str) -> None:
+    def _drop(self, key: bytes, value: bytes) -> None:
         self._wb.delete(key, self._index.h(ORPHANS))
         offset = int(U64.unpack(key[8:16])[0])
-        self._wb.delete(timeline_key(job_id, offset), self._index.h(TIMELINE))
+        family, entity_id = value[:1], value[1:].decode()
+        self._wb.delete(timeline_key(entity_id, offset, family=family), self._index.h(TIMELINE))
 
 
 def _time(key: bytes) -> int:

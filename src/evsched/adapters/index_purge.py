@@ -6,7 +6,8 @@ own timeline entry (what audits read: when, where, and where the history still i
 T, first deletes every mark whose time is at most T. So the index after any offset is the same
 however the records were batched, and in steady state it holds no more than two retention periods
 of finished jobs. The batch's orphans (``index_orphans``) are judged in the same pass, in log
-order with the purges: they follow a job's kept purge mark, or get a mark of their own.
+order with the purges: they follow a job's kept purge mark, or get a mark of their own (as do a
+limit's permit steps and an unknown schedule's rejected events).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class PurgeWriter:
         items.sort(key=_offset)  # log order: a purge and an orphan never share an offset
         for item in items:
             if isinstance(item, Orphan):
-                self._orphan_marks.add(item, follows=self._mark_kept(item.job_id))
+                self._orphan_marks.add(item, follows=self._follows(item))
                 continue
             self._expire_marks(item.log_at)
             self._orphan_marks.expire(item.log_at)
@@ -118,6 +119,10 @@ class PurgeWriter:
         for key in self._created:
             self._index.lower(MARKS, _time(key))
         self._orphan_marks.finish()
+
+    def _follows(self, orphan: Orphan) -> bool:
+        """Whether ``orphan`` follows a kept purge mark (only jobs have them)."""
+        return orphan.family == JOB_TIMELINE and self._mark_kept(orphan.entity_id)
 
     def _mark_kept(self, job_id: str) -> bool:
         """Whether a purge mark of ``job_id`` is kept at this point of the batch."""

@@ -72,10 +72,20 @@ async def get_schedule(ctx: Ctx, schedule_id: ScheduleId) -> Schedule:
 @router.get(
     "/{schedule_id}/timeline",
     response_model=Timeline,
-    responses={**READ, 404: error("Nothing was ever written for this id.")},
+    responses={
+        **READ,
+        404: error(
+            "Nothing the index keeps was written for this id (rejected events of a schedule it "
+            "did not hold stay 7 days of log time)."
+        ),
+    },
 )
 async def schedule_timeline(ctx: Ctx, schedule_id: ScheduleId) -> Timeline:
-    """Every upsert, delete and fire of the schedule with its verdict."""
+    """Every upsert, delete, fire, pause and resume of the schedule with its verdict.
+
+    Rejected events of a schedule the index did not hold (an unknown id, or before the schedule
+    was created) are kept 7 days of log time; older ones are on the events log or in an archive.
+    """
     entries = reader.timeline(ctx.replica, schedule_id, schedule=True)
     if not entries:
         raise ApiError(404, "not_found", f"no events for schedule {schedule_id!r}")

@@ -45,7 +45,9 @@ from evsched.core.state import (
 # an older one lacks (5: workflow rewaits; the partition's tallies, core.tallies; 6: rejected
 # events of jobs the index does not hold expire, core.retention.orphan_until; 7: the index keeps
 # only the newest undecodable and refused records of each partition, adapters.index_poison,
-# where an index of version 6 keeps them all): indexes then rebuild.
+# where an index of version 6 keeps them all, and a limit's permit steps and rejected events of
+# schedules it does not hold expire like those of unknown jobs, where version 6 keeps them and
+# marks an unknown job's by its id alone): indexes then rebuild.
 FOLD_VERSION = 7
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the

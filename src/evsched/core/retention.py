@@ -13,10 +13,12 @@ from evsched.core.state import TERMINAL_STATUSES, JobState
 DAY_MS = 86_400_000
 DEFAULT_RETENTION_MS = 7 * DAY_MS
 DEFAULT_KEY_WINDOW_MS = DAY_MS
-# How long the index keeps a rejected event of a job it does not hold (a forged id, or a late
-# event of a purged job once the purge's own mark is gone): the default retention, so such
-# entries expire like purge marks, from the log alone (fold version 6). A namespace's own
-# retention is not on the log for an unknown job, so it cannot decide this.
+# How long the index keeps a timeline entry of an entity that is never purged: a rejected event
+# of a job it does not hold (a forged id, or a late event of a purged job once the purge's own
+# mark is gone; fold version 6), a rejected event of a schedule it does not hold, and every
+# permit step (``QueuePermit``) of a limit, whatever its verdict (fold version 7). The default
+# retention, so such entries expire like purge marks, from the log alone: a namespace's own
+# retention is not on the log for an unknown job, nor for a schedule or a limit.
 ORPHAN_KEPT_MS = DEFAULT_RETENTION_MS
 
 
@@ -73,9 +75,11 @@ def mark_until(state: JobState, log_at: int) -> int:
 
 
 def orphan_until(log_at: int) -> int:
-    """Until when the index keeps a rejected event at ``log_at`` of a job it does not hold.
+    """Until when the index keeps an entry at ``log_at`` of an entity that is never purged.
 
-    A late event of a purged job whose purge mark is still kept goes with that mark instead
-    (``adapters.index_orphans``): this is the window of every other one.
+    These are: a rejected event of a job or of a schedule the index does not hold, and a limit's
+    permit step (``QueuePermit``) of any verdict; a limit's settings (``QueueLimitSet``,
+    ``KeyLimitSet``) and a queue's pauses stay. A late event of a purged job whose purge mark is
+    still kept goes with that mark instead (``adapters.index_orphans``).
     """
     return log_at + ORPHAN_KEPT_MS

@@ -149,7 +149,7 @@ def _refold(
         return state, AuditRow(entry=entry, reading=exc.reason, refolded=Verdict.UNDECODABLE)
     event, before, after = done.event, done.before, done.after
     if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
-        text = control_reading(entry, event)
+        text = control_reading(entry, event, held=before is not None)
     elif isinstance(
         event, QueueLimitSet | KeyLimitSet | QueuePermit | PermitRequested | PermitGranted
     ):

@@ -189,11 +189,12 @@ def audit_command(
 
 
 # A purge's own entry stays for as long as the job's retention again, a rejected event of an
-# unknown job as long as its purge mark or 7 days of log time; after that, only the log.
+# unknown job as long as its purge mark or 7 days of log time, of an unknown schedule 7 days;
+# after that, only the log.
 _GONE = (
     " (if it was purged longer ago than its retention period, or its events were rejected ones "
-    "of an unknown job that expired from the index, its history is on the events log or in an "
-    "archive of it: evsched export, evsched replay)"
+    "of an unknown job or schedule that expired from the index, its history is on the events "
+    "log or in an archive of it: evsched export, evsched replay)"
 )
 
 

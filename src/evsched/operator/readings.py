@@ -30,6 +30,7 @@ from evsched.core.events import (
     LeaseRenewed,
     ParentResolved,
     QueuePaused,
+    QueueResumed,
     ScheduleDeleted,
     ScheduleEvent,
     ScheduleFired,
@@ -129,12 +130,14 @@ def purged_line(entry: TimelineEntry) -> str:
     )
 
 
-# Where a rejected event of an unknown job is read once its entry expired (fold version 6).
-_KEPT = (
-    f"; the index keeps this entry until the job's purge mark expires, else for "
+# Where a rejected event of an unknown job (fold version 6) or schedule (7, no purge mark) is
+# read once its entry expired.
+_DAYS = (
     f"{retention.ORPHAN_KEPT_MS // retention.DAY_MS} days of log time; the events log and its "
     "archives keep it for good"
 )
+_KEPT = f"; the index keeps this entry until the job's purge mark expires, else for {_DAYS}"
+_SCHEDULE_KEPT = f"; the index keeps this entry for {_DAYS}"
 
 
 def _refused(entry: TimelineEntry, event: JobEvent, before: JobState | None) -> str:
@@ -381,7 +384,8 @@ def schedule_reading(
         case ScheduleFired() if entry.verdict is Verdict.DUPLICATE:
             return f"{event.source} fired slot {iso(event.fire_at)} again: already fired, ignored"
         case _:
-            return f"{_who(entry)} {entry.verdict}: {entry.reason}"
+            kept = _SCHEDULE_KEPT if before is None else ""
+            return f"{_who(entry)} {entry.verdict}: {entry.reason}{kept}"
 
 
 def _overlaps(state: ScheduleState | None) -> bool:
@@ -398,10 +402,12 @@ def permit_reading(entry: TimelineEntry) -> str:
     return f"{_who(entry)} {entry.verdict}: {entry.reason}"
 
 
-def control_reading(entry: TimelineEntry, event: ControlEvent) -> str:
-    """What a pause or resume did, as the audit of a queue or schedule shows it."""
+def control_reading(entry: TimelineEntry, event: ControlEvent, *, held: bool = True) -> str:
+    """What a pause or resume did, as the audit of a queue or schedule shows it; ``held`` is
+    False for a schedule the index did not hold (its rejected entry expires)."""
     if entry.verdict is not Verdict.APPLIED:
-        return f"{_who(entry)} {entry.verdict}: {entry.reason}"
+        kept = "" if held or isinstance(event, QueuePaused | QueueResumed) else _SCHEDULE_KEPT
+        return f"{_who(entry)} {entry.verdict}: {entry.reason}{kept}"
     why = f": {_short(event.reason)}" if event.reason else ""
     if isinstance(event, QueuePaused):
         return f"queue paused by {event.source}: no new leases, running jobs finish{why}"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from evsched.adapters import avro
 from evsched.adapters.index import IndexBatch, PartitionIndex, control_key, keyable, limit_key
+from evsched.adapters.index_keys import timeline_family
 from evsched.adapters.index_orphans import Orphan
 from evsched.adapters.index_purge import Purge
 from evsched.adapters.index_writes import PreparedWrite
@@ -278,9 +279,9 @@ class Projector:
         )
         if entry.verdict is Verdict.APPLIED and after is None and before is not None:
             self._purged(before, position, out)
-        elif before is None and after is None and keyable(event.job_id):
+        elif before is None and after is None:
             # Rejected, of a job the index does not hold: its entry expires (fold version 6).
-            out.batch.orphans.append(Orphan(event.job_id, position.offset, position.log_at))
+            _expires(out, event.job_id, entry)
         if entry.verdict is not Verdict.APPLIED or after is None:
             return
         if event.job_id not in out.batch.before_jobs:
@@ -327,6 +328,8 @@ class Projector:
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((event.schedule_id, entry, raw))
         self._judged(out, FoldedEvent(entry))
+        if before is None and after is None:  # rejected, of an unknown schedule (fold version 7)
+            _expires(out, event.schedule_id, entry)
         if entry.verdict is Verdict.APPLIED and after is not None:
             out.batch.before_schedules.setdefault(event.schedule_id, before)
             out.batch.schedules[event.schedule_id] = after
@@ -347,6 +350,8 @@ class Projector:
         out.verdicts.append((entry.kind, entry.verdict))
         out.batch.timeline.append((name, entry, raw))
         self._judged(out, FoldedEvent(entry))
+        if target == SCHEDULE and schedule is None:  # rejected: unknown schedule (fold version 7)
+            _expires(out, name, entry)
         if entry.verdict is Verdict.APPLIED and after is not None:
             out.batch.controls[control_key(target, name)] = after
 
@@ -390,6 +395,8 @@ class Projector:
         name = limit_name(event)
         after, entry, forward = fold_limit(self.limit(name, out), event, position)
         self._limit_folded(name, after=after, entry=entry, forward=forward, out=out, raw=raw)
+        if isinstance(event, QueuePermit):  # every permit step expires (fold version 7)
+            _expires(out, name, entry)
 
     def _fold_permit(self, event: PermitEvent, position: Position, out: Folded, raw: bytes) -> None:
         job = self.job(event.job_id, out)
@@ -398,8 +405,8 @@ class Projector:
         self._limit_folded(
             event.job_id, after=after, entry=entry, forward=forward, out=out, raw=raw, job=job
         )
-        if job is None and keyable(event.job_id):  # rejected: unknown job; its entry expires
-            out.batch.orphans.append(Orphan(event.job_id, position.offset, position.log_at))
+        if job is None:  # rejected: unknown job; its entry expires
+            _expires(out, event.job_id, entry)
 
     def _limit_folded(
         self,
@@ -441,6 +448,13 @@ class Projector:
 _LEASED = frozenset({Status.LEASED})
 _LAST_MS = 2**63 - 1
 _NO_LIMIT = 2**63 - 1
+
+
+def _expires(out: Folded, entity_id: str, entry: TimelineEntry) -> None:
+    """``entry`` leaves the index on a mark (index_orphans); an unkeyable id's is in ``refused``."""
+    if keyable(entity_id):
+        family = timeline_family(entry.kind)
+        out.batch.orphans.append(Orphan(entity_id, entry.offset, entry.log_at, family))
 
 
 def _undecodable(position: Position, reason: str) -> TimelineEntry:
