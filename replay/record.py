@@ -310,8 +310,8 @@ def recorded(index: PartitionIndex, key: str, *, schedule: bool) -> list[tuple[i
 def kept(got: list[tuple[int, str]], rows: list[list[object]]) -> bool:
     """Whether an index's timeline ``got`` is what it keeps of the fold's ``rows``: all of them,
     or, after an applied purge, the rows from that purge on (its mark may have expired); and
-    rejected events of the job while the index did not hold it, until they expired (fold
-    version 6)."""
+    rejected events of the job (or schedule) while the index did not hold it, until they
+    expired (fold versions 6 and 7)."""
     want = [(int(str(row[1])), str(row[3])) for row in rows]
     orphans = {w for w, row in zip(want, rows, strict=True) if row[4] is None and w[1] != "applied"}
     purges = [i for i, row in enumerate(rows) if row[2] == "JobPurged" and row[3] == "applied"]

@@ -13,9 +13,15 @@ from pathlib import Path
 import pytest
 
 from evsched.adapters.index import PartitionIndex
-from evsched.adapters.index_keys import FOLLOWERS, ORPHANS, QUEUE_TIMELINE, SCHEDULE_TIMELINE
+from evsched.adapters.index_keys import (
+    FOLLOWERS,
+    ORPHANS,
+    QUEUE_TIMELINE,
+    SCHEDULE_TIMELINE,
+    TIMELINE,
+)
 from evsched.adapters.index_orphans import orphan_key
-from evsched.core import retention
+from evsched.core import ids, retention
 from evsched.core.events import (
     JobTemplate,
     QueueLimitSet,
@@ -285,3 +291,30 @@ def test_a_restored_index_expires_like_the_one_it_was_restored_from(
     reference = folded(tmp_path / "one-batch", log.records, [], indexes)
     assert {index.digest() for index in indexes} == {reference.digest()}
     assert keys(reference, ORPHANS) == 1
+
+
+def test_a_limited_jobs_permit_steps_cost_what_the_sizing_table_says(
+    tmp_path: Path, indexes: list[PartitionIndex]
+) -> None:
+    """docs/operations.md: about 920 bytes of index per limited job on its limit's home (the
+    three steps' entries with their bytes, and their marks) until they expire; UUID job ids."""
+    log, jobs = Log(), 50
+    limit_set(log, 0)
+    for n in range(jobs):
+        job_id = f"10000000-0000-4000-8000-{n:012d}"
+        for action in ("request", "grant", "release"):
+            step = QueuePermit(
+                event_id=ids.decision_event_id(job_id, f"permit-{action}-{LIMIT}-p3", 1_000 + n),
+                queue=LIMIT, job_id=job_id, action=action, emitted_at=1_700_000_000_000,
+                source="node-7f3a2b",
+            )  # fmt: skip
+            log.add(1_700_000_000_000 + n, step)
+    set_only = folded(tmp_path / "set", log.records[:1], [], indexes)
+    index = folded(tmp_path / "steps", log.records, [], indexes)
+    sizes = [
+        sum(len(k) + len(v) for f in (TIMELINE, ORPHANS) for k, v in i.scan(f))
+        for i in (set_only, index)
+    ]
+    per_job = (sizes[1] - sizes[0]) / jobs
+    assert [v for _, v, _ in permits(index)].count(Verdict.APPLIED) == 1 + 3 * jobs
+    assert 860 <= per_job <= 950  # 890 here (queue "mail"), 918 for queue "default"

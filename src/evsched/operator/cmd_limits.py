@@ -77,7 +77,11 @@ def queues_limit(
     as_json: Json = False,
 ) -> None:
     """Limit how many of a queue's (or a concurrency key's) jobs run at once, and how many start
-    per window, over every node and partition."""
+    per window, over every node and partition.
+
+    The home partition's index keeps the limit's settings for good and its permit steps
+    (request, grant, release) for 7 days of log time; older steps are on the events log or in
+    an archive (evsched export, evsched archive)."""
     if (max_running is None and rate is None) == (not remove):
         raise typer.BadParameter(
             "give --max-running N and/or --rate N/<window>, or --remove alone",
