@@ -96,9 +96,10 @@ class PurgeWriter:
         self._due: list[tuple[int, int, bytes]] = []
         self._seq = itertools.count()
         self._timeline_keys: Callable[[bytes, bytes], Iterator[bytes]] | None = None
-        # This batch's own timeline entries per job: a purge deletes those below it too.
+        # This batch's own timeline entries per job: a purge deletes those below it too (none
+        # to find in a batch of permit steps and orphans alone, as a limit's home has many).
         self._offsets: dict[str, list[int]] = {}
-        for entity_id, entry, _ in timeline:
+        for entity_id, entry, _ in timeline if purges else ():
             if timeline_family(entry.kind) == JOB_TIMELINE:
                 self._offsets.setdefault(entity_id, []).append(entry.offset)
 
