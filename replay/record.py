@@ -263,8 +263,7 @@ def verified_outcome(history: Path, local: LocalIndex, scenario: Scenario) -> di
         assert got == want, f"{key}: the replica recorded {got}, the fold gives {want}"
     for key, rows in outcome.limits.items():
         name, partition = key.removeprefix("limit ").rsplit(" ", 1)
-        stored = local.indexes[int(partition[1:])].queue_timeline_events(name)
-        got = [(e.offset, e.verdict.value) for e, _ in stored if e.kind in LIMIT_KINDS]
+        got = recorded_limit(local.indexes[int(partition[1:])], name)
         want = [(row[1], row[3]) for row in rows]
         assert got == want, f"{key}: the replica recorded {got}, the fold gives {want}"
     for key, job in outcome.job_states.items():
@@ -284,11 +283,19 @@ LIMIT_KINDS = frozenset(cls.__name__ for cls in LIMIT_EVENT_TYPES)
 
 def recorded_control(index: PartitionIndex, target: str, name: str) -> list[tuple[int, str]]:
     """(offset, verdict) of the pauses and resumes of a queue or schedule in ``index``."""
-    if target == "queue":
-        stored = [e for e, _ in index.queue_timeline_events(name)]
+    if target == "queue":  # the queue's timeline holds its limit's settings too
+        stored = [e for e, _ in index.queue_timeline_events(name) if e.kind in CONTROL_KINDS]
     else:
         stored = [e for e in index.timeline(name, schedule=True) if e.kind in CONTROL_KINDS]
     return [(e.offset, e.verdict.value) for e in stored]
+
+
+def recorded_limit(index: PartitionIndex, name: str) -> list[tuple[int, str]]:
+    """(offset, verdict) of a limit's settings (on the queue timeline) and its permit steps (on
+    a timeline of their own, fold version 7) in ``index``, in log order."""
+    settings = [e for e, _ in index.queue_timeline_events(name) if e.kind in LIMIT_KINDS]
+    steps = [e for e, _ in index.permit_timeline_events(name)]
+    return [(e.offset, e.verdict.value) for e in sorted(settings + steps, key=lambda e: e.offset)]
 
 
 def recorded(index: PartitionIndex, key: str, *, schedule: bool) -> list[tuple[int, str]]:

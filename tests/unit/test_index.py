@@ -14,6 +14,7 @@ from evsched.adapters import index as index_module
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.index_keys import (
     JOB_TIMELINE,
+    PERMIT_TIMELINE,
     QUEUE_TIMELINE,
     SCHEDULE_TIMELINE,
     TIMELINE,
@@ -246,12 +247,17 @@ class _Deletes:
 
 
 def test_every_event_kind_has_its_timeline_family() -> None:
-    queue = {ev.QueuePaused, ev.QueueResumed, *ev.LIMIT_EVENT_TYPES}  # a limit's home steps too
+    """A limit's permit steps have a family of their own (fold version 7): the queue's holds
+    only pauses and limit settings, which time travel and ``--wait`` read whole."""
+    queue = {ev.QueuePaused, ev.QueueResumed, ev.QueueLimitSet, ev.KeyLimitSet}
     schedule = {*ev.SCHEDULE_EVENT_TYPES, ev.SchedulePaused, ev.ScheduleResumed}
     for cls in ev.EVENT_TYPES:
         expected = QUEUE_TIMELINE if cls in queue else JOB_TIMELINE
         expected = SCHEDULE_TIMELINE if cls in schedule else expected
+        expected = PERMIT_TIMELINE if cls is ev.QueuePermit else expected
         assert timeline_family(cls.__name__) == expected, cls
+    families = {JOB_TIMELINE, SCHEDULE_TIMELINE, QUEUE_TIMELINE, PERMIT_TIMELINE}
+    assert len(families) == 4 and all(len(family) == 1 for family in families)
 
 
 def test_a_purge_deletes_only_its_jobs_timeline_entries_of_the_batch() -> None:

@@ -16,7 +16,7 @@ from evsched.adapters.index import PartitionIndex
 from evsched.adapters.index_keys import (
     FOLLOWERS,
     ORPHANS,
-    QUEUE_TIMELINE,
+    PERMIT_TIMELINE,
     SCHEDULE_TIMELINE,
     TIMELINE,
 )
@@ -105,7 +105,9 @@ def batchings(records: list[Record]) -> dict[str, list[int]]:
 
 
 def permits(index: PartitionIndex) -> list[tuple[str, Verdict, int]]:
-    return [(e.kind, e.verdict, e.log_at) for e, _ in index.queue_timeline_events(LIMIT)]
+    """The limit's settings (queue timeline) and permit steps (their own), in log order."""
+    stored = index.queue_timeline_events(LIMIT) + index.permit_timeline_events(LIMIT)
+    return [(e.kind, e.verdict, e.log_at) for e, _ in sorted(stored, key=lambda s: s[0].offset)]
 
 
 def schedule_kinds(index: PartitionIndex, schedule_id: str) -> list[tuple[str, Verdict]]:
@@ -244,7 +246,7 @@ def test_each_kind_goes_when_it_should_however_batched(
         assert [e.kind for e in index.timeline("d")] == ["JobPurged", "JobCancelled"]
         assert (keys(index, ORPHANS), keys(index, FOLLOWERS)) == (1, 1), name
         [(key, value)] = index.scan(ORPHANS)
-        assert (key[:8], value) == (orphan_key(20_000 + KEPT, 0)[:8], QUEUE_TIMELINE + b"mail")
+        assert (key[:8], value) == (orphan_key(20_000 + KEPT, 0)[:8], PERMIT_TIMELINE + b"mail")
     assert len({index.digest() for index in indexes[-3:]}) == 1
 
 
@@ -279,7 +281,7 @@ def test_a_restored_index_expires_like_the_one_it_was_restored_from(
     families = {key[:1] for f, key, v in written if f == "timeline" and v is None}
     assert families == {b"j"}  # a's entries, gone with its marks; the own marks are all kept
     values = {v[:1] for f, _, v in written if f == ORPHANS and v is not None}
-    assert values == {b"j", QUEUE_TIMELINE, SCHEDULE_TIMELINE}
+    assert values == {b"j", PERMIT_TIMELINE, SCHEDULE_TIMELINE}
     for name, changes in (("log", written), ("compacted", list(live.mirrored()))):
         restored = PartitionIndex(tmp_path / name, 0)
         indexes.append(restored)

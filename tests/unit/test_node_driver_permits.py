@@ -126,7 +126,7 @@ async def test_hostile_permits_are_refused(driver: NodeDriver) -> None:
     ]  # fmt: skip
     driver.append(*bad)
     await driver.settle()
-    timeline = driver.owner.index.queue_timeline_events("q")
+    timeline = driver.owner.index.permit_timeline_events("q")
     verdicts = {e.event_id: (e.verdict, e.reason) for e, _ in timeline}
     assert verdicts["g1"][0] is Verdict.REJECTED and "beyond the limit" in verdicts["g1"][1]
     assert verdicts["g2"][0] is Verdict.REJECTED and "waits for no permit" in verdicts["g2"][1]

@@ -25,6 +25,7 @@ from evsched.adapters.index_keys import (
     LEASES,
     MARKS,
     ORPHANS,
+    PERMIT_TIMELINE,
     PURGES,
     QUEUE_TIMELINE,
     REFUSED,
@@ -211,10 +212,18 @@ class PartitionIndex:
             yield avro.decode_state(value, LimitState)
 
     def queue_timeline_events(self, queue: str) -> list[tuple[TimelineEntry, bytes]]:
-        """The pauses and resumes of ``queue`` folded on this partition, in log order."""
+        """The pauses and resumes of ``queue`` and the settings of its limit (or of the limit
+        ``key:`` and a key) folded on this partition, in log order; never a permit step."""
         if not keyable(queue):
             return []
         return self._timeline_under(timeline_key(queue, 0, family=QUEUE_TIMELINE)[:-8])
+
+    def permit_timeline_events(self, limit: str) -> list[tuple[TimelineEntry, bytes]]:
+        """The permit steps (``QueuePermit``) of ``limit`` this partition keeps, in log order:
+        at its home, those of the last 7 days of log time (``index_orphans``)."""
+        if not keyable(limit):
+            return []
+        return self._timeline_under(timeline_key(limit, 0, family=PERMIT_TIMELINE)[:-8])
 
     def due_by_priority(
         self, now: int, limit: int, *, skip: Callable[[str], bool] | None = None

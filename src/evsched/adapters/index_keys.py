@@ -12,6 +12,7 @@ from evsched.core.events import (
     LIMIT_EVENT_TYPES,
     SCHEDULE_EVENT_TYPES,
     QueuePaused,
+    QueuePermit,
     QueueResumed,
 )
 from evsched.core.state import JobState
@@ -29,15 +30,25 @@ U64 = struct.Struct(">Q")
 
 # A job, a schedule and a queue may share an id: their timelines live under different first bytes.
 JOB_TIMELINE, SCHEDULE_TIMELINE, QUEUE_TIMELINE = b"j", b"s", b"q"
-# A queue's pauses and its limits (core.permits: a key's limit sits on the queue timeline too).
-_QUEUE_KINDS = frozenset(cls.__name__ for cls in (QueuePaused, QueueResumed, *LIMIT_EVENT_TYPES))
+# A limit's permit steps (``QueuePermit``: request, grant, release at its home), keyed by the
+# limit's name. Not on the queue timeline (fold version 7): a busy limit's home makes millions
+# of them a week, and the readers of pauses and settings (time travel, ``--wait``) scan that one.
+PERMIT_TIMELINE = b"p"
+_PERMIT_KIND = QueuePermit.__name__
+# A queue's pauses and its limits' settings (core.permits: a key's limit sits there too).
+_QUEUE_KINDS = frozenset(
+    cls.__name__ for cls in (QueuePaused, QueueResumed, *LIMIT_EVENT_TYPES)
+) - {_PERMIT_KIND}
 _SCHEDULE_KINDS = (
     frozenset(cls.__name__ for cls in SCHEDULE_EVENT_TYPES + CONTROL_EVENT_TYPES) - _QUEUE_KINDS
 )
 
 
 def timeline_family(kind: str) -> bytes:
-    """Under which first byte a timeline entry of event ``kind`` is keyed (job, schedule, queue)."""
+    """Under which first byte a timeline entry of event ``kind`` is keyed (job, schedule, queue,
+    a limit's permit steps)."""
+    if kind == _PERMIT_KIND:
+        return PERMIT_TIMELINE
     if kind in _SCHEDULE_KINDS:
         return SCHEDULE_TIMELINE
     return QUEUE_TIMELINE if kind in _QUEUE_KINDS else JOB_TIMELINE

@@ -11,9 +11,9 @@ so the index after any offset is the same however the records were batched.
 
 Two more kinds of entries get own marks the same way (fold version 7), as their entities are
 never purged: a rejected event of a schedule the index does not hold (schedule timeline), and
-every ``QueuePermit`` step of a limit, whatever its verdict (queue timeline, keyed by the limit's
-name). So an ``orphans`` value names the entry's timeline: its family byte (``j``, ``s``, ``q``:
-``index_keys.timeline_family``), then the entity id; the key gives the offset.
+every ``QueuePermit`` step of a limit, whatever its verdict (the permit timeline, keyed by the
+limit's name). So an ``orphans`` value names the entry's timeline: its family byte (``j``, ``s``,
+``p``: ``index_keys.timeline_family``), then the entity id; the key gives the offset.
 """
 
 from __future__ import annotations
