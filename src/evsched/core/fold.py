@@ -47,7 +47,9 @@ from evsched.core.state import (
 # only the newest undecodable and refused records of each partition, adapters.index_poison,
 # where an index of version 6 keeps them all, and a limit's permit steps and rejected events of
 # schedules it does not hold expire like those of unknown jobs, where version 6 keeps them and
-# marks an unknown job's by its id alone): indexes then rebuild.
+# marks an unknown job's by its id alone; the permit steps are keyed under a timeline family
+# of their own, where version 6 keys them with the queue's pauses and limit settings, which
+# time travel reads whole): indexes then rebuild.
 FOLD_VERSION = 7
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
