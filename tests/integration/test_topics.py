@@ -12,6 +12,7 @@ from evsched.adapters.topic_spread import spread
 from evsched.adapters.topics import (
     DISPATCH_RETENTION_MS,
     EVENTS_RETENTION_FLOOR_MS,
+    STATE_TUNING,
     ObservedTopic,
     TopicMisconfigured,
     TopicMissing,
@@ -100,6 +101,15 @@ def test_every_difference_is_reported_and_more_replicas_are_fine() -> None:
     assert (too_few.setting, too_few.expected) == ("replication.factor", ">= 2")
 
 
+def test_the_changelogs_tuning_is_set_at_creation_and_never_checked() -> None:
+    *_, state = topic_specs("ns", event_partitions=2, queues=[])
+    assert set(state.tuning) == {"segment.bytes", "segment.ms", "delete.retention.ms"}
+    # Kafka's defaults, or whatever an operator chose since: not a mismatch.
+    defaults = {"segment.bytes": str(1 << 30), "delete.retention.ms": "86400000"}
+    tuned = ObservedTopic(partitions=2, replication_factor=1, configs={**state.configs, **defaults})
+    assert find_mismatches(state, tuned) == []
+
+
 async def test_unreachable_broker_is_an_evsched_error() -> None:
     with pytest.raises(TopicProvisioningError, match=r"127\.0\.0\.1"):
         await ensure_topics(
@@ -152,6 +162,8 @@ async def test_ensure_topics_creates_them_as_specified(
     assert (effects["cleanup.policy"], effects["retention.ms"]) == ("delete", "-1")
     state_partitions, state = await describe(admin, names.state)
     assert (state_partitions, state["cleanup.policy"]) == (3, "compact")
+    assert {k: state[k] for k in STATE_TUNING} == STATE_TUNING
+    assert state["segment.bytes"] == str(64 << 20)
 
 
 @pytest.mark.broker

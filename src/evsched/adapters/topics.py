@@ -28,6 +28,20 @@ EVENTS_RETENTION_FLOOR_MS = 7 * DAY_MS
 # A changelog record holds an event's bytes plus its timeline entry: room for any event the
 # events topic takes (1 MB by default), so one large event never stops its partition.
 STATE_MAX_MESSAGE_BYTES = 4 << 20
+HOUR_MS = 3_600_000
+# The changelog's compaction in small steps (Kafka's defaults are for data topics): a segment is
+# cleanable once it rolls, at 64 MiB or after an hour. With the default 1 GiB segments the first
+# compaction waited for a whole GiB per partition and then rewrote 6 GB at once, stalling a 2-core
+# box's pipeline for 4 minutes (the 3M-job soak, docs/benchmarks.md), and a restore read up to
+# 1 GiB of uncompacted changes per partition. Purged keys' tombstones are kept an hour, not a
+# day: a restore reads a partition's changelog from its start in one pass and must finish within
+# delete.retention.ms to see every tombstone (453,688 live jobs restore in 40 s,
+# bench/restore.py); a day of tombstones was most of the compacted topic at 400 jobs/s.
+STATE_TUNING = {
+    "segment.bytes": str(64 << 20),
+    "segment.ms": str(HOUR_MS),
+    "delete.retention.ms": str(HOUR_MS),
+}
 
 
 class TopicProvisioningError(EvschedError):
@@ -119,6 +133,8 @@ class TopicSpec:
     # Set on dispatch topics: an existing one may have been grown past ``partitions``
     # (``evsched queues partitions``); fewer is still reported.
     partitions_may_grow: bool = False
+    # Set when the topic is created, never checked: an operator may tune them otherwise.
+    tuning: Mapping[str, str] = field(default_factory=dict)
 
 
 MIN_INSYNC = "min.insync.replicas"
@@ -190,6 +206,7 @@ def topic_specs(
         partitions=event_partitions,
         replication_factor=replication_factor,
         configs={"cleanup.policy": "compact", "max.message.bytes": str(STATE_MAX_MESSAGE_BYTES)},
+        tuning=STATE_TUNING,
     )
     dispatch = [
         TopicSpec(
@@ -360,7 +377,7 @@ def _new_topic(spec: TopicSpec, brokers: int) -> NewTopic:
             f"{factor} but {brokers} are in the cluster (set EVSCHED_REPLICATION_FACTOR, or "
             "start them)"
         )
-    configs = {**spec.configs, MIN_INSYNC: str(spec.min_insync or 1)}
+    configs = {**spec.tuning, **spec.configs, MIN_INSYNC: str(spec.min_insync or 1)}
     return NewTopic(spec.name, spec.partitions, factor, topic_configs=configs)
 
 
