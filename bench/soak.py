@@ -107,6 +107,15 @@ class SoakCluster(Cluster):
         command += ["--data-dir", str(self.run_dir / "api")]
         self.api = self.spawn("api", command)
 
+    def api_ready(self) -> bool:
+        """The API answers /readyz with 200 (its replica caught up)."""
+        url = f"http://127.0.0.1:{self.api_port}/readyz"
+        try:
+            with urllib.request.urlopen(url, timeout=1) as answer:
+                return bool(answer.status == 200)
+        except OSError:  # not listening yet, or 503 (urllib's HTTPError) while it catches up
+            return False
+
     def poll_logs(self) -> None:
         super().poll_logs()  # raises when a node or worker exited
         if self.api is not None and self.api.popen.poll() is not None:
@@ -291,6 +300,9 @@ async def run(cluster: SoakCluster) -> dict[str, Any]:
     async with App(cluster.settings, name="soak-client") as client:
         task = define_noop(client)
         await wait_for(cluster, cluster.all_owned, 300, "nodes to own every partition")
+        # The API's start (imports, its replica's catch-up) takes a core for tens of seconds:
+        # jobs offered meanwhile measured the start, not the soak.
+        await wait_for(cluster, cluster.api_ready, 300, "the API to be ready")
         warm = 100 * a.workers
         await asyncio.gather(*(task.enqueue() for _ in range(warm)))
         await succeeded_at_least(cluster, warm, 300)
