@@ -173,6 +173,16 @@ class Lateness:
 
     chunks: Chunks
     pending: dict[str, tuple[int, JobState | None]] = field(default_factory=dict)
+    # Since the last sample: where in the run a stall was (printed beside each sample's clock).
+    recent: list[float] = field(default_factory=list)
+
+    def drain(self) -> str:
+        """The starts since the last call, their worst lateness, and the wall clock."""
+        worst = max(self.recent, default=0.0)
+        clock = time.strftime("%H:%M:%S", time.gmtime())
+        shown = f"starts={len(self.recent)} late_max_ms={worst:.0f} utc={clock}"
+        self.recent.clear()
+        return shown
 
     def expect(self, job_id: str, number: int) -> None:
         self.pending.setdefault(job_id, (number, None))
@@ -192,7 +202,9 @@ class Lateness:
             return
         if isinstance(event, AttemptStarted):
             del self.pending[job_id]
-            self.chunks.of(number).lateness_ms.append(float(raw.timestamp - after.run_at))
+            late = float(raw.timestamp - after.run_at)
+            self.chunks.of(number).lateness_ms.append(late)
+            self.recent.append(late)
         else:
             self.pending[job_id] = (number, after)
 
@@ -257,7 +269,11 @@ async def offer(task: Task, args: argparse.Namespace, chunks: Chunks, late: Late
 
 
 async def sample_every(
-    cluster: SoakCluster, chunks: Chunks, samples: list[Sample], stop: asyncio.Event
+    cluster: SoakCluster,
+    chunks: Chunks,
+    late: Lateness,
+    samples: list[Sample],
+    stop: asyncio.Event,
 ) -> None:
     started = time.monotonic()
     while not stop.is_set():
@@ -267,7 +283,7 @@ async def sample_every(
         values = await asyncio.to_thread(cluster.sample)
         samples.append(Sample(round(time.monotonic() - started, 1), sent, values))
         shown = " ".join(f"{k}={v:.1f}" for k, v in values.items())
-        print(f"sample t={samples[-1].at_s:.0f}s sent={sent} {shown}", flush=True)
+        print(f"sample t={samples[-1].at_s:.0f}s sent={sent} {shown} {late.drain()}", flush=True)
 
 
 async def succeeded_at_least(cluster: SoakCluster, count: int, timeout_s: float) -> None:
@@ -306,7 +322,7 @@ async def run(cluster: SoakCluster) -> dict[str, Any]:
         warm = 100 * a.workers
         await asyncio.gather(*(task.enqueue() for _ in range(warm)))
         await succeeded_at_least(cluster, warm, 300)
-        sampling = asyncio.create_task(sample_every(cluster, chunks, samples, stop_sampling))
+        sampling = asyncio.create_task(sample_every(cluster, chunks, late, samples, stop_sampling))
         started = time.monotonic()
         failed = await offer(task, a, chunks, late)
         load_s = time.monotonic() - started
