@@ -16,7 +16,7 @@ from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.core.planner import PlannerLimits
 from evsched.errors import BrokerAccessRefused
 from evsched.logging import configure_logging
-from evsched.runtime.node import NodeConfig
+from evsched.runtime.node import STEP_INTERVAL_MS, NodeConfig
 from evsched.runtime.node_process import serve_node
 from evsched.runtime.standby import parse_partitions
 from evsched.settings import Settings, SettingsError
@@ -68,6 +68,17 @@ def node_command(
             "at run_at by its own timer (0: lease only due jobs).",
         ),
     ] = 1_000,
+    step_interval_ms: Annotated[
+        int,
+        typer.Option(
+            "--step-interval-ms",
+            envvar="EVSCHED_NODE_STEP_INTERVAL_MS",
+            min=0,
+            max=1_000,
+            help="Each partition steps at most once per interval: under load, fewer and larger "
+            "transactions (less CPU per job) for up to this much more latency; 0: at once.",
+        ),
+    ] = STEP_INTERVAL_MS,
     standby: Annotated[
         bool,
         typer.Option(
@@ -115,6 +126,7 @@ def node_command(
             unstarted_horizon_ms=unstarted_horizon_ms,
             prelease_ms=prelease_ms,
         ),
+        step_interval_ms=step_interval_ms,
         metrics_port=metrics_port,
         metrics_addr=metrics_addr,
         dispatch_key=dispatch_key,

@@ -50,6 +50,10 @@ log = structlog.get_logger("evsched.node")
 
 # How long the poll loop waits after a fetch failed before it fetches again.
 POLL_RETRY_S = 1.0
+# At most one step per partition this often: under load a step's transaction carries more
+# records (less broker and node CPU per job, shorter tails on a busy box; docs/benchmarks.md);
+# a partition idle for longer steps at once.
+STEP_INTERVAL_MS = 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +64,7 @@ class NodeConfig:
     limits: PlannerLimits = field(default_factory=PlannerLimits)
     max_idle_ms: int = 200
     max_records: int = 2_000
+    step_interval_ms: int = STEP_INTERVAL_MS  # one step per partition per interval at most
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
     dispatch_key: DispatchKey | None = None  # None: dispatch records go out unsigned
@@ -136,6 +141,7 @@ class Node:
             ownership=ownership,
             max_records=self.config.max_records,
             max_idle_ms=self.config.max_idle_ms,
+            step_interval_ms=self.config.step_interval_ms,
             dropped=None if self.metrics is None else self.metrics.node.dropped,
             drop=self._drop,
             logger=self.log,

@@ -10,12 +10,13 @@ now (``runtime.ownership``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from evsched.adapters.clock import now_ms
+from evsched.adapters.clock import monotonic_s, now_ms
 from evsched.adapters.kafka_events import KafkaGroupConsumer
 from evsched.errors import BrokerUnavailable, Fenced, PartitionRevoked
 from evsched.runtime.health import NodeHealth
@@ -40,6 +41,7 @@ class PartitionSteps:
         ownership: Ownership,
         max_records: int,
         max_idle_ms: int,
+        step_interval_ms: int = 0,
         dropped: Any,
         drop: Drop,
         logger: Any,
@@ -49,6 +51,9 @@ class PartitionSteps:
         self.ownership = ownership  # who holds a partition whose producer was fenced
         self.max_records = max_records
         self.max_idle_ms = max_idle_ms
+        # A partition steps at most once per interval: under load its records and due work
+        # gather into fewer, larger transactions; an idle partition steps at once.
+        self.step_interval_s = step_interval_ms / 1000
         self.dropped = dropped  # evsched_node_partitions_dropped_total, or None without metrics
         self.drop = drop
         self.log = logger
@@ -66,8 +71,10 @@ class PartitionSteps:
         try:
             if seed:
                 await self.restores.seed(owner)
+            stepped_at: float | None = None
             while not runner.closing:
                 await runner.wait(self._wait_s(owner))
+                await self._spaced(stepped_at)
                 if runner.closing:
                     return
                 # Position before records: a fetch landing in between can only make the
@@ -76,6 +83,7 @@ class PartitionSteps:
                 records = runner.take(self.max_records)
                 now = now_ms()
                 if owner.has_work(records, now):
+                    stepped_at = monotonic_s()
                     await owner.step(records, now, position)
                     self.health.stepped(owner.partition, caught_up=owner.caught_up)
         except PartitionRevoked:
@@ -136,6 +144,13 @@ class PartitionSteps:
     def _dropped(self, reason: str) -> None:
         if self.dropped is not None:
             self.dropped.labels(reason).inc()
+
+    async def _spaced(self, stepped_at: float | None) -> None:
+        """Until ``step_interval_s`` after the last step began (at once without one)."""
+        if stepped_at is not None and self.step_interval_s > 0:
+            rest = stepped_at + self.step_interval_s - monotonic_s()
+            if rest > 0:
+                await asyncio.sleep(rest)
 
     def _wait_s(self, owner: OwnedPartition) -> float:
         """Sleep no longer than until the partition's next due time, and at most max_idle_ms."""
