@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,11 +21,12 @@ import typer
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.records_to_delete import RecordsToDelete
+from tests.conftest import unique_name
 from typer.testing import CliRunner
 
 from evsched.adapters import avro, kafka
 from evsched.adapters.signing import DispatchKey
-from evsched.adapters.topics import Topics, partition_count
+from evsched.adapters.topics import Topics, ensure_topics, partition_count
 from evsched.client import App
 from evsched.core.events import AttemptSucceeded, Event, Position
 from evsched.core.invariants import Replay, replay
@@ -368,6 +370,23 @@ class Operator:
         exit_code, output = await self.run(*args, "--json")
         assert exit_code == code, output
         return json.loads(output)
+
+
+@asynccontextmanager
+async def node_and_worker(
+    bootstrap: str, tmp_path: Path, prefix: str
+) -> AsyncIterator[tuple[Stack, Proc]]:
+    """A fresh namespace of three partitions with one node (dispatch timeout 10 s) and one
+    worker (leases of 3 s); the stack and the node's process."""
+    namespace = unique_name(prefix)
+    await ensure_topics(bootstrap, namespace, event_partitions=3, queues=["default"])
+    stack = Stack(bootstrap, namespace, tmp_path)
+    node = stack.start_node("node-1", "--dispatch-timeout-s", "10")
+    stack.start_worker("worker-1", "--lease-s", "3")
+    try:
+        yield stack, node
+    finally:
+        await stack.close()
 
 
 def effect_id(record: Any) -> tuple[str, int, int]:

@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from tests.conftest import unique_name
-from tests.integration.engine import Operator, Proc, Stack, wait_for
+from tests.integration.engine import Operator, Proc, Stack, node_and_worker, wait_for
 
 from evsched.adapters import avro, kafka
 from evsched.adapters.kafka_events import partition_for
-from evsched.adapters.topics import ensure_topics
 from evsched.core.events import AttemptSucceeded, JobCancelled
 from evsched.core.ids import job_id_for_key
 from evsched.core.state import Verdict
@@ -27,15 +25,8 @@ DEADLINE_S = 600.0
 
 @pytest_asyncio.fixture
 async def engine(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[tuple[Stack, Proc]]:
-    namespace = unique_name("orphan")
-    await ensure_topics(kafka_bootstrap, namespace, event_partitions=3, queues=["default"])
-    stack = Stack(kafka_bootstrap, namespace, tmp_path)
-    node = stack.start_node("node-1", "--dispatch-timeout-s", "10")
-    stack.start_worker("worker-1", "--lease-s", "3")
-    try:
-        yield stack, node
-    finally:
-        await stack.close()
+    async with node_and_worker(kafka_bootstrap, tmp_path, "orphan") as running:
+        yield running
 
 
 async def produce(stack: Stack, *events: AttemptSucceeded | JobCancelled) -> None:

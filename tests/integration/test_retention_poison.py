@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from tests.conftest import unique_name
-from tests.integration.engine import Proc, Stack, all_succeeded, wait_for
+from tests.integration.engine import Proc, Stack, all_succeeded, node_and_worker, wait_for
 
 from evsched.adapters import avro, kafka
 from evsched.adapters.index import PartitionIndex
@@ -20,7 +19,6 @@ from evsched.adapters.index_keys import REFUSED, U64, UNDECODABLE
 from evsched.adapters.index_poison import POISON_KEPT
 from evsched.adapters.kafka_events import KafkaPartitionLog
 from evsched.adapters.readonly_index import ReadOnlyIndex
-from evsched.adapters.topics import ensure_topics
 from evsched.core import tallies
 from evsched.core.events import JobEnqueued
 from evsched.runtime.changelog_restore import restore_partition
@@ -68,15 +66,8 @@ async def produce_to(stack: Stack, partition: int, values: list[bytes]) -> list[
 
 @pytest_asyncio.fixture
 async def engine(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[tuple[Stack, Proc]]:
-    namespace = unique_name("poison")
-    await ensure_topics(kafka_bootstrap, namespace, event_partitions=3, queues=["default"])
-    stack = Stack(kafka_bootstrap, namespace, tmp_path)
-    node = stack.start_node("node-1", "--dispatch-timeout-s", "10")
-    stack.start_worker("worker-1", "--lease-s", "3")
-    try:
-        yield stack, node
-    finally:
-        await stack.close()
+    async with node_and_worker(kafka_bootstrap, tmp_path, "poison") as running:
+        yield running
 
 
 def kept(index: PartitionIndex, family: str) -> list[int]:

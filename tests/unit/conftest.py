@@ -1,4 +1,5 @@
-"""Unit fixtures: a NodeDriver over a fresh data dir, with the planner limits its module picks."""
+"""Unit fixtures: a NodeDriver over a fresh data dir, with the planner limits its module picks;
+the indexes a test opens, closed after it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from evsched.adapters.index import PartitionIndex
 from evsched.core.planner import PlannerLimits
 from evsched.testing import NodeDriver
 
@@ -23,3 +25,12 @@ def driver(tmp_path: Path, driver_limits: PlannerLimits) -> Iterator[NodeDriver]
     node = NodeDriver(tmp_path / "node", limits=driver_limits)
     yield node
     node.close()
+
+
+@pytest.fixture
+def indexes() -> Iterator[list[PartitionIndex]]:
+    """The indexes a test opens (it appends them), closed after it."""
+    opened: list[PartitionIndex] = []
+    yield opened
+    for index in opened:
+        index.close()

@@ -7,10 +7,7 @@ beside the job orphans of fold version 6, however the records are batched, and a
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from evsched.adapters.index import PartitionIndex
 from evsched.adapters.index_keys import (
@@ -36,6 +33,7 @@ from evsched.core.state import Verdict
 from evsched.operator.audit import audit
 from evsched.ports import Record
 from evsched.runtime.projector import Projector
+from tests.unit.index_folds import fold_into, folded
 from tests.unit.test_index_orphans import Log
 
 KEPT = retention.ORPHAN_KEPT_MS
@@ -71,31 +69,6 @@ def fired(log: Log, at: int, schedule_id: str, fire_at: int = 60_000) -> int:
         fire_at=fire_at, job_id=f"{schedule_id}-{fire_at}",
     )  # fmt: skip
     return log.add(at, event)
-
-
-@pytest.fixture
-def indexes() -> Iterator[list[PartitionIndex]]:
-    opened: list[PartitionIndex] = []
-    yield opened
-    for index in opened:
-        index.close()
-
-
-def folded(
-    path: Path, records: list[Record], cuts: list[int], opened: list[PartitionIndex]
-) -> PartitionIndex:
-    """``records`` folded into a fresh index, one batch between each two of ``cuts``."""
-    index = PartitionIndex(path, 0)
-    opened.append(index)
-    fold_into(index, records, cuts)
-    return index
-
-
-def fold_into(index: PartitionIndex, records: list[Record], cuts: list[int]) -> None:
-    projector = Projector(index)
-    for start, end in itertools.pairwise([0, *cuts, len(records)]):
-        if end > start:
-            projector.commit(projector.fold(records[start:end]))
 
 
 def batchings(records: list[Record]) -> dict[str, list[int]]:

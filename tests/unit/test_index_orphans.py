@@ -9,7 +9,6 @@ every other orphan at the first applied purge at or after its log time plus
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -68,14 +67,6 @@ class Log:
             event_id=self._id(), job_id=job_id, emitted_at=0, source="test", generation=0
         )
         return self.add(at, purge)
-
-
-@pytest.fixture
-def indexes() -> Iterator[list[PartitionIndex]]:
-    opened: list[PartitionIndex] = []
-    yield opened
-    for index in opened:
-        index.close()
 
 
 def folded(

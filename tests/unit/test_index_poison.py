@@ -6,10 +6,7 @@ batch boundaries, and after a restore from the mirrored families; the tallies co
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from evsched.adapters import avro
 from evsched.adapters.index import PartitionIndex
@@ -22,6 +19,7 @@ from evsched.core.fold import FOLD_VERSION
 from evsched.operator import cmd_undecodable
 from evsched.ports import Record
 from evsched.runtime.projector import Projector
+from tests.unit.index_folds import fold_into, folded
 
 EXTRA = 7
 GARBAGE = b"\x00garbage"
@@ -58,32 +56,6 @@ def mixed_log(count: int) -> list[Record]:
         if n % 100 == 0:
             values.append(good_event(n))
     return log_of(values)
-
-
-@pytest.fixture
-def indexes() -> Iterator[list[PartitionIndex]]:
-    opened: list[PartitionIndex] = []
-    yield opened
-    for index in opened:
-        index.close()
-
-
-def folded(
-    path: Path, records: list[Record], cuts: list[int], opened: list[PartitionIndex]
-) -> PartitionIndex:
-    """``records`` folded into a fresh index, one batch between each two of ``cuts``."""
-    index = PartitionIndex(path, 0)
-    opened.append(index)
-    fold_into(index, records, cuts)
-    return index
-
-
-def fold_into(index: PartitionIndex, records: list[Record], cuts: list[int]) -> None:
-    projector = Projector(index)
-    bounds = [0, *cuts, len(records)]
-    for start, end in itertools.pairwise(bounds):
-        if end > start:
-            projector.commit(projector.fold(records[start:end]))
 
 
 def offsets(index: PartitionIndex, family: str) -> list[int]:
