@@ -3,8 +3,8 @@
 A broker learns of a new topic from the cluster's metadata log a moment after the controller
 commits it; until then it answers "unknown topic". A client that asks a broker picked at random
 (an admin's listing, the queue catalog) right after the create may hear that the queue is not
-declared. ``spread`` asks each broker in turn, so an operator's create returns once any of them
-would say the topic exists.
+declared. ``spread`` asks each broker in turn, so an operator's create returns once whichever
+broker a client asks would say the topic exists.
 """
 
 from __future__ import annotations
