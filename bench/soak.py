@@ -11,8 +11,9 @@ too). Every ``--sample-s`` it samples:
 - ``node_disk_mb`` / ``api_disk_mb``: the nodes' and the API's data dirs on disk (RocksDB);
 - ``node_rss_mb`` / ``api_rss_mb`` / ``worker_rss_mb``: resident memory (nodes and workers
   summed);
-- ``node_sst_mb`` / ``api_sst_mb``: of those data dirs, the table files alone (the index's data,
-  without write-ahead logs and RocksDB's info log and MANIFEST), shown but not judged.
+- ``node_sst_mb`` / ``api_sst_mb`` and ``node_wal_mb`` / ``api_wal_mb``: of those data dirs, the
+  table files (the index's data) and the write-ahead logs (``*.log``; RocksDB's info log is
+  ``LOG``), shown but not judged; the rest is the info log and the MANIFEST.
 
 Per ``--chunk`` jobs (a million by default) it keeps each enqueue's acknowledgement time
 (``enqueue``) and, for the delayed jobs, the log time of the applied AttemptStarted minus
@@ -151,6 +152,8 @@ class SoakCluster(Cluster):
             "worker_rss_mb": sum(p.rss_mb() for p in self.workers),
             "node_sst_mb": sum(dir_mb(d, ".sst") for d in nodes),
             "api_sst_mb": dir_mb(self.run_dir / "api", ".sst"),
+            "node_wal_mb": sum(dir_mb(d, ".log") for d in nodes),
+            "api_wal_mb": dir_mb(self.run_dir / "api", ".log"),
         }
 
     def stop(self) -> None:

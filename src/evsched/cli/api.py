@@ -19,6 +19,7 @@ from evsched.client.loader import load_app
 from evsched.errors import BrokerAccessRefused
 from evsched.logging import configure_logging
 from evsched.metrics import Metrics
+from evsched.runtime.allocator import tune_allocator
 from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings, SettingsError
@@ -131,6 +132,7 @@ def api_command(
         max_scan=max_scan,
     )
     tune_for_folding()
+    tune_allocator()
     log.info("api_listening", host=host, port=port, data_dir=str(data_dir))
     # Open live streams (the dashboard's) must not hold a shutdown up for long.
     uvicorn.run(

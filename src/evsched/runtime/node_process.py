@@ -11,6 +11,7 @@ import signal
 
 from evsched.adapters.topics import ensure_namespace_topics
 from evsched.metrics import serve_metrics
+from evsched.runtime.allocator import tune_allocator
 from evsched.runtime.gc_policy import tune_for_folding
 from evsched.runtime.node import Node, NodeConfig
 from evsched.runtime.node_metrics import NodeMetrics
@@ -48,4 +49,5 @@ async def serve_node(config: NodeConfig) -> None:
     if await until_broker(provision, what="base topics", stop=stop) is None:
         return
     tune_for_folding()
+    tune_allocator()
     await node.run(stop)
