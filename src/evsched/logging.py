@@ -20,11 +20,12 @@ def configure_logging(*, json: bool = True, level: int | None = None) -> None:
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     )
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            stamp,
             structlog.processors.format_exc_info,
             renderer,
         ],
@@ -32,4 +33,31 @@ def configure_logging(*, json: bool = True, level: int | None = None) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    _route_stdlib(renderer, stamp)
+
+
+class _StdlibHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The root logger's handler from configure_logging (replaced, not doubled, on a repeat)."""
+
+
+def _route_stdlib(renderer: structlog.typing.Processor, stamp: structlog.typing.Processor) -> None:
+    # Our dependencies' warnings (aiokafka's produce retries, uvicorn's) in the same lines as our
+    # own: JSON with a timestamp, the level and the logger's name, so they can be lined up with
+    # the rest when reading a stall back. Handlers that others put on the root logger stay.
+    handler = _StdlibHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=[
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.add_logger_name,
+                stamp,
+                structlog.processors.format_exc_info,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StdlibHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)

@@ -1,0 +1,43 @@
+"""configure_logging: our dependencies' stdlib warnings come out as the same JSON lines as our own
+events, with a timestamp, the level and the logger's name. Run in a child, whose stderr is read
+whole (this test process's logging stays as pytest set it up)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+CHILD = textwrap.dedent(
+    """
+    import logging, structlog
+    from evsched.logging import configure_logging
+
+    configure_logging()
+    configure_logging()  # a second call replaces its handler, it does not print twice
+    logging.getLogger("aiokafka.producer.sender").warning("retrying %s", "state-3")
+    logging.getLogger("aiokafka.conn").info("below warning: not shown")
+    structlog.get_logger().info("partition_phase", partition=3)
+    """
+)
+
+
+def _lines() -> list[dict[str, object]]:
+    command = [sys.executable, "-c", CHILD]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stderr.splitlines()]
+
+
+def test_a_dependency_warning_is_one_json_line_with_time_level_and_logger() -> None:
+    lines = _lines()
+    assert len(lines) == 2
+    foreign, ours = lines
+    assert foreign["event"] == "retrying state-3"
+    assert foreign["level"] == "warning"
+    assert foreign["logger"] == "aiokafka.producer.sender"
+    assert str(foreign["timestamp"]).endswith("Z")
+    assert ours["event"] == "partition_phase"
+    assert ours["partition"] == 3
+    assert "timestamp" in ours
