@@ -33,7 +33,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from evsched.adapters.index import PartitionIndex
 from evsched.core import tallies
 from evsched.core.failures import BUILTIN_CATEGORIES, category_of
-from evsched.core.state import FoldedEvent, JobState, Status, Verdict
+from evsched.core.state import TERMINAL_STATUSES, FoldedEvent, JobState, Status, Verdict
 
 log = structlog.get_logger("evsched.metrics")
 
@@ -150,8 +150,8 @@ class Metrics:
             buckets=LATENESS_BUCKETS_S,
             registry=r,
         )
-        # Log time of each applied PermitGranted whose job has not started since (bounded by
-        # the limits' holders): the start splits its lateness at it.
+        # Log time of each applied PermitGranted whose job has neither started nor ended since
+        # (bounded by the limits' holders): the start splits its lateness at it.
         self._granted_at: dict[str, int] = {}
         self.enqueue_latency = Histogram(
             "evsched_enqueue_latency_seconds",
@@ -240,6 +240,10 @@ class Metrics:
             self._split_lateness(after, log_at)
         elif kind == "PermitGranted":
             self._granted_at[after.job_id] = log_at
+        elif after.status in TERMINAL_STATUSES:
+            # Granted and never started (cancelled, or dead once its lease ran out): no start
+            # will split a lateness at this grant, and a long-lived API must not keep it.
+            self._granted_at.pop(after.job_id, None)
 
     def _split_lateness(self, after: JobState, log_at: int) -> None:
         """A start's lateness: waited for a permit (until its grant) and the rest."""

@@ -342,6 +342,25 @@ def test_the_lateness_of_a_start_splits_into_the_wait_for_a_permit_and_the_rest(
     assert sums[("late", f"{suffix}_count")] == 2
 
 
+def test_a_grant_whose_job_ends_without_starting_is_forgotten() -> None:
+    # An API runs for months: a granted job that is cancelled (or dead-lettered) before it
+    # starts must not leave its grant's time behind for ever.
+    from evsched.core.state import FoldedEvent
+    from evsched.metrics import Metrics
+
+    metrics = Metrics(job_counts=False)
+    queued = replace(job(), run_at=1_000)
+    grant = replace(_entry("PermitGranted"), log_at=4_000)
+    cancel = replace(_entry("JobCancelled"), log_at=4_200)
+    metrics.observe_commit(
+        [
+            FoldedEvent(grant, queued, queued),
+            FoldedEvent(cancel, queued, replace(queued, status=Status.CANCELLED)),
+        ]
+    )
+    assert metrics._granted_at == {}
+
+
 def test_a_job_asks_for_its_key_s_permit_before_its_queue_s() -> None:
     keyed = job(**{permits.KEY_LABEL: "k"})
     queue_limit = home(1)
