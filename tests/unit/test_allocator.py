@@ -89,3 +89,8 @@ def test_tuning_starts_one_daemon_trimmer_thread() -> None:
     assert tuning.trimmer.daemon
     assert tuning.trimmer.is_alive()
     assert tuning.trimmer.name == allocator.THREAD_NAME
+
+
+def test_the_switch_leaves_glibc_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(allocator.SWITCH_ENV, "off")
+    assert allocator.tune_allocator(trim_every_s=None) is None

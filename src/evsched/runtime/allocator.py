@@ -8,13 +8,15 @@ ever freed, so the large short-lived buffers of a busy process (produce batches,
 batches, RocksDB write batches) end up on the main heap, where they fragment it.
 
 So each process pins the mmap threshold (blocks from this size up are mapped and unmapped on
-their own) and a daemon thread trims the heap now and then. Elsewhere than glibc both are no-ops.
+their own) and a daemon thread trims the heap now and then. Elsewhere than glibc both are no-ops,
+and ``EVSCHED_MALLOC_TUNING=off`` leaves glibc as it is (to compare, or with another allocator).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import threading
 from dataclasses import dataclass
 
@@ -26,6 +28,7 @@ MMAP_THRESHOLD_BYTES = 128 << 10
 # A trim walks the heap's free chunks and returns whole free pages (a few ms on a 200 MB heap).
 TRIM_EVERY_S = 60.0
 THREAD_NAME = "evsched-malloc-trim"
+SWITCH_ENV = "EVSCHED_MALLOC_TUNING"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +56,11 @@ def glibc() -> ctypes.CDLL | None:
 def tune_allocator(*, trim_every_s: float | None = TRIM_EVERY_S) -> AllocatorTuning | None:
     """Pin the mmap threshold and start trimming every ``trim_every_s``; call once at start.
 
-    None when the C library is not glibc, or when glibc refused the threshold.
+    None when the C library is not glibc, when glibc refused the threshold, or when
+    ``EVSCHED_MALLOC_TUNING`` is ``off``.
     """
+    if os.environ.get(SWITCH_ENV, "on").strip().lower() in ("off", "0", "false", "no"):
+        return None
     libc = glibc()
     if libc is None or libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) != 1:
         return None
