@@ -60,7 +60,7 @@ from evsched.core.state import JobState, Verdict
 from evsched.devstack.process import free_port
 from evsched.errors import DecodeError
 from evsched.settings import Settings
-from soak_report import Chunks, Sample, dir_mb, report
+from soak_report import Chunks, Sample, dir_mb_by, report
 
 # What the whole stack (broker, node, worker, the API's replica and this load generator) sustains
 # on the quiet 2-core machine with the purges' extra event per job: it kept up with 400 jobs/s
@@ -143,17 +143,21 @@ class SoakCluster(Cluster):
     def sample(self) -> dict[str, float]:
         assert self.api is not None
         nodes = [self.run_dir / f"node-{i}" for i in range(1, self.args.nodes + 1)]
+        # All files, the table files, the write-ahead logs: one walk per data dir.
+        kinds = ("", ".sst", ".log")
+        node_mb = [dir_mb_by(d, kinds) for d in nodes]
+        api_mb = dir_mb_by(self.run_dir / "api", kinds)
         return {
             "live_jobs": self.metrics()["live_jobs"],
-            "node_disk_mb": sum(dir_mb(d) for d in nodes),
-            "api_disk_mb": dir_mb(self.run_dir / "api"),
+            "node_disk_mb": sum(d[""] for d in node_mb),
+            "api_disk_mb": api_mb[""],
             "node_rss_mb": sum(p.rss_mb() for p in self.nodes),
             "api_rss_mb": self.api.rss_mb(),
             "worker_rss_mb": sum(p.rss_mb() for p in self.workers),
-            "node_sst_mb": sum(dir_mb(d, ".sst") for d in nodes),
-            "api_sst_mb": dir_mb(self.run_dir / "api", ".sst"),
-            "node_wal_mb": sum(dir_mb(d, ".log") for d in nodes),
-            "api_wal_mb": dir_mb(self.run_dir / "api", ".log"),
+            "node_sst_mb": sum(d[".sst"] for d in node_mb),
+            "api_sst_mb": api_mb[".sst"],
+            "node_wal_mb": sum(d[".log"] for d in node_mb),
+            "api_wal_mb": api_mb[".log"],
         }
 
     def stop(self) -> None:

@@ -29,14 +29,24 @@ def dir_mb(path: Path, suffix: str = "") -> float:
     """Bytes on disk under ``path`` (allocated blocks, so sparse or preallocated files count
     what they take) of the files whose names end in ``suffix``, in MB; 0 when it does not
     exist."""
-    total = 0
+    return dir_mb_by(path, (suffix,))[suffix]
+
+
+def dir_mb_by(path: Path, suffixes: Sequence[str]) -> dict[str, float]:
+    """``dir_mb`` for each of ``suffixes`` ("" for every file), in one walk of ``path``."""
+    totals = dict.fromkeys(suffixes, 0)
     for root, _, files in os.walk(path):
-        for name in (n for n in files if n.endswith(suffix)):
+        for name in files:
+            ends = [suffix for suffix in suffixes if name.endswith(suffix)]
+            if not ends:
+                continue
             try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                size = os.lstat(os.path.join(root, name)).st_blocks * 512
             except OSError:  # a RocksDB file compacted away meanwhile
                 continue
-    return total / (1 << 20)
+            for suffix in ends:
+                totals[suffix] += size
+    return {suffix: total / (1 << 20) for suffix, total in totals.items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,11 @@ _SECURITY_ENV = {
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 # What evsched can pass on from the environment (OAUTHBEARER needs a token provider in code).
 _MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI")
-_BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+# How a yes/no variable may be spelled (its value stripped and lower-cased).
+BOOLEANS = {
+    **dict.fromkeys(("1", "true", "yes", "on"), True),
+    **dict.fromkeys(("0", "false", "no", "off"), False),
+}
 # Options whose values never appear in a repr or a log line.
 _SECRET_OPTIONS = frozenset({"sasl_plain_password", "sasl_oauth_token_provider"})
 
@@ -173,12 +177,12 @@ def _ssl_context(env: Mapping[str, str], cafile: str | None) -> ssl.SSLContext:
     except (OSError, ssl.SSLError) as exc:
         raise SettingsError(f"EVSCHED_KAFKA_SSL_CAFILE={cafile!r}: {exc}") from None
     check = env.get("EVSCHED_KAFKA_SSL_CHECK_HOSTNAME", "true").strip().lower()
-    if check not in _BOOLEANS:
+    if check not in BOOLEANS:
         raise SettingsError(
             f"EVSCHED_KAFKA_SSL_CHECK_HOSTNAME={check[:20]!r}: expected true or false"
         )
     # The certificate is still verified against the CA without it; only the name is not.
-    context.check_hostname = _BOOLEANS[check]
+    context.check_hostname = BOOLEANS[check]
     return context
 
 

@@ -14,8 +14,10 @@ from evsched.runtime import allocator
 
 pytestmark = pytest.mark.skipif(allocator.glibc() is None, reason="glibc's allocator only")
 
-# A child that frees a 1 MiB block (which, unpinned, raises glibc's threshold to 1 MiB), then
-# allocates 256 KiB and prints how many bytes glibc's mapped blocks grew by.
+# A child that frees a 16 MiB block (which, unpinned, raises glibc's threshold to 16 MiB), then
+# allocates 8 MiB and prints how many bytes glibc's mapped blocks grew by. (A block that fits in
+# free heap space is taken from the heap whatever the threshold: 8 MiB is more than the imports
+# leave free, even when they compile their sources.)
 MAPPED_GROWTH = textwrap.dedent(
     """
     import ctypes, sys
@@ -33,9 +35,9 @@ MAPPED_GROWTH = textwrap.dedent(
     libc.free.argtypes = [ctypes.c_void_p]
     if sys.argv[1] == "tuned":
         assert allocator.tune_allocator(trim_every_s=None) is not None
-    libc.free(libc.malloc(1 << 20))
+    libc.free(libc.malloc(16 << 20))
     before = libc.mallinfo2().hblkhd
-    block = libc.malloc(256 << 10)
+    block = libc.malloc(8 << 20)
     print(libc.mallinfo2().hblkhd - before)
     libc.free(block)
     """

@@ -15,10 +15,12 @@ and ``EVSCHED_MALLOC_TUNING=off`` leaves glibc as it is (to compare, or with ano
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import threading
+import time
 from dataclasses import dataclass
+
+from evsched.settings import BOOLEANS
 
 # mallopt's parameter number for the mmap threshold (malloc.h); setting it also stops glibc
 # from raising the threshold (and the trim threshold) as large blocks are freed.
@@ -40,17 +42,9 @@ class AllocatorTuning:
 
 
 def glibc() -> ctypes.CDLL | None:
-    """The C library when it is glibc (it has ``malloc_trim`` and ``mallopt``), else None."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        libc = ctypes.CDLL(name)
-    except OSError:
-        return None
-    if not (hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt")):
-        return None
-    return libc
+    """The process's C library when it is glibc (it has ``malloc_trim`` and ``mallopt``)."""
+    libc = ctypes.CDLL(None)  # the symbols already loaded: the interpreter's own C library
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
 
 
 def tune_allocator(*, trim_every_s: float | None = TRIM_EVERY_S) -> AllocatorTuning | None:
@@ -59,7 +53,7 @@ def tune_allocator(*, trim_every_s: float | None = TRIM_EVERY_S) -> AllocatorTun
     None when the C library is not glibc, when glibc refused the threshold, or when
     ``EVSCHED_MALLOC_TUNING`` is ``off``.
     """
-    if os.environ.get(SWITCH_ENV, "on").strip().lower() in ("off", "0", "false", "no"):
+    if BOOLEANS.get(os.environ.get(SWITCH_ENV, "on").strip().lower()) is False:
         return None
     libc = glibc()
     if libc is None or libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) != 1:
@@ -81,6 +75,6 @@ def release_free_memory(libc: ctypes.CDLL | None = None) -> bool:
 
 def _trim_forever(libc: ctypes.CDLL, every_s: float) -> None:
     # ctypes lets go of the GIL for the call; the thread ends with the process (daemon).
-    never = threading.Event()
-    while not never.wait(every_s):
+    while True:
+        time.sleep(every_s)
         release_free_memory(libc)
