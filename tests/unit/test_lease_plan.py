@@ -23,7 +23,7 @@ from evsched.core.events import (
 from evsched.core.permits import KEY_LABEL
 from evsched.core.planner import PlannerLimits
 from evsched.ports import Record
-from evsched.runtime.budget import QueueBudget
+from evsched.runtime.budget import QueueBudget, Waiting
 from evsched.runtime.lease_plan import waiting_by_queue
 from evsched.runtime.partition import OwnedPartition
 from evsched.runtime.projector import Folded
@@ -165,7 +165,8 @@ async def test_a_backlog_behind_a_full_queue_is_not_decoded(
         assert sorted(decoded) == ["open5", "open6"] == sorted(s.event.job_id for s in lean[0])
         # Of each queue's entries only its room and one more are kept: the best one left waits.
         assert sorted(c.job_id for c in lean[1]) == ["full0005", "open5", "open6", "open7"]
-        assert waiting_by_queue(*lean) == {"full": 1, "open": 0}
+        # The line is told the best priority left waiting and how many wait (those not kept too).
+        assert waiting_by_queue(*lean) == {"full": Waiting(1, 595), "open": Waiting(0, 1)}
         decoded.clear()
         full = owner._plan_read_all(folded, now, owner._lease_load())
         assert full[0] == lean[0] and waiting_by_queue(*full) == waiting_by_queue(*lean)

@@ -151,15 +151,16 @@ async def test_the_budget_is_shared_by_partitions_and_full_queues_serve_them_in_
         owner.on_wake = lambda p=p: woken.append(p)  # type: ignore[misc]
     await owners[0].step([enqueued(o, f"a{o}", "q") for o in range(5)], 2_000, 5)
     await owners[1].step([enqueued(o, f"b{o}", "q") for o in range(2)], 2_000, 2)
-    # 3 leases on partition 0 fill the queue: partition 1 waits, and is first in line.
+    # 3 leases on partition 0 fill the queue: partition 1 waits, and is first in line (partition
+    # 0 had its turn); its two jobs take the next room before partition 0's.
     assert budget.total() == QueueLoad(in_flight={"q": 3}, unstarted={"q": 3})
-    assert budget.not_my_turn(0) == {"q"} and budget.not_my_turn(1) == set()
+    assert budget.ahead(0) == {"q": 2} and budget.ahead(1) == {}
     # Partition 0 gives its leases up (closed): the first in line is woken and leases both.
     owners[0].close()
     assert woken == [1] and owners[1].woken
     await owners[1].step([], 2_001, 2)
     assert budget.total() == QueueLoad(in_flight={"q": 2}, unstarted={"q": 2})
-    assert budget.not_my_turn(1) == set()  # nothing left waiting: no line
+    assert budget.ahead(1) == budget.ahead(0) == {}  # nothing left waiting: no line
     owners[1].close()
 
 

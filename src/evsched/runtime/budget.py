@@ -5,12 +5,16 @@ partition reports its leased, running and pending jobs here, and plans its lease
 Partitions plan on the one event loop without an await between reading the sum and recording
 their new leases, so the limits hold exactly within a node. Across nodes each has its own budget.
 
-When a queue is full, the partitions with due jobs for it wait in line: room that frees up goes
-to the first in line, and a partition that just leased goes back behind the others of its
-priority, so a partition with a deep backlog cannot starve the others of a shared queue. The line
-is ordered by the highest priority each partition has waiting (then by arrival): a partition
-holding a higher-priority due job gets the next room, and the others lease nothing of that queue
-meanwhile, so priority orders leases across the node's partitions, not only within each one.
+When a queue is full, the partitions with due jobs for it wait in line, and the line reserves
+room: a partition leases only from the room left after the due jobs of those ahead of it, so room
+that frees up goes to the first in line, and a partition that just leased goes back behind the
+others of its priority; a partition with a deep backlog cannot starve the others of a shared
+queue. The line is ordered by the highest priority each partition has waiting (then by arrival):
+a partition holding a higher-priority due job gets the next room, so priority orders leases
+across the node's partitions, not only within each one. Room beyond what the line waits for is
+anyone's: a line that once formed does not hold back partitions while the queue is below its
+limits (it did, until the line emptied, and at 400 jobs/s on one box it never did: a partition
+waited 20-45 s in it with the queue at a third of its limit).
 
 ``--max-unstarted`` is a floor, not a fixed size: a queue whose workers start jobs quickly may
 hold ``--unstarted-horizon-ms`` (1 s) of its recent starts leased but unstarted (up to
@@ -37,6 +41,16 @@ class QueueLoad:
     in_flight: Mapping[str, int]
     unstarted: Mapping[str, int]
     unstarted_limits: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A partition's due jobs of one queue left unleased after a plan: the highest priority among
+    them (its place in the line), and how many (the room it reserves; the scan's window bounds
+    the count)."""
+
+    priority: int
+    jobs: int
 
 
 class LoadSource(Protocol):
@@ -84,6 +98,7 @@ class QueueBudget:
         self._members: dict[int, LoadSource] = {}
         self._lines: dict[str, list[int]] = {}  # queue -> partitions waiting for room, in turn
         self._ranks: dict[str, dict[int, int]] = {}  # queue -> partition -> priority it waits with
+        self._jobs: dict[str, dict[int, int]] = {}  # queue -> partition -> jobs it waits with
         self._served: dict[str, set[int]] = {}  # queue -> partitions that leased as they joined
 
     def join(self, partition: int, source: LoadSource) -> None:
@@ -105,43 +120,56 @@ class QueueBudget:
             unstarted.update(member.unstarted)
         return QueueLoad(in_flight=dict(in_flight), unstarted=dict(unstarted))
 
-    def not_my_turn(self, partition: int) -> set[str]:
-        """Queues where another partition is first in line: ``partition`` leases none there."""
-        return {queue for queue, line in self._lines.items() if line[0] != partition}
+    def ahead(self, partition: int) -> dict[str, int]:
+        """Per queue with a line, the due jobs waiting ahead of ``partition`` (all in line, if it
+        is not): the room it must leave them."""
+        reserved: dict[str, int] = {}
+        for queue, line in self._lines.items():
+            before = line[: line.index(partition)] if partition in line else line
+            if jobs := sum(self._jobs[queue][p] for p in before):
+                reserved[queue] = jobs
+        return reserved
 
-    def waited(self, partition: int, *, blocked: Mapping[str, int], leased: Iterable[str]) -> None:
+    def waited(
+        self, partition: int, *, blocked: Mapping[str, Waiting], leased: Iterable[str]
+    ) -> None:
         """After a plan: ``blocked`` maps queues with due jobs of ``partition`` left unleased to
-        the highest priority among them.
+        what waits there.
 
-        A blocked partition takes its place in the queue's line by that priority: behind the
+        A blocked partition takes its place in the queue's line by its best priority: behind the
         partitions of a higher or the same priority, but ahead of those of its priority that
-        leased when they joined (they had their turn); one that leased joins behind all of its
-        priority. One that no longer waits leaves the line.
+        leased when they joined (they had their turn; once only, so those it passes are not
+        passed again by the next to join); one that leased joins behind all of its priority.
+        One that no longer waits leaves the line.
         """
         leased = set(leased)
         heads = {queue: line[0] for queue, line in self._lines.items()}
         for queue, line in self._lines.items():
             if partition in line and (queue not in blocked or queue in leased):
                 line.remove(partition)
-        for queue, priority in blocked.items():
+        for queue, waiting in blocked.items():
             line = self._lines.setdefault(queue, [])
             ranks = self._ranks.setdefault(queue, {})
-            if partition in line and ranks[partition] != priority:
+            served = self._served.setdefault(queue, set())
+            self._jobs.setdefault(queue, {})[partition] = waiting.jobs
+            if partition in line and ranks[partition] != waiting.priority:
                 line.remove(partition)
             if partition not in line:
-                ranks[partition] = priority
-                turn = (priority, queue in leased)
-                line.insert(
-                    _place(line, ranks, turn, self._served.setdefault(queue, set())), partition
-                )
-                self._served[queue].discard(partition)
+                ranks[partition] = waiting.priority
+                turn = (waiting.priority, queue in leased)
+                at = _place(line, ranks, turn, served)
+                line.insert(at, partition)
+                served.discard(partition)
                 if queue in leased:
-                    self._served[queue].add(partition)
+                    served.add(partition)
+                else:  # those it passed keep their place from now on
+                    served.difference_update(line[at + 1 :])
         for queue in list(self._lines):
             line = self._lines[queue]
             if not line:
                 del self._lines[queue]
                 self._ranks.pop(queue, None)
+                self._jobs.pop(queue, None)
                 self._served.pop(queue, None)
             elif heads.get(queue) != line[0] and line[0] != partition:
                 self._members[line[0]].wake()  # a new first in line: there may be room

@@ -1,7 +1,7 @@
 """Lease planning that decodes only the jobs it leases.
 
 Under a backlog most due jobs a step reads are on queues with no room left: the node's
-``--max-unstarted`` and ``--max-in-flight``, or another partition's turn in the node's line.
+``--max-unstarted`` and ``--max-in-flight``, less the room its line keeps for other partitions.
 Their ``due_priority`` entries already say what choosing leases needs (lease order, queue,
 scheduled), so only the jobs chosen are decoded; the jobs this step's records touched are read
 through the step's batch, as before. The scan's window is the same as before (the same keys,
@@ -16,7 +16,8 @@ caller then reads every due job's state, the way before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Set
+from collections import Counter
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 
 from evsched.adapters.index import PartitionIndex
@@ -26,13 +27,14 @@ from evsched.core.controls import QUEUE
 from evsched.core.events import KEY_PREFIX
 from evsched.core.permits import concurrency_key
 from evsched.core.state import JobState, Status
-from evsched.runtime.budget import QueueLoad
+from evsched.runtime.budget import QueueLoad, Waiting
 from evsched.runtime.permit_plan import PermitPlanner
 from evsched.runtime.projector import Folded, Projector
 
 # A due job: its state, or its index entry when the state was not needed.
 Candidate = JobState | DueEntry
-Planned = tuple[list[planner.Lease], list[Candidate]]
+# A step's leases, its candidates, and per queue the due jobs the scan read but did not keep.
+Planned = tuple[list[planner.Lease], list[Candidate], Mapping[str, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +83,8 @@ class LeanLeases:
         view = _View(folded, self.projector.paused(QUEUE, folded), limits.keys())
         horizon = now + self.limits.prelease_ms
         entries = self.index.due_entries(horizon, self.scan_limit, skip=self._skipper(view))
-        candidates = [
-            c
-            for c in self._candidates(entries, view, self._rooms(load))
-            if c.run_at <= horizon and c.queue not in view.paused
-        ]
+        kept, unread = self._candidates(entries, view, self._rooms(load))
+        candidates = [c for c in kept if c.run_at <= horizon and c.queue not in view.paused]
         asked = self.permits.asked()
         if limits:
             candidates = self._permitted(candidates, now, folded)
@@ -109,7 +108,7 @@ class LeanLeases:
             source=self.source,
             events_offset=self.projector.next_offset,
         )
-        return leases, candidates
+        return leases, candidates, unread
 
     def _skipper(self, view: _View) -> Callable[[DueEntry], bool]:
         """What the scan skips (it asks for every key it reads: the usual case is one call)."""
@@ -153,8 +152,9 @@ class LeanLeases:
 
     def _candidates(
         self, entries: list[DueEntry], view: _View, room: Callable[[str], int]
-    ) -> list[Candidate]:
-        """The scan's jobs and the batch's scheduled ones, once each, none held back.
+    ) -> tuple[list[Candidate], Counter[str]]:
+        """The scan's jobs and the batch's scheduled ones, once each, none held back; and per
+        queue how many more due jobs the scan read (the node's line counts them as waiting).
 
         An entry stands for its job's committed state, unless the batch touched the job or the
         entry cannot tell (then the state is read, as the full read does). Of a queue's entries
@@ -166,6 +166,7 @@ class LeanLeases:
         touched = folded.batch.before_jobs
         found: dict[str, Candidate] = {}
         wanted: dict[str, int] = {}  # queue -> entries still worth keeping
+        unread: Counter[str] = Counter()
         for entry in entries:  # none held back: the scan skipped those
             job_id, queue = entry.job_id, entry.queue
             if job_id in found:
@@ -174,6 +175,8 @@ class LeanLeases:
                 left = wanted[queue] if queue in wanted else room(queue) + 1
                 if left > 0:
                     found[job_id] = entry
+                else:
+                    unread[queue] += 1
                 wanted[queue] = left - 1
             elif (state := self.projector.job(job_id, folded)) is not None:
                 found[job_id] = state
@@ -181,7 +184,7 @@ class LeanLeases:
             fresh = state.status is Status.SCHEDULED and job_id not in found
             if fresh and not self.held_back(job_id):
                 found[job_id] = state
-        return list(found.values())
+        return list(found.values()), unread
 
     def _states(self, chosen: list[Candidate], folded: Folded) -> list[JobState] | None:
         """The chosen jobs' states; None if one is not what its entry said."""
@@ -207,15 +210,21 @@ def _agrees(entry: DueEntry, state: JobState) -> bool:
     )
 
 
-def waiting_by_queue(leases: list[planner.Lease], candidates: list[Candidate]) -> dict[str, int]:
-    """Queues with due jobs left unleased, each with the highest priority among them (what the
-    node's line orders partitions by)."""
+def waiting_by_queue(
+    leases: list[planner.Lease], candidates: list[Candidate], unread: Mapping[str, int]
+) -> dict[str, Waiting]:
+    """Queues with due jobs left unleased: the highest priority among them (what the node's line
+    orders partitions by) and how many (the room the line reserves for them)."""
     leased = {lease.event.job_id for lease in leases}
-    left: dict[str, int] = {}
+    best: dict[str, int] = {}
+    left: Counter[str] = Counter(unread)
+    seen: set[str] = set()
     for s in candidates:
-        if s.status is Status.SCHEDULED and s.job_id not in leased:
-            left[s.queue] = max(s.priority, left.get(s.queue, s.priority))
-    return left
+        if s.status is Status.SCHEDULED and s.job_id not in leased and s.job_id not in seen:
+            seen.add(s.job_id)
+            best[s.queue] = max(s.priority, best.get(s.queue, s.priority))
+            left[s.queue] += 1
+    return {queue: Waiting(priority, left[queue]) for queue, priority in best.items()}
 
 
 def leases_against(

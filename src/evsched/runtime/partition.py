@@ -30,7 +30,6 @@ from evsched.runtime.budget import QueueBudget, QueueLoad
 from evsched.runtime.changelog import ChangelogWriter
 from evsched.runtime.fold_chunks import fold_chunked, refold_chunked
 from evsched.runtime.lease_plan import (
-    Candidate,
     LeanLeases,
     Planned,
     leases_against,
@@ -330,9 +329,13 @@ class OwnedPartition:
         load = self._lease_load()
         # Only the jobs leased are decoded, unless an entry cannot stand for its state.
         planned = self.lean.plan(folded, now, load)
-        leases, candidates = planned or self._plan_read_all(folded, now, load)
+        leases, candidates, unread = planned or self._plan_read_all(folded, now, load)
         if self.budget is not None:
-            self._wait_in_line(self.budget, leases, candidates)
+            self.budget.waited(
+                self.partition,
+                blocked=waiting_by_queue(leases, candidates, unread),
+                leased={lease.dispatch.queue for lease in leases},
+            )
         return leases
 
     def _lease_load(self) -> QueueLoad:
@@ -340,16 +343,17 @@ class OwnedPartition:
         if self.budget is None:
             return self.load()
         load = self.budget.total()
-        in_flight = dict(load.in_flight)
-        for queue in self.budget.not_my_turn(self.partition):
-            in_flight[queue] = self.limits.max_in_flight_per_queue  # full for us, for now
+        # The due jobs of the partitions ahead in a queue's line take its room first.
+        reserved = self.budget.ahead(self.partition)
+        in_flight = Counter(load.in_flight) + Counter(reserved)
+        unstarted = Counter(load.unstarted) + Counter(reserved)
         raised = self.budget.rate.limits(
             self.limits.max_unstarted_per_queue,
             self.limits.max_in_flight_per_queue,
             self.limits.unstarted_horizon_ms / 1000,
             self.clock.monotonic_s(),
         )
-        return QueueLoad(in_flight, load.unstarted, raised)
+        return QueueLoad(dict(in_flight), dict(unstarted), raised)
 
     def _plan_read_all(self, folded: Folded, now: int, load: QueueLoad) -> Planned:
         """Leases from every due job's state in the scan's window (``LeanLeases`` reads fewer)."""
@@ -366,17 +370,7 @@ class OwnedPartition:
         ]
         if self.permits.active(folded):
             candidates = self.permits.permitted(candidates, now, folded)
-        return self._lease(candidates, load, now), list(candidates)
-
-    def _wait_in_line(
-        self, budget: QueueBudget, leases: list[planner.Lease], candidates: list[Candidate]
-    ) -> None:
-        """Queues with due jobs left unleased wait in the node's line, by their best priority."""
-        budget.waited(
-            self.partition,
-            blocked=waiting_by_queue(leases, candidates),
-            leased={lease.dispatch.queue for lease in leases},
-        )
+        return self._lease(candidates, load, now), list(candidates), {}
 
     def _lease(self, candidates: list[JobState], load: QueueLoad, now: int) -> list[planner.Lease]:
         return leases_against(
