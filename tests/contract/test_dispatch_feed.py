@@ -147,8 +147,12 @@ class KafkaHarness:
         await self.feed.close()
         await self._producer.stop()
 
-    async def put(self, value: bytes, *, key: bytes, headers: Headers = ()) -> None:
-        await self._producer.send_and_wait(self.topic, value, key=key, headers=list(headers))
+    async def put(
+        self, value: bytes, *, key: bytes, headers: Headers = (), partition: int | None = None
+    ) -> None:
+        await self._producer.send_and_wait(
+            self.topic, value, key=key, headers=list(headers), partition=partition
+        )
 
     async def next_member(self) -> DispatchFeed:
         await self.feed.close()
@@ -212,6 +216,27 @@ class TestKafkaDispatchFeed(DispatchFeedContract):
         await real.start()
         yield real
         await real.close()
+
+    async def test_a_worker_taking_a_slot_at_a_time_serves_every_partition_in_turn(
+        self, harness: KafkaHarness
+    ) -> None:
+        # A worker with one slot: it takes one record, is full (a take of 0 pauses its
+        # partitions), and takes one more when the slot frees. aiokafka hands out what it
+        # fetched in its fetch response's order and drops it on a pause, so the first partition
+        # of the response was served until it was empty: the one record on the last partition
+        # came after the other 40 (the priority test's high jobs waited seconds that way).
+        for i in range(20):
+            await harness.put(b"zero-%d" % i, key=b"a", partition=0)
+            await harness.put(b"one-%d" % i, key=b"b", partition=1)
+        await harness.put(b"two", key=b"c", partition=2)
+        got: list[Record] = []
+        while len(got) < 6:
+            got += await collect(harness.feed, 1, max_records=1)
+            assert await harness.feed.take(0, 0.0) == []
+        served = [r.partition for r in got]
+        # In turn (the last record may come a fetch after the others: one round later at most).
+        assert 2 in served[:4] and max(served.count(0), served.count(1)) <= 3, served
+        assert [r.value for r in got if r.partition == 0] == [b"zero-0", b"zero-1", b"zero-2"]
 
     async def test_a_commit_the_group_refused_returns_nothing(self, settings: Settings) -> None:
         # A member stuck between fetching and committing (a frozen worker) past its poll

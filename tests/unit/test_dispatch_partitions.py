@@ -121,7 +121,12 @@ class Consumer:
     def paused(self) -> set[TopicPartition]:
         return set(self.paused_now)
 
-    async def getmany(self, timeout_ms: int, max_records: int) -> dict[Any, Any]:
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(TOPIC, p) for p in range(self.partitions)}
+
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
+    ) -> dict[Any, Any]:
         return {}
 
     async def committed(self, tp: TopicPartition) -> int | None:
