@@ -321,10 +321,15 @@ class _RefusingConsumer:
     def paused(self) -> set[TopicPartition]:
         return set()
 
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition("ns.dispatch.default", 0)}
+
     def partitions_for_topic(self, topic: str) -> set[int]:
         return {0}  # the commit records the topic's partition count (kafka_feed.LAYOUT)
 
-    async def getmany(self, **_: object) -> dict[TopicPartition, list[SimpleNamespace]]:
+    async def getmany(
+        self, *_: object, **__: object
+    ) -> dict[TopicPartition, list[SimpleNamespace]]:
         tp = TopicPartition("ns.dispatch.default", 0)
         raw = SimpleNamespace(
             topic=tp.topic,

@@ -146,6 +146,7 @@ class KafkaDispatchFeed:
             # from there. Running them here as well would run the same live token twice, which
             # fencing cannot tell apart.
             log.warning("dispatch_dropped_after_rebalance", offsets=_named(offsets), error=str(exc))
+            self._read.clear()  # read past a commit that may no longer be this member's
             return []
         return [to_record(raw) for records in batches.values() for raw in records]
 
@@ -312,4 +313,6 @@ class _StartWhereLive(ConsumerRebalanceListener):  # type: ignore[misc]
         self._feed.forget(revoked)
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        assigned = list(assigned)
+        self._feed.forget(assigned)  # they are read again from their commit
         await self._feed.position_new(assigned)
