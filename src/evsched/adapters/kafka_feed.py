@@ -72,7 +72,7 @@ class KafkaDispatchFeed:
         self._held: set[TopicPartition] = set()
         # Read but not handed out yet, per partition in offset order; the last partition served.
         self._read: dict[TopicPartition, deque[Any]] = {}
-        self._last: tuple[str, int] | None = None
+        self._last: TopicPartition | None = None
 
     @classmethod
     def for_pool(
@@ -154,7 +154,7 @@ class KafkaDispatchFeed:
         """Top each readable partition's read records up to ``wanted`` from what the client
         already fetched (no wait)."""
         c = self._consumer
-        for tp in sorted(c.assignment() - c.paused(), key=_order):
+        for tp in sorted(c.assignment() - c.paused()):
             short = wanted - len(self._read.get(tp, ()))
             if short > 0:
                 self._keep(await c.getmany(tp, timeout_ms=0, max_records=short))
@@ -169,8 +169,8 @@ class KafkaDispatchFeed:
         partition served (in topic and partition order, wrapping round)."""
         assigned = self._consumer.assignment()
         self._read = {tp: rs for tp, rs in self._read.items() if rs and tp in assigned}
-        order = sorted(self._read, key=_order)
-        after = [tp for tp in order if self._last is not None and _order(tp) > self._last]
+        order = sorted(self._read)  # TopicPartition sorts by topic, then partition
+        after = [tp for tp in order if self._last is not None and tp > self._last]
         order = after + [tp for tp in order if tp not in after]
         taken: dict[Any, list[Any]] = {}
         while count > 0 and any(self._read[tp] for tp in order):
@@ -178,7 +178,7 @@ class KafkaDispatchFeed:
                 if count > 0 and self._read[tp]:
                     taken.setdefault(tp, []).append(self._read[tp].popleft())
                     count -= 1
-                    self._last = _order(tp)
+                    self._last = tp
         self._read = {tp: rs for tp, rs in self._read.items() if rs}
         return taken
 
@@ -295,10 +295,6 @@ def _layout(metadata: str) -> int | None:
     """The partition count a commit's metadata recorded, None when it recorded none."""
     count = metadata.removeprefix(LAYOUT)
     return int(count) if metadata.startswith(LAYOUT) and count.isdigit() else None
-
-
-def _order(tp: TopicPartition) -> tuple[str, int]:
-    return (tp.topic, tp.partition)
 
 
 def _named(offsets: dict[Any, int]) -> dict[str, int]:
