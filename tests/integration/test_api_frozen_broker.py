@@ -8,6 +8,7 @@ A write must answer within the bound with the job id and a status saying it is n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from tests.conftest import unique_name
+from tests.integration.engine import wait_for
 
 from evsched.adapters.queues import FixedQueues
 from evsched.adapters.topics import ensure_topics
@@ -56,6 +58,20 @@ def private_broker(tmp_path: Path, kafka_bootstrap: str) -> Iterator[tuple[str, 
         broker.down()
 
 
+async def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (state T in /proc/<pid>/task/<tid>/stat)."""
+
+    def states() -> list[str]:
+        found = []
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+                found.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+        return found
+
+    found = await asyncio.to_thread(states)
+    return bool(found) and all(state in ("T", "t") for state in found)
+
+
 async def test_writes_during_a_broker_freeze_answer_unconfirmed_within_the_bound(
     private_broker: tuple[str, int], tmp_path: Path
 ) -> None:
@@ -82,6 +98,9 @@ async def test_writes_during_a_broker_freeze_answer_unconfirmed_within_the_bound
 
         os.kill(pid, signal.SIGSTOP)
         try:
+            # A stop reaches each of the JVM's threads in turn: a write sent before the last one
+            # stopped could still be acknowledged.
+            await wait_for(lambda: _stopped(pid), what=f"every thread of broker {pid} stopped")
             started = time.monotonic()
             frozen = await asyncio.wait_for(
                 http.post(
