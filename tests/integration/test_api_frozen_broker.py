@@ -8,7 +8,6 @@ A write must answer within the bound with the job id and a status saying it is n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
@@ -27,7 +26,7 @@ from evsched.client import App
 from evsched.core import ids
 from evsched.devstack.broker import LocalBroker
 from evsched.devstack.errors import DevstackError
-from evsched.devstack.process import free_port
+from evsched.devstack.process import free_port, proc_state
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings
 
@@ -62,11 +61,8 @@ async def _stopped(pid: int) -> bool:
     """Whether every thread of ``pid`` is stopped (state T in /proc/<pid>/task/<tid>/stat)."""
 
     def states() -> list[str]:
-        found = []
-        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
-            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
-                found.append(stat.read_text().rsplit(")", 1)[1].split()[0])
-        return found
+        tasks = Path(f"/proc/{pid}/task").glob("*/stat")
+        return [state for stat in tasks if (state := proc_state(stat)) is not None]
 
     found = await asyncio.to_thread(states)
     return bool(found) and all(state in ("T", "t") for state in found)

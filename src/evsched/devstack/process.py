@@ -73,15 +73,23 @@ def write_pid(pid_file: Path, pid: int) -> None:
     partial.replace(pid_file)
 
 
+def proc_state(stat_path: Path) -> str | None:
+    """The state letter in a process's or a thread's stat file; None when it is gone.
+
+    ``/proc/<pid>/stat`` for a process, ``/proc/<pid>/task/<tid>/stat`` for one of its threads.
+    """
+    try:
+        stat = stat_path.read_text(encoding="utf-8")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name in parentheses may itself hold spaces and parentheses.
+    return stat.rpartition(")")[2].split()[0]
+
+
 def is_alive(pid: int) -> bool:
     """True while ``pid`` runs; a zombie (exited, not yet reaped) counts as gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    # The command name in parentheses may itself hold spaces and parentheses.
-    state = stat.rpartition(")")[2].split()[0]
-    return state not in {"Z", "X"}
+    state = proc_state(Path(f"/proc/{pid}/stat"))
+    return state is not None and state not in {"Z", "X"}
 
 
 def cmdline(pid: int) -> list[str]:
