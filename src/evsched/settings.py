@@ -45,6 +45,22 @@ class SettingsError(EvschedError, ValueError):
     """An ``EVSCHED_*`` variable holds what evsched cannot use; the message names it."""
 
 
+# On/off variables of evsched's own processes (node, worker, API): on when unset.
+GC_TUNING_ENV = "EVSCHED_GC_TUNING"
+MALLOC_TUNING_ENV = "EVSCHED_MALLOC_TUNING"
+PROCESS_SWITCHES = (GC_TUNING_ENV, MALLOC_TUNING_ENV)
+
+
+def switch_env(env: Mapping[str, str], name: str) -> bool:
+    """An on/off variable, on when unset or empty; any other spelling raises SettingsError."""
+    value = env.get(name, "").strip().lower()
+    if not value:
+        return True
+    if value not in BOOLEANS:
+        raise SettingsError(f"{name}={value[:20]!r}: expected on or off (or true/false, 1/0)")
+    return BOOLEANS[value]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     bootstrap: str = DEFAULT_BOOTSTRAP
@@ -85,6 +101,8 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
+        for switch in PROCESS_SWITCHES:  # read at start by the processes: refused here, early
+            switch_env(env, switch)
         return cls(
             bootstrap=env.get("EVSCHED_KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP),
             namespace=env.get("EVSCHED_NAMESPACE", DEFAULT_NAMESPACE),

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from evsched.runtime import allocator
+from evsched.settings import MALLOC_TUNING_ENV
 
 pytestmark = pytest.mark.skipif(allocator.glibc() is None, reason="glibc's allocator only")
 
@@ -94,5 +95,5 @@ def test_tuning_starts_one_daemon_trimmer_thread() -> None:
 
 
 def test_the_switch_leaves_glibc_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(allocator.SWITCH_ENV, "off")
+    monkeypatch.setenv(MALLOC_TUNING_ENV, "off")
     assert allocator.tune_allocator(trim_every_s=None) is None

@@ -74,10 +74,10 @@ def producer(
 
 
 async def start_producer(
-    settings: Settings, *, client_id: str, transactional_id: str | None = None
+    settings: Settings, *, client_id: str, transactional_id: str | None = None, **extra: Any
 ) -> AIOKafkaProducer:
     """A started ``producer``; one that cannot start is stopped and raises PublishError."""
-    fresh = producer(settings, client_id=client_id, transactional_id=transactional_id)
+    fresh = producer(settings, client_id=client_id, transactional_id=transactional_id, **extra)
     try:
         await fresh.start()
     except KafkaError as exc:

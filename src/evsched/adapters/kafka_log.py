@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -40,10 +40,17 @@ class KafkaEventLog:
     """
 
     def __init__(
-        self, settings: Settings, *, client_id: str, ack_timeout_s: float = ACK_TIMEOUT_S
+        self,
+        settings: Settings,
+        *,
+        client_id: str,
+        ack_timeout_s: float = ACK_TIMEOUT_S,
+        producer_options: Mapping[str, Any] | None = None,
     ) -> None:
         self._settings = settings
         self._ack_timeout_s = ack_timeout_s
+        # aiokafka options over the producer's own (linger_ms: bench/enqueue_path.py compares).
+        self._producer_options = dict(producer_options or {})
         self._replicas = ReplicaCheck(lambda topic: describe_partitions(settings, topic))
         self._client_id = client_id
         self._producer: Any = None
@@ -148,7 +155,9 @@ class KafkaEventLog:
             return ready  # the lock only orders making and discarding one
         async with self._lock:
             if self._producer is None:
-                self._producer = await start_producer(self._settings, client_id=self._client_id)
+                self._producer = await start_producer(
+                    self._settings, client_id=self._client_id, **self._producer_options
+                )
             return self._producer
 
     async def _discard(self, broken: Any) -> None:

@@ -20,7 +20,7 @@ from evsched.errors import BrokerAccessRefused
 from evsched.logging import configure_logging
 from evsched.metrics import Metrics
 from evsched.runtime.allocator import tune_allocator
-from evsched.runtime.gc_policy import tune_for_folding
+from evsched.runtime.gc_policy import tune_collector
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings, SettingsError
 
@@ -131,7 +131,7 @@ def api_command(
         max_body_bytes=max_body_bytes,
         max_scan=max_scan,
     )
-    tune_for_folding()
+    tune_collector()
     tune_allocator()
     log.info("api_listening", host=host, port=port, data_dir=str(data_dir))
     # Open live streams (the dashboard's) must not hold a shutdown up for long.

@@ -18,6 +18,7 @@ from evsched.errors import EvschedError
 from evsched.logging import configure_logging
 from evsched.metrics import WorkerInstruments, serve_metrics
 from evsched.runtime.allocator import tune_allocator
+from evsched.runtime.gc_policy import tune_collector
 from evsched.runtime.worker import WorkerConfig
 from evsched.runtime.worker_process import kafka_worker, serve_when_reachable
 from evsched.settings import SettingsError
@@ -73,6 +74,7 @@ def worker_command(
         instruments = WorkerInstruments()
         serve_metrics(instruments.registry, metrics_port, metrics_addr)
     worker = kafka_worker(loaded, config, instruments, dispatch_key)
+    tune_collector()  # after the app's imports: those are frozen with evsched's own
     tune_allocator()
     try:
         asyncio.run(serve_when_reachable(worker))

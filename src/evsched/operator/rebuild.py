@@ -28,7 +28,7 @@ from evsched.operator.archive_history import ArchiveThenLog
 from evsched.ports import PartitionLog
 from evsched.runtime.changelog import restore_into
 from evsched.runtime.changelog_restore import LocalIndex, refusal
-from evsched.runtime.gc_policy import tune_for_folding
+from evsched.runtime.gc_policy import tune_collector
 from evsched.runtime.projector import Projector
 from evsched.runtime.restore import restore
 from evsched.settings import Settings
@@ -195,7 +195,7 @@ async def _from_changelog(
 def _init_worker(counts: Any) -> None:
     global _counts  # noqa: PLW0603 - the one way to hand a shared array to pool workers
     _counts = counts
-    tune_for_folding()
+    tune_collector()
 
 
 def _rebuild_in_worker(plan: PartitionPlan) -> PartitionResult:

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from evsched.settings import BOOLEANS
+from evsched.settings import MALLOC_TUNING_ENV, switch_env
 
 # mallopt's parameter number for the mmap threshold (malloc.h); setting it also stops glibc
 # from raising the threshold (and the trim threshold) as large blocks are freed.
@@ -30,7 +30,6 @@ MMAP_THRESHOLD_BYTES = 128 << 10
 # A trim walks the heap's free chunks and returns whole free pages (a few ms on a 200 MB heap).
 TRIM_EVERY_S = 60.0
 THREAD_NAME = "evsched-malloc-trim"
-SWITCH_ENV = "EVSCHED_MALLOC_TUNING"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +50,9 @@ def tune_allocator(*, trim_every_s: float | None = TRIM_EVERY_S) -> AllocatorTun
     """Pin the mmap threshold and start trimming every ``trim_every_s``; call once at start.
 
     None when the C library is not glibc, when glibc refused the threshold, or when
-    ``EVSCHED_MALLOC_TUNING`` is ``off``.
+    ``EVSCHED_MALLOC_TUNING`` is ``off`` (SettingsError when it is neither on nor off).
     """
-    if BOOLEANS.get(os.environ.get(SWITCH_ENV, "on").strip().lower()) is False:
+    if not switch_env(os.environ, MALLOC_TUNING_ENV):
         return None
     libc = glibc()
     if libc is None or libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) != 1:

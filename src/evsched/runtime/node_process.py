@@ -12,7 +12,7 @@ import signal
 from evsched.adapters.topics import ensure_namespace_topics
 from evsched.metrics import serve_metrics
 from evsched.runtime.allocator import tune_allocator
-from evsched.runtime.gc_policy import tune_for_folding
+from evsched.runtime.gc_policy import tune_collector
 from evsched.runtime.node import Node, NodeConfig
 from evsched.runtime.node_metrics import NodeMetrics
 from evsched.runtime.startup import until_broker
@@ -48,6 +48,6 @@ async def serve_node(config: NodeConfig) -> None:
 
     if await until_broker(provision, what="base topics", stop=stop) is None:
         return
-    tune_for_folding()
+    tune_collector()
     tune_allocator()
     await node.run(stop)
