@@ -5,9 +5,10 @@ events or jobs. In a folding process (no reference cycles, many short-lived froz
 that was about 7% of a node's fold time, for nothing. In a worker it costs pauses: a young
 collection promotes whatever is in flight at that moment (attempts, pre-leased jobs waiting for
 their ``run_at``, produce batches), and CPython collects the whole old generation whenever the
-objects promoted since its last full collection pass a quarter of it. At 1,000 jobs/s that was a
-full collection every few seconds, each holding the GIL for 60-295 ms with the machine busy
-(bench/enqueue_path.py's notes in docs/benchmarks.md): every job due then started that late.
+objects promoted since its last full collection pass a quarter of it. At a paced 500 jobs/s that
+was 10-18 full collections in about a minute and a half of load, each holding the GIL for
+60-408 ms on the busy two-core box (docs/benchmarks.md, "The enqueue path under load"): every
+job due meanwhile started that late.
 
 So each process freezes what its imports allocated (the user's app, for a worker: never
 scanned again), and collects young objects every 50,000 allocations. Memory stays bounded (at
