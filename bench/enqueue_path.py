@@ -13,7 +13,10 @@ rotates each round), each a paced open-loop load of the no-op task at ``--rate``
   broker connection, so an enqueue that arrives while a request is out waits for its whole round
   trip before its own request leaves; N producers have N requests out;
 - ``threads=N/M``: the broker's ``num.network.threads``/``num.io.threads`` changed live (dynamic
-  broker configs), the client as ``base``; the broker's own (2/4) are put back afterwards.
+  broker configs), the client as ``base``; the broker's own (2/4) are put back afterwards;
+- ``gc-freeze``: ``gc.freeze()`` in the client before the phase;
+- ``prebuilt``: every job built and encoded before the phase, then only appended (the library's
+  ``EventLog.append``): the transport's own share of an enqueue, without evsched's job building.
 
 Each phase prints the enqueue latency p50/p99/p99.9/max (the await of ``task.enqueue()``), the
 client's event loop lag (how late a 1 ms timer fires: p99 and max), and CPU seconds per 1,000 jobs
@@ -55,6 +58,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from celery_stack import Hog
 from e2e import (
     Cluster,
+    Submit,
     _cpu_s,
     _script,
     define_noop,
@@ -67,7 +71,8 @@ from e2e import (
 from evsched.adapters.kafka_log import KafkaEventLog
 from evsched.adapters.queues import FixedQueues
 from evsched.adapters.topics import ensure_topics
-from evsched.client import App
+from evsched.client import App, Task
+from evsched.commands import encode_checked
 from evsched.devstack.toolchain import kafka_version
 from evsched.errors import PublishError
 from evsched.ports import Appended, EventLog, Outbound
@@ -110,6 +115,7 @@ class Variant:
     linger_ms: int = 0
     producers: int = 1
     freeze: bool = False  # gc.freeze() first: what exists before the phase is never collected
+    prebuilt: bool = False  # jobs built and encoded before the phase: only the append is timed
     threads: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -119,6 +125,8 @@ class Variant:
             return cls(text)
         if kind == "gc-freeze" and not value:
             return cls(text, freeze=True)
+        if kind == "prebuilt" and not value:
+            return cls(text, prebuilt=True)
         if kind == "linger" and value.isdigit():
             return cls(text, linger_ms=int(value))
         if kind == "producers" and value.isdigit() and int(value) >= 1:
@@ -126,7 +134,9 @@ class Variant:
         network, _, io = value.partition("/")
         if kind == "threads" and network.isdigit() and io.isdigit():
             return cls(text, threads={"num.network.threads": network, "num.io.threads": io})
-        raise ValueError(f"{text!r}: base, gc-freeze, linger=N, producers=N or threads=NET/IO")
+        raise ValueError(
+            f"{text!r}: base, gc-freeze, prebuilt, linger=N, producers=N or threads=NET/IO"
+        )
 
     def log(self, cluster: Cluster, client_id: str) -> EventLog:
         def one(i: int) -> KafkaEventLog:
@@ -187,6 +197,23 @@ class GcPauses:
             f"gen{g} {len(p)}x max {max(p, default=0.0):.1f} ms" for g, p in self.pauses_ms.items()
         )
         return f"{pauses}; {len(gc.get_objects())} objects tracked, {gc.get_freeze_count()} frozen"
+
+
+async def prebuilt_submit(app: App, task: Task, count: int) -> Submit:
+    """``count`` no-op jobs built and encoded now; submitting one only appends its record."""
+    log = await app.event_log()
+    topic = app.topics.events
+    records = []
+    for _ in range(count):
+        event = task.options().build((), {}, app.clock.now_ms())
+        records.append((event.job_id, encode_checked(event)))
+
+    async def submit(i: int, delayed: bool) -> str:
+        job_id, value = records[i]
+        await log.append(topic, job_id, value)
+        return job_id
+
+    return submit
 
 
 # --- the broker's side --------------------------------------------------------------------------
@@ -307,8 +334,11 @@ class Probe:
                 if variant.freeze:
                     gc.freeze()
                 before = {name: _cpu_s(pid) for name, pid in pids.items()}
+                submit = noop_submit(task, a.delay_s)
+                if variant.prebuilt:
+                    submit = await prebuilt_submit(app, task, int(a.rate * a.seconds))
                 with LoopLag() as lag, GcPauses() as collections:
-                    sent = await paced_with(noop_submit(task, a.delay_s), a.rate, a.seconds, 0.0)
+                    sent = await paced_with(submit, a.rate, a.seconds, 0.0)
                 used = {name: _cpu_s(pid) - before[name] for name, pid in pids.items()}
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)
