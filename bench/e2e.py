@@ -272,20 +272,7 @@ class Cluster:
     def start_profiles(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         for proc in [*self.nodes, *self.workers]:
-            command = [
-                _script("py-spy"),
-                "record",
-                "-p",
-                str(proc.pid),
-                "-r",
-                "200",
-                "--format",
-                "raw",
-            ]
-            command += ["-o", str(out / f"{proc.name}.folded")]
-            self.spies.append(
-                subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            )
+            self.spies.append(py_spy(proc.pid, out / f"{proc.name}.folded"))
 
     def stop_profiles(self) -> None:
         for spy in self.spies:
@@ -392,6 +379,13 @@ def _machine_busy_s() -> float:
     ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = ticks[3] + ticks[4]  # idle + iowait
     return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` at 200 Hz into ``out`` as folded stacks, until SIGINT."""
+    command = [_script("py-spy"), "record", "-p", str(pid), "-r", "200", "--format", "raw"]
+    command += ["-o", str(out)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _wait_or_kill(popen: subprocess.Popen[bytes], timeout_s: float) -> None:

@@ -41,7 +41,6 @@ import itertools
 import json
 import os
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -60,11 +59,11 @@ from e2e import (
     Cluster,
     Submit,
     _cpu_s,
-    _script,
     define_noop,
     noop_submit,
     paced_with,
     pct,
+    py_spy,
     run_once,
     warm_up,
 )
@@ -73,7 +72,8 @@ from evsched.adapters.queues import FixedQueues
 from evsched.adapters.topics import ensure_topics
 from evsched.client import App, Task
 from evsched.commands import encode_checked
-from evsched.devstack.toolchain import kafka_version
+from evsched.devstack.config import default_cache_root
+from evsched.devstack.toolchain import JAVA_HINT, KafkaDist, kafka_version, require_tool
 from evsched.errors import PublishError
 from evsched.ports import Appended, EventLog, Outbound
 
@@ -274,10 +274,9 @@ def request_line(requests: list[dict[str, Any]], jobs: int) -> str:
 
 def set_request_logging(cluster: Cluster, level: str) -> None:
     """``kafka.request.logger`` to ``level`` on the running broker (Kafka's ConfigCommand)."""
-    lib = Path(os.environ.get("EVSCHED_KAFKA_CACHE", Path.home() / ".cache" / "evsched"))
-    classpath = str(lib / f"kafka-{kafka_version()}" / "lib" / "*")
-    java = shutil.which("java") or "java"
-    command = [java, "-Xmx128m", "-cp", classpath, "kafka.admin.ConfigCommand"]
+    dist = KafkaDist(version=kafka_version(), cache_root=default_cache_root())
+    java = require_tool("java", JAVA_HINT)
+    command = [java, "-Xmx128m", "-cp", dist.classpath, "kafka.admin.ConfigCommand"]
     command += ["--bootstrap-server", cluster.bootstrap, "--entity-type", "broker-loggers"]
     command += ["--entity-name", "1", "--alter", "--add-config", f"kafka.request.logger={level}"]
     subprocess.run(command, check=True, capture_output=True, timeout=120)
@@ -368,9 +367,7 @@ class Probe:
         if out is None:
             return None
         Path(out).mkdir(parents=True, exist_ok=True)
-        command = [_script("py-spy"), "record", "-p", str(os.getpid()), "-r", "200"]
-        command += ["--format", "raw", "-o", str(Path(out) / f"{name}.folded")]
-        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return py_spy(os.getpid(), Path(out) / f"{name}.folded")
 
     async def run(self, variants: list[Variant]) -> str:
         a = self.cluster.args
@@ -401,7 +398,6 @@ class Probe:
 
 async def measure(cluster: Cluster) -> str:
     a = cluster.args
-    variants = [Variant.parse(v) for v in a.variants.split(",")]
     await ensure_topics(
         cluster.bootstrap, cluster.namespace, event_partitions=a.partitions, queues=["default"]
     )
@@ -416,7 +412,7 @@ async def measure(cluster: Cluster) -> str:
             raise SystemExit("--request-log needs the broker started here (no --bootstrap)")
         set_request_logging(cluster, "DEBUG")
         requests = RequestLog(cluster.broker_dir / "logs" / "server.log")
-    return await Probe(cluster, Hog(), requests).run(variants)
+    return await Probe(cluster, Hog(), requests).run(a.variants)
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -442,11 +438,10 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the run directory")
     p.set_defaults(rss=False, node_args="")
     args = p.parse_args(argv)
-    for text in args.variants.split(","):
-        try:
-            Variant.parse(text)
-        except ValueError as exc:
-            p.error(f"--variants: {exc}")
+    try:
+        args.variants = [Variant.parse(text) for text in args.variants.split(",")]
+    except ValueError as exc:
+        p.error(f"--variants: {exc}")
     if set(args.conditions.split(",")) - {"quiet", "hog"}:
         p.error("--conditions: quiet, hog or quiet,hog")
     return args
