@@ -34,12 +34,12 @@ from typing import Any
 
 from rich.console import Console
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.operator.audit import audit
 from evsched.operator.render import audit_table
 from evsched.operator.replica_dir import LocalIndex, open_offline
 from evsched.ports import Record
-from evsched.runtime.projector import Folded, Projector
+from evsched.runtime.projection.projector import Folded, Projector
 from histories import Generator
 
 BATCH = 50_000

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import App, Outcome
 from evsched.settings import Settings
 

@@ -42,7 +42,7 @@ from chaos_cluster import Soak, now_ms
 from chaos_hostile import KINDS, Hostile
 from chaos_topics import Follower, read_effects
 from e2e import node_caught_up, open_loop, pct, wait_for
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import App, Task
 
 ENQUEUE_TIMEOUT_S = 30.0

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaProducer
 
 from evsched.adapters.avro import encode_dispatch, encode_event
-from evsched.adapters.topics import Topics
+from evsched.adapters.kafka.topics import Topics
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import JobEnqueued, JobLeased
 

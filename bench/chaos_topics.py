@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from chaos_audit import Auditor, LogRecord
 from chaos_cluster import Soak
 from evsched.adapters.avro import decode_event
-from evsched.adapters.topics import Topics, partition_count
+from evsched.adapters.kafka.topics import Topics, partition_count
 from evsched.errors import DecodeError
 
 

@@ -28,12 +28,12 @@ from pathlib import Path
 import httpx
 
 from evsched.adapters import avro
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.queues import FixedQueues
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.queues import FixedQueues
 from evsched.api import create_app
 from evsched.client import App
 from evsched.ports import Record
-from evsched.runtime.projector import CommitHook, Projector
+from evsched.runtime.projection.projector import CommitHook, Projector
 from evsched.settings import Settings
 from index_memory import T0, Indexes, job_events
 

@@ -60,8 +60,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from evsched.adapters.avro import decode_event
 from evsched.adapters.avro.registry import HEADER_SIZE, MAGIC, SchemaRegistry
+from evsched.adapters.kafka.topics import Topics, ensure_topics
 from evsched.adapters.signing import DispatchKey
-from evsched.adapters.topics import Topics, ensure_topics
 from evsched.client import App, Task
 from evsched.core.events import (
     JOB_EVENT_TYPES,

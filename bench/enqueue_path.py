@@ -67,9 +67,9 @@ from e2e import (
     run_once,
     warm_up,
 )
-from evsched.adapters.kafka_log import KafkaEventLog
-from evsched.adapters.queues import FixedQueues
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.queues import FixedQueues
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import App, Task
 from evsched.commands import encode_checked
 from evsched.devstack.config import default_cache_root

@@ -43,7 +43,7 @@ from evsched.core.events import (
 )
 from evsched.core.fold import fold
 from evsched.core.state import TERMINAL_STATUSES, JobState, Status
-from evsched.runtime.gc_policy import tune_collector
+from evsched.runtime.process.gc_policy import tune_collector
 
 T0 = 1_767_225_600_000
 IN_FLIGHT = 2_000  # jobs between enqueue and a terminal status at any moment
@@ -227,7 +227,7 @@ def main() -> None:
     kinds = Counter(type(event).__name__ for event, _ in history)
     print(f"{len(history)} events: " + ", ".join(f"{k}={v}" for k, v in sorted(kinds.items())))
     # The history is setup, not workload: frozen with the imports, and the collector runs as it
-    # does in a node (evsched.runtime.gc_policy).
+    # does in a node (evsched.runtime.process.gc_policy).
     tune_collector()
     _stages(history, encoded)
     if args.profile:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evsched.adapters.avro import encode_event
-from evsched.adapters.kafka_events import partition_for
+from evsched.adapters.kafka.partition_log import partition_for
 from evsched.core import ids
 from evsched.core.events import (
     AttemptCheckpointed,

@@ -28,10 +28,10 @@ import zlib
 from pathlib import Path
 
 from evsched.adapters import avro
-from evsched.adapters.index import COLUMN_FAMILIES, PartitionIndex
+from evsched.adapters.index.store import COLUMN_FAMILIES, PartitionIndex
 from evsched.core import events as ev
 from evsched.ports import Record
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.projector import Projector
 
 T0 = 1_767_225_600_000
 PROPERTIES = {

@@ -29,10 +29,10 @@ from typing import Any
 
 from evsched.core.events import JobEnqueued
 from evsched.core.planner import PlannerLimits
-from evsched.runtime.budget import QueueLoad
-from evsched.runtime.lease_plan import waiting_by_queue
-from evsched.runtime.partition import OwnedPartition
-from evsched.runtime.projector import Folded
+from evsched.runtime.partition.budget import QueueLoad
+from evsched.runtime.partition.lease_plan import waiting_by_queue
+from evsched.runtime.partition.partition import OwnedPartition
+from evsched.runtime.projection.projector import Folded
 from evsched.testing import NodeDriver
 
 

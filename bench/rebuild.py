@@ -36,7 +36,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
-from evsched.adapters import kafka
+from evsched.adapters.kafka import clients as kafka
 from evsched.operator.rebuild import (
     BATCH_RECORDS,
     PartitionPlan,

@@ -46,8 +46,8 @@ from e2e import (
     run_once,
     warm_up,
 )
-from evsched.adapters.kafka_events import partition_for
-from evsched.adapters.topics import Topics, ensure_topics
+from evsched.adapters.kafka.partition_log import partition_for
+from evsched.adapters.kafka.topics import Topics, ensure_topics
 from evsched.client import App, Task
 from evsched.errors import EvschedError
 

@@ -45,15 +45,15 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka_events import KafkaPartitionLog
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.partition_log import KafkaPartitionLog
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.rebuild import PartitionPlan, rebuild_one
 from evsched.ports import Outgoing
-from evsched.runtime.changelog import ChangelogWriter, Meta
-from evsched.runtime.changelog_restore import restore_partition
-from evsched.runtime.projector import Projector
-from evsched.runtime.restore import restore
+from evsched.runtime.projection.changelog import ChangelogWriter, Meta
+from evsched.runtime.projection.changelog_restore import restore_partition
+from evsched.runtime.projection.projector import Projector
+from evsched.runtime.projection.restore import restore
 from evsched.settings import Settings
 from rebuild import log_ends, produce
 

@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 from evsched.adapters import avro
-from evsched.adapters.index import DIGEST_FAMILIES, PartitionIndex
+from evsched.adapters.index.store import DIGEST_FAMILIES, PartitionIndex
 from evsched.core.events import AttemptStarted, AttemptSucceeded, JobEnqueued
 from evsched.core.planner import PlannerLimits
 from evsched.ports import Record

@@ -51,7 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e import Cluster, Proc, _is_delayed, _script, define_noop, open_loop, wait_for
 from evsched.adapters.avro import decode_event
-from evsched.adapters.topics import Topics, ensure_topics
+from evsched.adapters.kafka.topics import Topics, ensure_topics
 from evsched.client import App, Task
 from evsched.core import ids
 from evsched.core.events import AttemptStarted, Position

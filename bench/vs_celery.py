@@ -60,7 +60,7 @@ from e2e import (
     wait_succeeded,
     warm_up,
 )
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import App, Task
 from starts import STARTS_ENV, StartLog
 from timed_noop import define_timed

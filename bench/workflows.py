@@ -52,7 +52,7 @@ from e2e import (
     wait_succeeded,
     warm_up,
 )
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import App, Task, chain, group
 
 STEP_NAME = "bench.step"

@@ -7,9 +7,9 @@ so a history with more than that many shows the bound at work on every copy of t
 
 from __future__ import annotations
 
-from evsched.adapters.index import PartitionIndex, keyable
-from evsched.adapters.index_keys import REFUSED, U64, UNDECODABLE
-from evsched.adapters.index_poison import POISON_KEPT
+from evsched.adapters.index.keys import REFUSED, U64, UNDECODABLE
+from evsched.adapters.index.poison import POISON_KEPT
+from evsched.adapters.index.store import PartitionIndex, keyable
 from evsched.operator.replay import Outcome
 
 

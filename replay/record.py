@@ -29,9 +29,9 @@ sys.path.insert(0, str(REPO))
 from tests.integration.engine import Stack  # noqa: E402
 
 from evsched.adapters import avro  # noqa: E402
-from evsched.adapters.history_file import HistoryWriter, read_history  # noqa: E402
-from evsched.adapters.index import PartitionIndex, keyable  # noqa: E402
-from evsched.adapters.topics import ensure_topics  # noqa: E402
+from evsched.adapters.archive.history_file import HistoryWriter, read_history  # noqa: E402
+from evsched.adapters.index.store import PartitionIndex, keyable  # noqa: E402
+from evsched.adapters.kafka.topics import ensure_topics  # noqa: E402
 from evsched.core.events import CONTROL_EVENT_TYPES, LIMIT_EVENT_TYPES, entity_id  # noqa: E402
 from evsched.operator.export import LogRange, export_range  # noqa: E402
 from evsched.operator.live_index import ReadOnlyIndex  # noqa: E402

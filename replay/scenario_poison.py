@@ -13,7 +13,7 @@ from replay.scenarios import until_node_past_the_end, until_status
 from tests.integration.engine import Stack
 from tests.integration.test_retention_poison import flood, produce_to
 
-from evsched.adapters.index_poison import POISON_KEPT
+from evsched.adapters.index.poison import POISON_KEPT
 
 PARTITION = 1
 FIRST = 600  # of each kind while node-1 owns the partition: below the bound

@@ -12,7 +12,8 @@ from dataclasses import replace
 
 from tests.integration.engine import Proc, Stack, wait_for, wait_path
 
-from evsched.adapters import avro, kafka
+from evsched.adapters import avro
+from evsched.adapters.kafka import clients as kafka
 from evsched.adapters.payload import encode_args
 from evsched.client import App
 from evsched.core import ids

@@ -22,7 +22,7 @@ import hypothesis
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.devstack.broker import LocalBroker
 from evsched.devstack.errors import DevstackError
 from evsched.devstack.process import free_port

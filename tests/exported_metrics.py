@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 from evsched.metrics import Metrics, WorkerInstruments, add_process_collectors
-from evsched.runtime.node import Node, NodeConfig
-from evsched.runtime.node_metrics import NodeMetrics
+from evsched.runtime.node.metrics import NodeMetrics
+from evsched.runtime.node.node import Node, NodeConfig
 from evsched.settings import Settings
 
 # The sample names Prometheus' text format gives each family type, beyond the family's name.

@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from evsched.adapters.avro import encode_event
+from evsched.adapters.kafka.topics import Topics
 from evsched.adapters.payload import NotJson, encode_args
-from evsched.adapters.topics import Topics
 from evsched.adapters.tracing import InvalidTrace, check_trace
 from evsched.core import cron, ids, limits, unique
 from evsched.core.events import (

@@ -30,7 +30,7 @@ from prometheus_client import (
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core import tallies
 from evsched.core.failures import BUILTIN_CATEGORIES, category_of
 from evsched.core.state import TERMINAL_STATUSES, FoldedEvent, JobState, Status, Verdict

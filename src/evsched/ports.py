@@ -138,7 +138,8 @@ class ConsumerOffset:
 
 
 class Holdback(Protocol):
-    """Where an outbox holds back decisions whose records cannot go: ``runtime.quarantine``."""
+    """Where an outbox holds back decisions whose records cannot go:
+    ``runtime.partition.quarantine``."""
 
     def holds(self, entity: str) -> bool: ...
 
@@ -156,7 +157,8 @@ class Holdback(Protocol):
 class PartitionOutbox(Protocol):
     """Sends one events partition's outputs and consumer offset atomically (a transaction).
 
-    ``KafkaOutbox`` in ``evsched.adapters.kafka_outbox``; ``testing.MemoryOutbox`` is the twin.
+    ``KafkaOutbox`` in ``evsched.adapters.kafka.partition_outbox``; ``testing.MemoryOutbox``
+    is the twin.
     """
 
     async def start(self) -> None:
@@ -184,8 +186,9 @@ class PartitionLog(Protocol):
 
     Offsets advance past transaction markers and aborted records, which are never returned; a
     partition is read up to a target by waiting until ``position`` reaches it, not until a record
-    at the target arrives (the last offset is often a marker). ``adapters.kafka_events`` holds
-    the Kafka implementation, ``testing.MemoryPartitionLog`` the in-memory twin. Broker failures
+    at the target arrives (the last offset is often a marker). ``adapters.kafka.partition_log``
+    holds the Kafka implementation, ``testing.MemoryPartitionLog`` the in-memory twin. Broker
+    failures
     raise ``errors.BrokerUnavailable``.
     """
 
@@ -222,7 +225,7 @@ class JobFeed(Protocol):
     ``follow`` yields the records keyed by ``job_id`` at or after ``offset`` of ``partition``
     (below the log's start: from its start) in offset order as they are committed, for as long
     as the caller iterates; many follows share one reader. Broker failures are retried inside
-    (a follow just waits). ``adapters.kafka_follow.KafkaJobFeed`` holds the Kafka
+    (a follow just waits). ``adapters.kafka.job_feed.KafkaJobFeed`` holds the Kafka
     implementation, ``testing.MemoryJobFeed`` the in-memory twin.
     """
 

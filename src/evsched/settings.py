@@ -68,12 +68,13 @@ class Settings:
     event_partitions: int = DEFAULT_EVENT_PARTITIONS
     # Of every ``<ns>.dispatch.<queue>`` topic evsched creates; None: as many as the events.
     dispatch_partitions: int | None = None
-    # None: min(3, brokers) at provisioning (evsched.adapters.topics.choose_replication).
+    # None: min(3, brokers) at provisioning (evsched.adapters.kafka.topics.choose_replication).
     replication_factor: int | None = None
     # Stamped on jobs enqueued without their own (None: the fold's defaults, 7 days and 24 h).
     retention_ms: int | None = None
     key_window_ms: int | None = None
-    # The consumer groups' failure detection (nodes, workers); None: adapters.kafka.GROUP_TIMEOUTS.
+    # The consumer groups' failure detection (nodes, workers); None:
+    # adapters.kafka.clients.GROUP_TIMEOUTS.
     # A session below the broker's group.min.session.timeout.ms (6 s by default) is refused by it.
     session_timeout_ms: int | None = None
     heartbeat_interval_ms: int | None = None

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, wait_for
 

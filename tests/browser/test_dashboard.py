@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from playwright.async_api import expect
 
-from evsched.adapters.topics import partition_count
+from evsched.adapters.kafka.topics import partition_count
 from tests.browser.conftest import Dash
 from tests.integration.engine import wait_for
 

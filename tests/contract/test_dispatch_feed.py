@@ -1,4 +1,5 @@
-"""The DispatchFeed contract: ``testing.MemoryFeed`` and ``adapters.kafka_feed.KafkaDispatchFeed``.
+"""The DispatchFeed contract: ``testing.MemoryFeed`` and
+``adapters.kafka.dispatch_feed.KafkaDispatchFeed``.
 
 What the worker relies on: ``take`` returns at most what it asked for, commits what it returns
 (another member of the pool never gets it again), takes nothing at ``max_records=0`` without
@@ -18,9 +19,9 @@ from typing import Any, Protocol, TypeVar
 
 import pytest
 
-from evsched.adapters.kafka import GROUP_TIMEOUTS, consumer, producer
-from evsched.adapters.kafka_feed import KafkaDispatchFeed
-from evsched.adapters.topics import Topics
+from evsched.adapters.kafka.clients import GROUP_TIMEOUTS, consumer, producer
+from evsched.adapters.kafka.dispatch_feed import KafkaDispatchFeed
+from evsched.adapters.kafka.topics import Topics
 from evsched.ports import DispatchFeed, Record
 from evsched.settings import Settings
 from evsched.testing import MemoryFeed

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from evsched.adapters.kafka import GROUP_TIMEOUTS, consumer, producer
-from evsched.adapters.kafka_feed import KafkaDispatchFeed
-from evsched.adapters.topic_growth import ShrinkRefused, grow_partitions
-from evsched.adapters.topics import TopicMissing, Topics, partition_count
+from evsched.adapters.kafka.clients import GROUP_TIMEOUTS, consumer, producer
+from evsched.adapters.kafka.dispatch_feed import KafkaDispatchFeed
+from evsched.adapters.kafka.topic_growth import ShrinkRefused, grow_partitions
+from evsched.adapters.kafka.topics import TopicMissing, Topics, partition_count
 from evsched.ports import Record
 from evsched.settings import Settings
 from tests.contract.conftest import eventually

@@ -1,4 +1,5 @@
-"""The EventLog contract: ``testing.MemoryLog`` and ``adapters.kafka_log.KafkaEventLog`` alike.
+"""The EventLog contract: ``testing.MemoryLog`` and ``adapters.kafka.event_log.KafkaEventLog``
+alike.
 
 What the engine relies on: an append returns once the record is in the log, offsets grow per
 partition, one key keeps its order, the events topic reports the broker's append time, and a
@@ -16,10 +17,10 @@ from typing import Protocol
 import pytest
 from aiokafka.structs import TopicPartition
 
-from evsched.adapters import kafka
 from evsched.adapters.clock import SYSTEM_CLOCK
-from evsched.adapters.kafka_log import KafkaEventLog
-from evsched.adapters.topics import Topics
+from evsched.adapters.kafka import clients as kafka
+from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.topics import Topics
 from evsched.errors import PublishError
 from evsched.ports import Appended, EventLog, Outbound
 from evsched.settings import Settings

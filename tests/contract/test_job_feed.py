@@ -1,4 +1,4 @@
-"""The JobFeed contract: ``testing.MemoryJobFeed`` and ``adapters.kafka_follow.KafkaJobFeed``.
+"""The JobFeed contract: ``testing.MemoryJobFeed`` and ``adapters.kafka.job_feed.KafkaJobFeed``.
 
 What results and the worker's fence rely on: a follow yields exactly the followed job's records
 at or after its offset, in offset order, those appended later included; follows of one
@@ -15,7 +15,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from evsched.adapters.kafka_follow import KafkaJobFeed
+from evsched.adapters.kafka.job_feed import KafkaJobFeed
 from evsched.ports import JobFeed, Record
 from evsched.settings import Settings
 from evsched.testing import MemoryJobFeed, MemoryLog

@@ -15,8 +15,8 @@ import pytest
 
 from evsched.adapters.avro import encode_event
 from evsched.adapters.clock import SYSTEM_CLOCK
-from evsched.adapters.kafka_log import KafkaEventLog
-from evsched.adapters.topics import Topics
+from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.topics import Topics
 from evsched.core.events import JobCancelled, JobEnqueued, JobEvent, Position
 from evsched.core.fold import fold
 from evsched.core.state import Status

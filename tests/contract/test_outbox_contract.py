@@ -13,9 +13,9 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
-from evsched.adapters import kafka
-from evsched.adapters.kafka_outbox import KafkaOutbox
-from evsched.adapters.topics import Topics, ensure_topics
+from evsched.adapters.kafka import clients as kafka
+from evsched.adapters.kafka.partition_outbox import KafkaOutbox
+from evsched.adapters.kafka.topics import Topics, ensure_topics
 from evsched.errors import Fenced, RecordRefused
 from evsched.ports import ConsumerOffset, Outgoing, PartitionOutbox
 from evsched.settings import Settings

@@ -1,5 +1,5 @@
 """The PartitionLog contract: ``testing.MemoryPartitionLog`` and
-``adapters.kafka_events.KafkaPartitionLog`` alike.
+``adapters.kafka.partition_log.KafkaPartitionLog`` alike.
 
 What the restore path relies on: read_committed reads return committed records in offset order and
 never an aborted one; transaction markers take offsets, so the position (not the last record)
@@ -16,7 +16,7 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 
-from evsched.adapters.kafka_events import KafkaPartitionLog
+from evsched.adapters.kafka.partition_log import KafkaPartitionLog
 from evsched.ports import PartitionLog, Record
 from evsched.settings import Settings
 from evsched.testing import MemoryPartitionLog

@@ -23,7 +23,7 @@ from aiokafka.errors import UnknownTopicOrPartitionError
 from tests.conftest import unique_name
 from tests.integration.engine import Stack, all_succeeded, wait_for
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import Task
 from evsched.core.events import JobLeased
 from evsched.core.invariants import Replay

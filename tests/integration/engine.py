@@ -24,9 +24,10 @@ from aiokafka.admin.records_to_delete import RecordsToDelete
 from tests.conftest import unique_name
 from typer.testing import CliRunner
 
-from evsched.adapters import avro, kafka
+from evsched.adapters import avro
+from evsched.adapters.kafka import clients as kafka
+from evsched.adapters.kafka.topics import Topics, ensure_topics, partition_count
 from evsched.adapters.signing import DispatchKey
-from evsched.adapters.topics import Topics, ensure_topics, partition_count
 from evsched.client import App
 from evsched.core.events import AttemptSucceeded, Event, Position
 from evsched.core.invariants import Replay, replay

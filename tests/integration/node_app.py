@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from evsched.adapters.queues import QueueCatalog
+from evsched.adapters.kafka.queues import QueueCatalog
 from evsched.client import App, Context
 from evsched.settings import Settings
 

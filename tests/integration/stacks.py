@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.conftest import unique_name
 from tests.integration.engine import Stack
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core.events import Event, Position
 from evsched.core.invariants import Replay, replay
 

@@ -19,7 +19,7 @@ from tests.conftest import unique_name
 from tests.integration.engine import Stack, wait_for
 from tests.prometheus import parse, value
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.api import create_app
 from evsched.client import App
 from evsched.metrics import Metrics

@@ -19,8 +19,8 @@ import pytest
 from tests.conftest import unique_name
 from tests.integration.engine import wait_for
 
-from evsched.adapters.queues import FixedQueues
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.queues import FixedQueues
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.api import create_app
 from evsched.client import App
 from evsched.core import ids

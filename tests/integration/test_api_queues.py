@@ -13,7 +13,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from tests.conftest import TEST_EVENT_PARTITIONS
 from typer.testing import CliRunner
 
-from evsched.adapters.queues import KafkaQueues
+from evsched.adapters.kafka.queues import KafkaQueues
 from evsched.cli.kafka import kafka_app
 from evsched.operator import register
 from evsched.settings import Settings

@@ -18,9 +18,9 @@ from aiokafka import AIOKafkaProducer
 from tests.conftest import TEST_EVENT_PARTITIONS
 from tests.integration.engine import REPO, Operator, Proc, Stack, wait_for
 
-from evsched.adapters.archive_files import listed, partition_events
-from evsched.adapters.kafka_events import KafkaPartitionLog
-from evsched.adapters.topics import Topics
+from evsched.adapters.archive.files import listed, partition_events
+from evsched.adapters.kafka.partition_log import KafkaPartitionLog
+from evsched.adapters.kafka.topics import Topics
 from evsched.client import App
 from evsched.ports import Record
 from evsched.settings import Settings

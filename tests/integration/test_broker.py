@@ -12,8 +12,8 @@ from aiokafka.errors import ProducerFenced
 from aiokafka.structs import ConsumerRecord
 
 from evsched.adapters.clock import SYSTEM_CLOCK
-from evsched.adapters.kafka_log import KafkaEventLog
-from evsched.adapters.topics import Topics
+from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.topics import Topics
 from evsched.settings import Settings
 
 pytestmark = pytest.mark.broker

@@ -14,17 +14,17 @@ import pytest
 from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, all_succeeded, logged, wait_for
 
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka_events import KafkaPartitionLog
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.partition_log import KafkaPartitionLog
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Status
 from evsched.operator.replica_dir import catch_up
-from evsched.runtime.changelog import latest_meta
-from evsched.runtime.changelog_restore import restore_partition
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.changelog import latest_meta
+from evsched.runtime.projection.changelog_restore import restore_partition
+from evsched.runtime.projection.projector import Projector
+from evsched.runtime.projection.restore import restore
 from evsched.runtime.replica import Replica
-from evsched.runtime.restore import restore
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(900)]
 # Node and worker processes start slowly on a loaded machine: generous deadlines.

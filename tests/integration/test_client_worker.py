@@ -16,8 +16,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from evsched.adapters.avro import decode_event, encode_dispatch
 from evsched.adapters.clock import now_ms
-from evsched.adapters.kafka import consumer, producer
-from evsched.adapters.topics import partition_count
+from evsched.adapters.kafka.clients import consumer, producer
+from evsched.adapters.kafka.topics import partition_count
 from evsched.client import App, Context
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import (
@@ -30,10 +30,10 @@ from evsched.core.events import (
     RetryPolicy,
 )
 from evsched.core.state import Status
-from evsched.runtime.node import Node, NodeConfig
+from evsched.runtime.node.node import Node, NodeConfig
 from evsched.runtime.replica import Replica
-from evsched.runtime.worker import Worker, WorkerConfig
-from evsched.runtime.worker_process import ensure_worker_topics, kafka_worker
+from evsched.runtime.worker.main import ensure_worker_topics, kafka_worker
+from evsched.runtime.worker.worker import Worker, WorkerConfig
 from evsched.settings import Settings
 
 pytestmark = pytest.mark.broker

@@ -23,8 +23,8 @@ from tests.conftest import unique_name
 from tests.integration.clusters import heal, module_cluster
 from tests.integration.engine import wait_for
 
-from evsched.adapters.kafka_log import KafkaEventLog
-from evsched.adapters.topics import TopicMisconfigured, TopicRefused, Topics, ensure_topics
+from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.topics import TopicMisconfigured, TopicRefused, Topics, ensure_topics
 from evsched.devstack.cluster import LocalCluster
 from evsched.devstack.process import is_alive
 from evsched.ports import Appended

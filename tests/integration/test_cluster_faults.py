@@ -32,8 +32,8 @@ from tests.integration.cluster_load import (
 from tests.integration.clusters import all_in_sync, heal, kill, module_cluster
 from tests.integration.engine import REPO, wait_for
 
-from evsched.adapters.queues import FixedQueues
-from evsched.adapters.topics import topic_specs
+from evsched.adapters.kafka.queues import FixedQueues
+from evsched.adapters.kafka.topics import topic_specs
 from evsched.api import create_app
 from evsched.devstack.cluster import LocalCluster
 

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import unique_name
 from tests.integration.engine import Stack, logged, wait_for
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.api import create_app
 from evsched.client import App
 from evsched.core import tallies

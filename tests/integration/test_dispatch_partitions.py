@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import unique_name
 from tests.integration.engine import Operator, Proc, Stack, all_succeeded, logged, wait_for
 
-from evsched.adapters.topics import ensure_topics, partition_count
+from evsched.adapters.kafka.topics import ensure_topics, partition_count
 from evsched.core.events import AttemptStarted
 from evsched.core.invariants import Replay
 from evsched.core.state import Verdict

@@ -19,8 +19,8 @@ from tests.conftest import unique_name
 from tests.integration.engine import Stack, wait_for
 from tests.prometheus import Samples, parse, total
 
-from evsched.adapters import kafka
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka import clients as kafka
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core.state import Status, Verdict
 from evsched.devstack.process import free_port
 

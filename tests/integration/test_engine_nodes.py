@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, wait_for
 
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core.events import JobEnqueued, ScheduleFired
 from evsched.core.state import TERMINAL_STATUSES, Status, Verdict
 

@@ -18,7 +18,7 @@ from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, logged, wait_for
 from tests.integration.node_app import make_app
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core.events import AttemptSucceeded, Event, JobLeased, LeaseExpired, Position
 from evsched.core.fold import fold
 from evsched.core.state import JobState, Verdict

@@ -31,8 +31,8 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaTimeoutEr
 from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, effect_id, wait_for
 
-from evsched.adapters.kafka_feed import KafkaDispatchFeed
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.dispatch_feed import KafkaDispatchFeed
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core.events import AttemptCheckpointed, AttemptStarted, Event
 from evsched.core.state import JobState, Status, TimelineEntry, Verdict
 

@@ -17,7 +17,7 @@ from tests.conftest import unique_name
 from tests.integration.engine import Stack, wait_for, wait_path
 from tests.integration.follow_app import make_app
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import App
 from evsched.core.events import AttemptCheckpointed, AttemptFailed, JobCancelled, JobRequeued
 from evsched.core.state import Status, Verdict

@@ -28,7 +28,7 @@ from tests.integration.engine import REPO, Stack, effect_id, wait_for
 from tests.unit.test_wire_format_doc import example_event
 
 from evsched.adapters.avro import decode_event, encode_event
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core import ids
 from evsched.core.events import (
     AttemptStarted,

@@ -7,9 +7,9 @@ from aiokafka import AIOKafkaConsumer
 from tests.conftest import unique_name
 from tests.integration.engine import wait_for
 
-from evsched.adapters.kafka_events import KafkaGroupConsumer
-from evsched.adapters.kafka_groups import GroupOwners, partition_owners
-from evsched.adapters.topics import Topics, ensure_topics
+from evsched.adapters.kafka.groups import GroupOwners, partition_owners
+from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
+from evsched.adapters.kafka.topics import Topics, ensure_topics
 from evsched.devstack.process import free_port
 from evsched.errors import BrokerUnavailable
 from evsched.settings import Settings
@@ -74,7 +74,7 @@ class _Quiet:
 
 
 async def test_a_node_finds_itself_by_member_id_in_the_assignment(kafka_bootstrap: str) -> None:
-    """What a fenced node asks (runtime.ownership): its own member id against the group's."""
+    """What a fenced node asks (runtime.node.ownership): its own member id against the group's."""
     namespace = unique_name("members")
     await ensure_topics(kafka_bootstrap, namespace, event_partitions=2, queues=())
     topics = Topics(namespace)

@@ -11,8 +11,8 @@ import pytest
 from tests.integration.engine import Proc, Stack, wait_for
 from tests.integration.limits_app import LIMITED, make_app
 
-from evsched.adapters.kafka_events import partition_for
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.partition_log import partition_for
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core.events import AttemptStarted, Event, Position, QueuePermit
 from evsched.core.invariants import Replay, replay
 from evsched.core.state import ACTIVE_STATUSES, Status, Verdict

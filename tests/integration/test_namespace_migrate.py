@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import unique_name
 from tests.integration.engine import Operator, Stack, all_succeeded, wait_for
 
-from evsched.adapters.topics import ensure_topics, partition_count
+from evsched.adapters.kafka.topics import ensure_topics, partition_count
 from evsched.core.events import Event, JobEnqueued, Position
 from evsched.core.state import Status, Verdict
 

@@ -14,12 +14,12 @@ from tests.conftest import unique_name
 from tests.integration.engine import Stack, logged, wait_for
 from tests.prometheus import parse, value
 
-from evsched.adapters.index import IndexBatch, PartitionIndex
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.index.store import IndexBatch, PartitionIndex
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import TERMINAL_STATUSES, Status
 from evsched.devstack.process import free_port
-from evsched.runtime.changelog import ChangelogWriter, Meta
+from evsched.runtime.projection.changelog import ChangelogWriter, Meta
 
 pytestmark = pytest.mark.broker
 

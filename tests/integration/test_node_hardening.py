@@ -20,7 +20,7 @@ from tests.integration.engine import Proc, Stack, all_succeeded, wait_for
 from tests.integration.node_app import make_app
 from tests.prometheus import parse, total, value
 
-from evsched.adapters.topics import TopicSpec, ensure_topics, provision, topic_specs
+from evsched.adapters.kafka.topics import TopicSpec, ensure_topics, provision, topic_specs
 from evsched.core.invariants import Replay
 from evsched.core.state import Status, Verdict
 from evsched.devstack.process import free_port

@@ -12,7 +12,7 @@ import pytest_asyncio
 from tests.integration.engine import Operator, Stack
 from tests.integration.stacks import node_and_worker
 
-from evsched.adapters.kafka_events import partition_for
+from evsched.adapters.kafka.partition_log import partition_for
 from evsched.core.state import Status
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

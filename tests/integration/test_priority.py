@@ -19,7 +19,7 @@ import pytest_asyncio
 from tests.integration.engine import Proc, Stack, wait_for
 from tests.integration.priority_app import make_app
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core.events import AttemptStarted, Event, JobEnqueued, JobLeased, Position
 from evsched.core.invariants import replay
 from evsched.core.state import Status, Verdict

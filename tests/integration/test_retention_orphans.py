@@ -11,8 +11,9 @@ import pytest
 import pytest_asyncio
 from tests.integration.engine import Operator, Proc, Stack, node_and_worker, wait_for
 
-from evsched.adapters import avro, kafka
-from evsched.adapters.kafka_events import partition_for
+from evsched.adapters import avro
+from evsched.adapters.kafka import clients as kafka
+from evsched.adapters.kafka.partition_log import partition_for
 from evsched.core.events import AttemptSucceeded, JobCancelled
 from evsched.core.ids import job_id_for_key
 from evsched.core.state import Verdict

@@ -13,15 +13,16 @@ import pytest
 import pytest_asyncio
 from tests.integration.engine import Proc, Stack, all_succeeded, node_and_worker, wait_for
 
-from evsched.adapters import avro, kafka
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.index_keys import REFUSED, U64, UNDECODABLE
-from evsched.adapters.index_poison import POISON_KEPT
-from evsched.adapters.kafka_events import KafkaPartitionLog
-from evsched.adapters.readonly_index import ReadOnlyIndex
+from evsched.adapters import avro
+from evsched.adapters.index.keys import REFUSED, U64, UNDECODABLE
+from evsched.adapters.index.poison import POISON_KEPT
+from evsched.adapters.index.readonly import ReadOnlyIndex
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka import clients as kafka
+from evsched.adapters.kafka.partition_log import KafkaPartitionLog
 from evsched.core import tallies
 from evsched.core.events import JobEnqueued
-from evsched.runtime.changelog_restore import restore_partition
+from evsched.runtime.projection.changelog_restore import restore_partition
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(900)]
 

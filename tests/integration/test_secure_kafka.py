@@ -24,8 +24,8 @@ from tests.integration.engine import wait_for
 from tests.integration.scenario_app import make_app
 from tests.integration.secure_stack import APP, SecureStack, free_ports, secure_broker
 
-from evsched.adapters import kafka
-from evsched.adapters.topics import Topics
+from evsched.adapters.kafka import clients as kafka
+from evsched.adapters.kafka.topics import Topics
 from evsched.client.batch import Outcome
 from evsched.devstack.certs import make_ca
 from evsched.devstack.secure import SecureBroker

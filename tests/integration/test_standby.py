@@ -14,8 +14,8 @@ import pytest
 from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, logged, wait_for
 
-from evsched.adapters.kafka_groups import partition_owners
-from evsched.adapters.topics import Topics, ensure_topics
+from evsched.adapters.kafka.groups import partition_owners
+from evsched.adapters.kafka.topics import Topics, ensure_topics
 from evsched.core.state import TERMINAL_STATUSES, Status, Verdict
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

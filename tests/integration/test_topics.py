@@ -8,8 +8,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from evsched.adapters.topic_spread import spread
-from evsched.adapters.topics import (
+from evsched.adapters.kafka.topic_spread import spread
+from evsched.adapters.kafka.topics import (
     DISPATCH_RETENTION_MS,
     EVENTS_RETENTION_FLOOR_MS,
     STATE_TUNING,

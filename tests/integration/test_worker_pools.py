@@ -20,18 +20,18 @@ from tests.integration.test_client_worker import read_to_end
 
 from evsched.adapters.avro import encode_dispatch
 from evsched.adapters.clock import now_ms
-from evsched.adapters.kafka import producer
+from evsched.adapters.kafka.clients import producer
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.adapters.signing import DispatchKey
-from evsched.adapters.topics import ensure_topics
 from evsched.client import App, Context
 from evsched.core.dispatch import Dispatch
 from evsched.core.planner import PlannerLimits
 from evsched.core.state import TERMINAL_STATUSES, Status, Verdict
 from evsched.metrics import WorkerInstruments
-from evsched.runtime.node import Node, NodeConfig
+from evsched.runtime.node.node import Node, NodeConfig
 from evsched.runtime.replica import Replica
-from evsched.runtime.worker import Worker, WorkerConfig
-from evsched.runtime.worker_process import kafka_worker
+from evsched.runtime.worker.main import kafka_worker
+from evsched.runtime.worker.worker import Worker, WorkerConfig
 from evsched.settings import Settings
 
 pytestmark = pytest.mark.broker

@@ -21,7 +21,7 @@ from tests.integration.engine import Stack
 from tests.integration.workflow_log import judge
 
 from evsched.adapters.ids import new_id
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import group
 from evsched.core.state import Status, Verdict
 

@@ -25,7 +25,7 @@ from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, all_succeeded, logged, wait_for, wait_path
 from tests.integration.workflow_log import judge, logged_resolutions, wait_logged
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import chain
 from evsched.client.workflows import WorkflowHandle
 from evsched.core.events import AttemptStarted, AttemptSucceeded

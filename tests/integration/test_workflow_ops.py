@@ -20,7 +20,7 @@ from tests.conftest import unique_name
 from tests.integration.engine import Operator, Stack, wait_for
 from tests.integration.workflow_ops_app import make_app
 
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.api import create_app
 from evsched.client import App, chain, group
 from evsched.core.state import Status, TimelineEntry, Verdict

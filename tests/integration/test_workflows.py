@@ -19,7 +19,7 @@ from tests.conftest import unique_name
 from tests.integration.engine import Stack, wait_for
 
 from evsched.adapters.ids import new_id
-from evsched.adapters.topics import ensure_topics
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import chain, group
 from evsched.core.events import AttemptSucceeded, ParentResolved
 from evsched.core.state import Status, Verdict

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evsched.adapters.history_file import read_history
+from evsched.adapters.archive.history_file import read_history
 from evsched.core import retry
 from evsched.core.events import EVENT_TYPES, AttemptSucceeded, JobEvent, Position
 from evsched.core.fold import fold

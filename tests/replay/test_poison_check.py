@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from replay.record import kept, recorded
 
-from evsched.adapters.history_file import LoggedEvent
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.index_poison import POISON_KEPT
+from evsched.adapters.archive.history_file import LoggedEvent
+from evsched.adapters.index.poison import POISON_KEPT
+from evsched.adapters.index.store import PartitionIndex
 from evsched.operator.replay import fold_history
 from evsched.ports import Record
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.projector import Projector
 from replay import poison_check
 from tests.integration.test_retention_poison import flood
 

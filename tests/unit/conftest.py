@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core.planner import PlannerLimits
 from evsched.testing import NodeDriver
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.ports import Record
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.projector import Projector
 
 
 def folded(

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from evsched.runtime import allocator
+from evsched.runtime.process import allocator
 from evsched.settings import MALLOC_TUNING_ENV
 
 pytestmark = pytest.mark.skipif(allocator.glibc() is None, reason="glibc's allocator only")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evsched.adapters.index_poison import POISON_KEPT
+from evsched.adapters.index.poison import POISON_KEPT
 from evsched.adapters.payload import MAX_JSON_DEPTH, NotJson, decode_args, deeper_than
 from evsched.client import App
 from evsched.core import ids

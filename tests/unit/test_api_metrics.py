@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.client import App
 from evsched.core.events import (
     AttemptStarted,
@@ -23,7 +23,7 @@ from evsched.core.state import FoldedEvent, Status, Verdict
 from evsched.devstack.process import free_port
 from evsched.metrics import JobCounts, Metrics, serve_metrics
 from evsched.ports import Record
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.projector import Projector
 from evsched.testing import MemoryLog
 from tests.prometheus import Samples, parse, value
 from tests.states import job_state

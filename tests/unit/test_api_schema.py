@@ -27,8 +27,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from evsched.adapters.queues import FixedQueues
-from evsched.adapters.topics import Topics
+from evsched.adapters.kafka.queues import FixedQueues
+from evsched.adapters.kafka.topics import Topics
 from evsched.api import create_app
 from evsched.client import App
 from evsched.testing import MemoryLog

@@ -17,15 +17,15 @@ import pytest
 
 from evsched.adapters.avro import encode_event
 from evsched.adapters.clock import SYSTEM_CLOCK
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.queues import FixedQueues
-from evsched.adapters.topics import Topics
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.queues import FixedQueues
+from evsched.adapters.kafka.topics import Topics
 from evsched.api import create_app
 from evsched.client import App
 from evsched.core.events import Event, entity_id
 from evsched.metrics import Metrics
 from evsched.ports import Clock, Record
-from evsched.runtime.projector import CommitHook, Projector
+from evsched.runtime.projection.projector import CommitHook, Projector
 from evsched.settings import Settings
 from evsched.testing import MemoryLog
 

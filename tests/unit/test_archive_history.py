@@ -13,10 +13,10 @@ import typer
 from typer.testing import CliRunner
 
 from evsched.adapters import avro
-from evsched.adapters.archive_log import ArchivePartitionLog
-from evsched.adapters.history_file import LoggedEvent, write_history
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka_events import partition_for
+from evsched.adapters.archive.history_file import LoggedEvent, write_history
+from evsched.adapters.archive.partition_log import ArchivePartitionLog
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.partition_log import partition_for
 from evsched.core.events import (
     AttemptStarted,
     AttemptSucceeded,
@@ -35,8 +35,8 @@ from evsched.operator import register
 from evsched.operator.archive_history import ArchiveThenLog, audit_from_archive
 from evsched.operator.archiver import Archiver, Roll
 from evsched.operator.audit import audit
-from evsched.runtime.projector import Projector
-from evsched.runtime.restore import restore
+from evsched.runtime.projection.projector import Projector
+from evsched.runtime.projection.restore import restore
 from evsched.testing import FrozenClock, MemoryPartitionLog
 from tests.unit.test_archiver import archive_once
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from evsched.adapters.archive_files import (
+from evsched.adapters.archive.files import (
     ArchiveError,
     ArchiveLock,
     FileWriter,
@@ -20,7 +20,7 @@ from evsched.adapters.archive_files import (
     partition_events,
     read_manifest,
 )
-from evsched.adapters.history_file import LoggedEvent, read_history
+from evsched.adapters.archive.history_file import LoggedEvent, read_history
 from evsched.operator.archive_metrics import ArchiveInstruments
 from evsched.operator.archiver import Archiver, Roll
 from evsched.testing import FrozenClock, MemoryPartitionLog

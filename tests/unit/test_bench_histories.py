@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from evsched.adapters import avro
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.index_keys import JOBS, MARKS, TIMELINE
+from evsched.adapters.index.keys import JOBS, MARKS, TIMELINE
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core import planner, retention
 from evsched.core.events import JobEnqueued, JobPurged, Position
 from evsched.core.fold import fold
 from evsched.core.state import JobState, Verdict
-from evsched.runtime.changelog_restore import restore_partition
-from evsched.runtime.projector import Projector
-from evsched.runtime.restore import restore
+from evsched.runtime.projection.changelog_restore import restore_partition
+from evsched.runtime.projection.projector import Projector
+from evsched.runtime.projection.restore import restore
 from evsched.testing import MemoryPartitionLog
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"

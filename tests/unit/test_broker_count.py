@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evsched.adapters.broker_count import count_brokers
+from evsched.adapters.kafka.broker_count import count_brokers
 
 
 class Admin:

@@ -7,9 +7,9 @@ import typer
 from aiokafka.errors import KafkaConnectionError
 from structlog.testing import capture_logs
 
-from evsched.adapters.kafka_feed import KafkaDispatchFeed
-from evsched.adapters.kafka_log import KafkaEventLog
-from evsched.adapters.kafka_range import KafkaRangeReader
+from evsched.adapters.kafka.dispatch_feed import KafkaDispatchFeed
+from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.range_reader import KafkaRangeReader
 from evsched.errors import BrokerUnavailable, PublishError
 from evsched.operator.exits import ExitCode
 from evsched.operator.session import guarded
@@ -62,7 +62,7 @@ async def test_closing_an_event_log_whose_producer_fails_to_stop_is_logged(
             return None
 
     monkeypatch.setattr(
-        "evsched.adapters.kafka.producer", lambda settings, **_: StartsThenFailsToStop()
+        "evsched.adapters.kafka.clients.producer", lambda settings, **_: StartsThenFailsToStop()
     )
     log = KafkaEventLog(NOWHERE, client_id="c")
     await log.start()
@@ -91,7 +91,7 @@ async def test_an_event_log_that_cannot_start_its_producer_is_a_publish_error(
 ) -> None:
     made: list[Unreachable] = []
     monkeypatch.setattr(
-        "evsched.adapters.kafka.producer",
+        "evsched.adapters.kafka.clients.producer",
         lambda settings, **_: made.append(Unreachable()) or made[-1],
     )
     log = KafkaEventLog(NOWHERE, client_id="c")

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from evsched.adapters.index import DUE, JOBS, IndexBatch, PartitionIndex, time_key
+from evsched.adapters.index.store import DUE, JOBS, IndexBatch, PartitionIndex, time_key
 from evsched.core.events import Effect
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.planner import PlannerLimits
-from evsched.runtime.changelog import (
+from evsched.runtime.projection.changelog import (
     META_KEY,
     ChangelogWriter,
     Meta,

@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from evsched.adapters.index import IndexBatch, PartitionIndex
+from evsched.adapters.index.store import IndexBatch, PartitionIndex
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.planner import PlannerLimits
-from evsched.runtime.changelog import ChangelogWriter, Meta, latest_meta, restore_into
-from evsched.runtime.changelog_restore import (
+from evsched.runtime.node.lifecycle import Phase
+from evsched.runtime.node.node import Node
+from evsched.runtime.projection.changelog import ChangelogWriter, Meta, latest_meta, restore_into
+from evsched.runtime.projection.changelog_restore import (
     RESTORE_AHEAD_RECORDS,
     Action,
     LocalIndex,
@@ -23,9 +25,7 @@ from evsched.runtime.changelog_restore import (
     plan_open,
     seed,
 )
-from evsched.runtime.lifecycle import Phase
-from evsched.runtime.node import Node
-from evsched.runtime.replica_restore import prepare_partitions
+from evsched.runtime.projection.replica_restore import prepare_partitions
 from evsched.testing import MemoryPartitionLog, NodeDriver
 from tests.unit.node_driver_events import enqueued, started, succeeded
 from tests.unit.test_node_lifecycle import node_over, poll_until

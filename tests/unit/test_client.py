@@ -383,7 +383,7 @@ def fake_producers(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
     failures: list[BaseException] = []
     FakeProducer.made = []
     monkeypatch.setattr(
-        "evsched.adapters.kafka.producer", lambda settings, **_: FakeProducer(failures)
+        "evsched.adapters.kafka.clients.producer", lambda settings, **_: FakeProducer(failures)
     )
     return failures
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from evsched.adapters.topics import (
+from evsched.adapters.kafka.topics import (
     ObservedTopic,
     Replication,
     TopicSpec,

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 import pytest
 from structlog.testing import capture_logs
 
-from evsched.adapters.queues import FixedQueues, QueueLookupError
-from evsched.adapters.topics import Mismatch, TopicMisconfigured, TopicMissing
+from evsched.adapters.kafka.queues import FixedQueues, QueueLookupError
+from evsched.adapters.kafka.topics import Mismatch, TopicMisconfigured, TopicMissing
 from evsched.client import App
 from evsched.errors import PublishError, UnknownQueue
-from evsched.runtime import dispatch_topics
-from evsched.runtime.dispatch_topics import RECHECK_S, QueueTopics
+from evsched.runtime.node import dispatch_topics
+from evsched.runtime.node.dispatch_topics import RECHECK_S, QueueTopics
 from evsched.settings import Settings
 from evsched.testing import MemoryLog
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from evsched.adapters.kafka_acls import AclRule
-from evsched.adapters.kafka_txn import AtomicWriter, batch_transactional_id
+from evsched.adapters.kafka.acls import AclRule
+from evsched.adapters.kafka.atomic_batch import AtomicWriter, batch_transactional_id
 from evsched.devstack.acls import ROLES, acl_table, kafka_acls_command, role_acls
 from evsched.devstack.certs import make_ca, make_server_cert
 from evsched.devstack.secure import SecureBroker
@@ -62,7 +62,7 @@ async def test_only_producers_and_the_api_may_write_atomic_batches(
         asked.append(options["transactional_id"])
         raise PublishError("no broker here")
 
-    monkeypatch.setattr("evsched.adapters.kafka_txn.start_producer", start_producer)
+    monkeypatch.setattr("evsched.adapters.kafka.atomic_batch.start_producer", start_producer)
     writer = AtomicWriter(Settings(namespace="ns"), client_id="evsched-api")
     with pytest.raises(PublishError):
         await writer.write("ns.events", [Outbound("job", b"v")])

@@ -12,8 +12,8 @@ import pytest
 from aiokafka import TopicPartition
 from structlog.testing import capture_logs
 
-from evsched.adapters.kafka_feed import KafkaDispatchFeed
-from evsched.adapters.topics import ObservedTopic, find_mismatches, topic_specs
+from evsched.adapters.kafka.dispatch_feed import KafkaDispatchFeed
+from evsched.adapters.kafka.topics import ObservedTopic, find_mismatches, topic_specs
 from evsched.settings import Settings, SettingsError
 from evsched.testing import FrozenClock
 

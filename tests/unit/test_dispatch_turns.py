@@ -9,7 +9,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.errors import CommitFailedError
 
-from evsched.adapters.kafka_feed import KafkaDispatchFeed
+from evsched.adapters.kafka.dispatch_feed import KafkaDispatchFeed
 
 TOPIC = "ns.dispatch.default"
 

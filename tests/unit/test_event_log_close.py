@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from evsched.adapters import kafka_log
-from evsched.adapters.kafka_log import KafkaEventLog
-from evsched.adapters.kafka_replicas import PartitionReplicas, ReplicaCheck, acknowledged
+from evsched.adapters.kafka import event_log as kafka_log
+from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.replicas import PartitionReplicas, ReplicaCheck, acknowledged
 from evsched.errors import NotEnoughReplicas
 from evsched.ports import Appended
 from evsched.settings import Settings
@@ -79,7 +79,7 @@ class HoldingProducer:
 @pytest.fixture
 def producer(monkeypatch: pytest.MonkeyPatch) -> HoldingProducer:
     made = HoldingProducer()
-    monkeypatch.setattr("evsched.adapters.kafka.producer", lambda settings, **_: made)
+    monkeypatch.setattr("evsched.adapters.kafka.clients.producer", lambda settings, **_: made)
     # Look at the cluster after 10 ms without an ack, not after a second.
     monkeypatch.setattr(
         kafka_log, "acknowledged", functools.partial(acknowledged, check_after_s=0.01)

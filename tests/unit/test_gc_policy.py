@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from evsched.runtime import allocator
-from evsched.runtime.gc_policy import YOUNG_THRESHOLD, tune_collector
+from evsched.runtime.process import allocator
+from evsched.runtime.process.gc_policy import YOUNG_THRESHOLD, tune_collector
 from evsched.settings import (
     GC_TUNING_ENV,
     MALLOC_TUNING_ENV,
@@ -26,7 +26,7 @@ from evsched.settings import (
 TUNED = textwrap.dedent(
     """
     import gc, json, sys
-    from evsched.runtime.gc_policy import tune_collector
+    from evsched.runtime.process.gc_policy import tune_collector
     thresholds, frozen = gc.get_threshold(), gc.get_freeze_count()
     tuned = tune_collector({"EVSCHED_GC_TUNING": sys.argv[1]})
     print(json.dumps([tuned, thresholds, gc.get_threshold(), frozen, gc.get_freeze_count()]))

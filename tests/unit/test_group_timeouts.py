@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evsched.adapters.kafka import GROUP_TIMEOUTS, group_timeouts
+from evsched.adapters.kafka.clients import GROUP_TIMEOUTS, group_timeouts
 from evsched.settings import Settings, SettingsError
 
 

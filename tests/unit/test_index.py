@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from evsched.adapters import avro
-from evsched.adapters import index as index_module
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.index_keys import (
+from evsched.adapters.index import store as index_module
+from evsched.adapters.index.keys import (
     JOB_TIMELINE,
     PERMIT_TIMELINE,
     QUEUE_TIMELINE,
@@ -21,12 +20,13 @@ from evsched.adapters.index_keys import (
     timeline_family,
     timeline_key,
 )
-from evsched.adapters.index_purge import Purge, PurgeWriter
+from evsched.adapters.index.purge import Purge, PurgeWriter
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core import events as ev
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Status, TimelineEntry, Verdict
 from evsched.ports import Record
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.projector import Projector
 
 
 @pytest.fixture

@@ -9,15 +9,15 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.index_keys import (
+from evsched.adapters.index.keys import (
     FOLLOWERS,
     ORPHANS,
     PERMIT_TIMELINE,
     SCHEDULE_TIMELINE,
     TIMELINE,
 )
-from evsched.adapters.index_orphans import orphan_key
+from evsched.adapters.index.orphans import orphan_key
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core import ids, retention
 from evsched.core.events import (
     JobTemplate,
@@ -32,7 +32,7 @@ from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Verdict
 from evsched.operator.audit import audit
 from evsched.ports import Record
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.projector import Projector
 from tests.unit.index_folds import fold_into, folded
 from tests.unit.test_index_orphans import Log
 

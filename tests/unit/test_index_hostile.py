@@ -15,13 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from evsched.adapters import avro
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core import events as ev
 from evsched.core import limits
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Verdict
 from evsched.ports import Record
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.projector import Projector
 from tests.strategies import EVENT_STRATEGIES, records
 
 T0 = 1_735_689_600_000

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from evsched.adapters import avro
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.index_keys import FOLLOWERS, MARKS, ORPHANS
+from evsched.adapters.index.keys import FOLLOWERS, MARKS, ORPHANS
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core import retention
 from evsched.core.events import (
     Event,
@@ -28,7 +28,7 @@ from evsched.core.events import (
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Verdict
 from evsched.ports import Record
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.projector import Projector
 
 KEPT = retention.ORPHAN_KEPT_MS
 

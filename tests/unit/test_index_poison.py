@@ -9,16 +9,16 @@ import itertools
 from pathlib import Path
 
 from evsched.adapters import avro
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.index_keys import REFUSED, U64, UNDECODABLE
-from evsched.adapters.index_poison import POISON_KEPT
+from evsched.adapters.index.keys import REFUSED, U64, UNDECODABLE
+from evsched.adapters.index.poison import POISON_KEPT
+from evsched.adapters.index.store import PartitionIndex
 from evsched.api import undecodable
 from evsched.core import tallies
 from evsched.core.events import JobEnqueued
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator import cmd_undecodable
 from evsched.ports import Record
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.projector import Projector
 from tests.unit.index_folds import fold_into, folded
 
 EXTRA = 7

@@ -11,8 +11,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evsched.adapters.index import IndexBatch, PartitionIndex
-from evsched.adapters.index_priority import BUILT, DUE_PRIORITY, priority_key, rank
+from evsched.adapters.index.priority import BUILT, DUE_PRIORITY, priority_key, rank
+from evsched.adapters.index.store import IndexBatch, PartitionIndex
 from evsched.core.limits import MAX_PRIORITY
 from evsched.core.planner import due_order
 from evsched.core.state import JobState, Status

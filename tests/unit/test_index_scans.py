@@ -12,7 +12,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evsched.adapters.index import IndexBatch, PartitionIndex
+from evsched.adapters.index.store import IndexBatch, PartitionIndex
 from evsched.core import retention
 from evsched.core.state import JobState, Status
 from tests.states import job_state

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict
 
-from evsched.adapters.index import COLUMN_FAMILIES, META, PartitionIndex
-from evsched.adapters.index import FOLD_VERSION as VERSION_KEY
-from evsched.adapters.index_keys import U64
-from evsched.adapters.index_tallies import TALLIES
-from evsched.adapters.readonly_index import ReadOnlyIndex
+from evsched.adapters.index.keys import U64
+from evsched.adapters.index.readonly import ReadOnlyIndex
+from evsched.adapters.index.store import COLUMN_FAMILIES, META, PartitionIndex
+from evsched.adapters.index.store import FOLD_VERSION as VERSION_KEY
+from evsched.adapters.index.tallies import TALLIES
 from evsched.core import tallies
 from evsched.core.events import JobCancelled, JobEnqueued, JobPurged, LeaseExpired
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Status
-from evsched.runtime.changelog import restore_into
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.changelog import restore_into
+from evsched.runtime.projection.projector import Projector
 from evsched.testing import NodeDriver, SimulatedCrash
 from tests.unit.node_driver_events import enqueued, failed, started, succeeded
 

@@ -12,10 +12,10 @@ from typing import TypeVar
 
 import pytest
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.errors import PartitionRevoked
-from evsched.runtime.index_threads import IndexThreads, seek_to_index
-from evsched.runtime.offload import in_turn, made
+from evsched.runtime.process.offload import in_turn, made
+from evsched.runtime.projection.index_threads import IndexThreads, seek_to_index
 
 T = TypeVar("T")
 

@@ -13,8 +13,8 @@ from aiokafka.errors import (
     UnsupportedSaslMechanismError,
 )
 
-from evsched.adapters import kafka_access
-from evsched.adapters.kafka_access import (
+from evsched.adapters.kafka import access as kafka_access
+from evsched.adapters.kafka.access import (
     access_refusal,
     check_access,
     failure_text,

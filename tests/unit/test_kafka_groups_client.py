@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from evsched.adapters import kafka_kept_admin
-from evsched.adapters.kafka_groups import GroupOwners
+from evsched.adapters.kafka import kept_admin as kafka_kept_admin
+from evsched.adapters.kafka.groups import GroupOwners
 from evsched.errors import BrokerUnavailable
 from evsched.settings import Settings
 

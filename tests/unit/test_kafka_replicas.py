@@ -1,8 +1,8 @@
 """A producer's bounded waits, with no broker (the ack is a future, the cluster a function).
 
-For an ack (adapters.kafka_replicas): one that never comes while the partition lacks replicas
+For an ack (adapters.kafka.replicas): one that never comes while the partition lacks replicas
 fails at once with the cause named, one that is only slow fails at the timeout, one that comes is
-returned. To close (adapters.kafka.stop_producer): records it cannot deliver do not hold it.
+returned. To close (adapters.kafka.clients.stop_producer): records it cannot deliver do not hold it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import gc
 
 import pytest
 
-from evsched.adapters.kafka import stop_producer
-from evsched.adapters.kafka_replicas import PartitionReplicas, ReplicaCheck, acknowledged
+from evsched.adapters.kafka.clients import stop_producer
+from evsched.adapters.kafka.replicas import PartitionReplicas, ReplicaCheck, acknowledged
 from evsched.errors import NotEnoughReplicas, PublishError
 
 

@@ -1,5 +1,6 @@
-"""Lease planning from index entries (``runtime.lease_plan``): it leases exactly what reading
-every due job's state leases and leaves the same jobs waiting in the node's line, it decodes only
+"""Lease planning from index entries (``runtime.partition.lease_plan``): it leases exactly what
+reading every due job's state leases and leaves the same jobs waiting in the node's line, it decodes
+only
 the jobs it leases (a backlog behind a full queue is not read), it falls back to the full read
 where an entry cannot stand for its state, and a node's outputs are byte for byte the same."""
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from evsched.adapters.index_priority import DUE_PRIORITY, DueEntry, priority_key
+from evsched.adapters.index.priority import DUE_PRIORITY, DueEntry, priority_key
 from evsched.core.events import (
     Event,
     JobEnqueued,
@@ -23,10 +24,10 @@ from evsched.core.events import (
 from evsched.core.permits import KEY_LABEL
 from evsched.core.planner import PlannerLimits
 from evsched.ports import Record
-from evsched.runtime.budget import QueueBudget, Waiting
-from evsched.runtime.lease_plan import waiting_by_queue
-from evsched.runtime.partition import OwnedPartition
-from evsched.runtime.projector import Folded
+from evsched.runtime.partition.budget import QueueBudget, Waiting
+from evsched.runtime.partition.lease_plan import waiting_by_queue
+from evsched.runtime.partition.partition import OwnedPartition
+from evsched.runtime.projection.projector import Folded
 from evsched.testing import FrozenClock, MemoryBroker, NodeDriver
 from tests.unit.node_driver_events import started, succeeded
 

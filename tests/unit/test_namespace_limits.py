@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from evsched.adapters.topics import Topics
+from evsched.adapters.kafka.topics import Topics
 from evsched.core import limits
 from evsched.settings import Settings, SettingsError
 

@@ -13,18 +13,18 @@ from typing import TypeVar
 
 import pytest
 
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.topics import Topics
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.topics import Topics
 from evsched.core.events import Event
 from evsched.core.planner import PlannerLimits
 from evsched.ports import Record
-from evsched.runtime import changelog, fold_chunks
-from evsched.runtime.changelog import restore_into
-from evsched.runtime.changelog_restore import restore_partition
-from evsched.runtime.index_threads import IndexThreads
-from evsched.runtime.partition import OwnedPartition
-from evsched.runtime.projector import Projector
-from evsched.runtime.restore import index_path, restore
+from evsched.runtime.partition.partition import OwnedPartition
+from evsched.runtime.projection import changelog, fold_chunks
+from evsched.runtime.projection.changelog import restore_into
+from evsched.runtime.projection.changelog_restore import restore_partition
+from evsched.runtime.projection.index_threads import IndexThreads
+from evsched.runtime.projection.projector import Projector
+from evsched.runtime.projection.restore import index_path, restore
 from evsched.testing import (
     FrozenClock,
     MemoryBroker,

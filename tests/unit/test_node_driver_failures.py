@@ -14,7 +14,7 @@ from evsched.core.events import Effect, JobLeased, LeaseExpired
 from evsched.core.planner import PlannerLimits
 from evsched.core.state import Status, Verdict
 from evsched.errors import BrokerUnavailable, Fenced, RecordRefused
-from evsched.runtime.quarantine import QUARANTINE_S
+from evsched.runtime.partition.quarantine import QUARANTINE_S
 from evsched.testing import NodeDriver, SimulatedCrash
 from tests.unit.node_driver_events import enqueued, started, succeeded
 

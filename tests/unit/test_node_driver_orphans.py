@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.index_keys import FOLLOWERS, ORPHANS
+from evsched.adapters.index.keys import FOLLOWERS, ORPHANS
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core import retention
 from evsched.core.events import JobCancelled
 from evsched.core.state import Verdict
 from evsched.operator.audit import audit
 from evsched.operator.render import audit_json
-from evsched.runtime.changelog import restore_into
+from evsched.runtime.projection.changelog import restore_into
 from evsched.testing import NodeDriver
 from tests.unit.node_driver_events import succeeded
 from tests.unit.test_node_driver_retention import enqueue, rebuilt_digest, run_to_success

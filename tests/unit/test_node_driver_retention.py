@@ -7,13 +7,13 @@ import itertools
 from dataclasses import replace
 from pathlib import Path
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core.events import JobCancelled, JobEnqueued, JobLeased, JobPurged
 from evsched.core.ids import job_id_for_key
 from evsched.core.state import Status, Verdict
 from evsched.operator.audit import audit
 from evsched.operator.render import audit_json
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.projector import Projector
 from evsched.testing import NodeDriver
 from tests.unit.node_driver_events import enqueued, started, succeeded
 

@@ -19,11 +19,11 @@ from evsched.core.events import Event, JobLeased, entity_id
 from evsched.core.state import Status
 from evsched.errors import BrokerUnavailable
 from evsched.ports import ConsumerOffset, Holdback, Outgoing, Record
-from evsched.runtime import health, ownership
-from evsched.runtime.lifecycle import Phase
-from evsched.runtime.node import Node, NodeConfig
-from evsched.runtime.node_metrics import NodeMetrics
-from evsched.runtime.ownership import Holder, Ownership
+from evsched.runtime.node import health, ownership
+from evsched.runtime.node.lifecycle import Phase
+from evsched.runtime.node.metrics import NodeMetrics
+from evsched.runtime.node.node import Node, NodeConfig
+from evsched.runtime.node.ownership import Holder, Ownership
 from evsched.settings import Settings
 from evsched.testing import MemoryBroker, MemoryOutbox
 from evsched.testing.driver import every_queue_declared

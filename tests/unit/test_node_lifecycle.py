@@ -12,14 +12,14 @@ import pytest
 from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core.fold import FOLD_VERSION
-from evsched.runtime.health import NodeHealth
-from evsched.runtime.lifecycle import TRANSITIONS, InvalidTransition, Phase, check
-from evsched.runtime.node import Node, NodeConfig
-from evsched.runtime.node_metrics import NodeMetrics
-from evsched.runtime.projector import Projector
-from evsched.runtime.restore import open_index, restore
+from evsched.runtime.node.health import NodeHealth
+from evsched.runtime.node.lifecycle import TRANSITIONS, InvalidTransition, Phase, check
+from evsched.runtime.node.metrics import NodeMetrics
+from evsched.runtime.node.node import Node, NodeConfig
+from evsched.runtime.projection.projector import Projector
+from evsched.runtime.projection.restore import open_index, restore
 from evsched.settings import Settings
 from evsched.testing import MemoryBroker, MemoryOutbox, MemoryPartitionLog
 from tests.prometheus import parse, value

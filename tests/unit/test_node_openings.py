@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from evsched.adapters.index import PartitionIndex
-from evsched.runtime import health, index_threads
-from evsched.runtime.lifecycle import Phase
-from evsched.runtime.rebalance import NodeRebalance
-from evsched.runtime.restore import open_index
+from evsched.adapters.index.store import PartitionIndex
+from evsched.runtime.node import health
+from evsched.runtime.node.lifecycle import Phase
+from evsched.runtime.node.rebalance import NodeRebalance
+from evsched.runtime.projection import index_threads
+from evsched.runtime.projection.restore import open_index
 from tests.unit.node_driver_events import enqueued
 from tests.unit.test_node_fenced import ME, Group, Rig
 

@@ -14,11 +14,11 @@ import pytest
 from evsched.adapters import avro
 from evsched.core.events import Event, JobLeased, entity_id
 from evsched.core.fold import FOLD_VERSION
-from evsched.runtime import health, ownership
-from evsched.runtime.lifecycle import Phase
-from evsched.runtime.outbox_starts import OutboxStarts
-from evsched.runtime.rebalance import NodeRebalance
-from evsched.runtime.restore import open_index
+from evsched.runtime.node import health, ownership
+from evsched.runtime.node.lifecycle import Phase
+from evsched.runtime.node.outbox_starts import OutboxStarts
+from evsched.runtime.node.rebalance import NodeRebalance
+from evsched.runtime.projection.restore import open_index
 from evsched.testing import MemoryBroker, MemoryOutbox
 from tests.unit.node_driver_events import enqueued
 from tests.unit.test_node_fenced import ME, Group, Rig

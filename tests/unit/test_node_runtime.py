@@ -16,9 +16,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from evsched.adapters import avro
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka_events import KafkaGroupConsumer
-from evsched.adapters.topics import Topics
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
+from evsched.adapters.kafka.topics import Topics
 from evsched.core import planner
 from evsched.core.events import JobEnqueued
 from evsched.core.state import Status
@@ -26,13 +26,13 @@ from evsched.devstack.process import free_port
 from evsched.errors import BrokerUnavailable, PartitionRevoked
 from evsched.metrics import NodeInstruments, serve_metrics
 from evsched.ports import Record
-from evsched.runtime import partition as partition_module
-from evsched.runtime.budget import QueueBudget, QueueLoad
-from evsched.runtime.health import NodeHealth
-from evsched.runtime.lifecycle import Phase
-from evsched.runtime.node import Node, NodeConfig
-from evsched.runtime.partition import OwnedPartition
-from evsched.runtime.quarantine import Quarantine, Unusable
+from evsched.runtime.node.health import NodeHealth
+from evsched.runtime.node.lifecycle import Phase
+from evsched.runtime.node.node import Node, NodeConfig
+from evsched.runtime.partition import partition as partition_module
+from evsched.runtime.partition.budget import QueueBudget, QueueLoad
+from evsched.runtime.partition.partition import OwnedPartition
+from evsched.runtime.partition.quarantine import Quarantine, Unusable
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings
 from evsched.testing import FrozenClock, MemoryBroker, MemoryOutbox, MemoryPartitionLog
@@ -312,7 +312,7 @@ async def test_a_failed_fetch_does_not_end_the_node(
         return consumer
 
     monkeypatch.setattr(node, "_start_consumer", start)
-    monkeypatch.setattr("evsched.runtime.node.POLL_RETRY_S", 0.01)
+    monkeypatch.setattr("evsched.runtime.node.node.POLL_RETRY_S", 0.01)
     await asyncio.wait_for(node.run(stop), 10)
     assert consumer.fetches == 2 and consumer.stopped
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core.fold import FOLD_VERSION
-from evsched.runtime.changelog_restore import Action, OpenPlan
-from evsched.runtime.lifecycle import Phase
-from evsched.runtime.rebalance import NodeRebalance
-from evsched.runtime.restore import open_index
-from evsched.runtime.standby import Standby
+from evsched.runtime.node.lifecycle import Phase
+from evsched.runtime.node.rebalance import NodeRebalance
+from evsched.runtime.node.standby import Standby
+from evsched.runtime.projection.changelog_restore import Action, OpenPlan
+from evsched.runtime.projection.restore import open_index
 from evsched.testing import MemoryPartitionLog
 from tests.unit.test_changelog_restore import _history
 from tests.unit.test_node_lifecycle import node_over

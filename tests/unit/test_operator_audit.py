@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from evsched.adapters import avro
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core import events as ev
 from evsched.core.state import JobState, ScheduleState, Status, Verdict
 from evsched.operator.audit import audit
 from evsched.operator.readings import iso, span
 from evsched.ports import Record
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.projector import Projector
 
 T0 = 1_767_225_600_000
 _ids = itertools.count()

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from evsched.adapters.history_file import LoggedEvent, write_history
+from evsched.adapters.archive.history_file import LoggedEvent, write_history
 from evsched.operator import register
 from evsched.operator.replay import dump_expected, expected_document, fold_history
 from tests.unit.test_operator_audit import zombie_story

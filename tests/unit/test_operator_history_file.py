@@ -12,7 +12,7 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from evsched.adapters.history_file import (
+from evsched.adapters.archive.history_file import (
     HistoryFileError,
     LoggedEvent,
     kind_of,
@@ -58,7 +58,7 @@ def test_the_same_records_give_the_same_bytes(codec: str) -> None:
 WRITE = """
 import hashlib, io, sys
 sys.path.insert(0, {repo!r})
-from evsched.adapters.history_file import write_history
+from evsched.adapters.archive.history_file import write_history
 from tests.unit.test_operator_history_file import events
 out = io.BytesIO()
 write_history(out, events(), metadata={{"namespace": "ns", "selection": "range"}})

@@ -12,13 +12,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.operator import rebuild_dirs, register
 from evsched.operator.rebuild_dirs import MARKER, NotOurs, check_replaceable, lock_held
 
 HOLD_INDEX = """
 import sys, pathlib
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 index = PartitionIndex(pathlib.Path(sys.argv[1]), 0)
 print("open", flush=True)
 sys.stdin.read()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from evsched.adapters.history_file import LoggedEvent
+from evsched.adapters.archive.history_file import LoggedEvent
 from evsched.core import retry
 from evsched.core.events import AttemptSucceeded, JobEvent, Position, RetryPolicy
 from evsched.core.fold import fold

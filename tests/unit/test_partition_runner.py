@@ -11,8 +11,8 @@ import pytest
 from aiokafka.structs import TopicPartition
 
 from evsched.ports import Record
-from evsched.runtime.partition import OwnedPartition
-from evsched.runtime.runner import PartitionRunner
+from evsched.runtime.partition.partition import OwnedPartition
+from evsched.runtime.partition.runner import PartitionRunner
 from evsched.testing import NodeDriver
 
 TP = TopicPartition("ns.events", 3)

@@ -11,9 +11,9 @@ from typing import Any
 import structlog
 
 from evsched.ports import Record
-from evsched.runtime.health import NodeHealth
-from evsched.runtime.partition_steps import PartitionSteps
-from evsched.runtime.runner import PartitionRunner
+from evsched.runtime.node.health import NodeHealth
+from evsched.runtime.node.steps import PartitionSteps
+from evsched.runtime.partition.runner import PartitionRunner
 
 PARTITION = 2
 

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 
 from evsched.adapters import avro
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.index_keys import PERMIT_TIMELINE, QUEUE_TIMELINE, TIMELINE, timeline_key
+from evsched.adapters.index.keys import PERMIT_TIMELINE, QUEUE_TIMELINE, TIMELINE, timeline_key
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core.controls import QUEUE
 from evsched.core.events import QueueLimitSet, QueuePaused, QueuePermit
 from evsched.core.state import TimelineEntry, Verdict
 from evsched.operator.replica_dir import LocalIndex
 from evsched.operator.writes import Judged, judge
 from evsched.ports import Appended
-from evsched.runtime.projector import Projector
-from evsched.runtime.refold import paused_in
+from evsched.runtime.projection.projector import Projector
+from evsched.runtime.projection.refold import paused_in
 from tests.unit.test_index_orphans import Log
 
 LIMIT = "mail"  # the queue and its limit: one name, so one prefix of the queue timeline

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from evsched.adapters import avro
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.topics import Topics
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.topics import Topics
 from evsched.core import planner
 from evsched.core.events import JobEnqueued, JobLeased
 from evsched.ports import Record
-from evsched.runtime.budget import QueueBudget, Waiting
-from evsched.runtime.partition import OwnedPartition
+from evsched.runtime.partition.budget import QueueBudget, Waiting
+from evsched.runtime.partition.partition import OwnedPartition
 from evsched.testing import FrozenClock, MemoryBroker, MemoryOutbox, NodeDriver
 from tests.unit.node_driver_events import enqueued as enqueued_job
 from tests.unit.node_driver_events import started

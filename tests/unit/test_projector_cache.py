@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core.state import Status
-from evsched.runtime.projector import Projector
+from evsched.runtime.projection.projector import Projector
 from tests.unit.test_index import Log, enqueued, leased, started, succeeded
 
 

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from evsched.adapters import avro
-from evsched.adapters.index import IndexBatch, PartitionIndex
+from evsched.adapters.index.store import IndexBatch, PartitionIndex
 from evsched.core.controls import QUEUE
 from evsched.core.events import JobCancelled, JobEnqueued, QueueLimitSet, QueuePaused
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Status
 from evsched.errors import BrokerUnavailable, IndexVersionMismatch, RestoreRefused
 from evsched.ports import Record
-from evsched.runtime.projector import Folded, Projector
-from evsched.runtime.restore import Restorer, open_index, rebuild_index, restore
+from evsched.runtime.projection.projector import Folded, Projector
+from evsched.runtime.projection.restore import Restorer, open_index, rebuild_index, restore
 from evsched.testing import MemoryPartitionLog
 
 

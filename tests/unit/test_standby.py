@@ -14,14 +14,14 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from evsched.adapters import avro
-from evsched.adapters.index import IndexBatch, PartitionIndex
-from evsched.adapters.topics import Topics
+from evsched.adapters.index.store import IndexBatch, PartitionIndex
+from evsched.adapters.kafka.topics import Topics
 from evsched.core.events import JobEnqueued
 from evsched.core.fold import FOLD_VERSION
-from evsched.runtime import standby as standby_module
-from evsched.runtime.projector import Projector
-from evsched.runtime.restore import index_path, open_index, restore
-from evsched.runtime.standby import Standby, parse_partitions, unowned
+from evsched.runtime.node import standby as standby_module
+from evsched.runtime.node.standby import Standby, parse_partitions, unowned
+from evsched.runtime.projection.projector import Projector
+from evsched.runtime.projection.restore import index_path, open_index, restore
 from evsched.testing import MemoryPartitionLog
 
 DEADLINE_S = 20.0

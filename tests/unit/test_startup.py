@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from evsched.adapters.topics import TopicMisconfigured, TopicProvisioningError, TopicRefused
-from evsched.runtime.startup import until_broker
+from evsched.adapters.kafka.topics import TopicMisconfigured, TopicProvisioningError, TopicRefused
+from evsched.runtime.process.startup import until_broker
 
 
 class Flaky:

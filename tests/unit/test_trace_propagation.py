@@ -34,7 +34,7 @@ from evsched.core.events import (
 )
 from evsched.core.fold import fold
 from evsched.errors import InvalidEnqueue
-from evsched.runtime.worker import Worker, WorkerConfig
+from evsched.runtime.worker.worker import Worker, WorkerConfig
 from evsched.settings import Settings
 from evsched.testing import FrozenClock, MemoryFeed, MemoryLog
 

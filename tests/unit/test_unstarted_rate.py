@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evsched.core.planner import PlannerLimits
-from evsched.runtime.budget import RATE_WINDOW_S, QueueBudget, StartRate
+from evsched.runtime.partition.budget import RATE_WINDOW_S, QueueBudget, StartRate
 from evsched.testing import NodeDriver
 from tests.unit.node_driver_events import enqueued, started
 

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from evsched.core.events import LeaseExpired
 from evsched.operator.audit import audit
-from evsched.runtime.waiting import WITHOUT_WORKER_AFTER, WaitingForWorker
+from evsched.runtime.projection.waiting import WITHOUT_WORKER_AFTER, WaitingForWorker
 from evsched.testing import MemoryPartitionLog, NodeDriver
 from tests.unit.node_driver_events import enqueued, started, succeeded
 from tests.unit.test_node_lifecycle import node_over

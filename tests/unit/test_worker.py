@@ -32,8 +32,8 @@ from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.core.state import JobState, Status
 from evsched.errors import EvschedError
 from evsched.metrics import WorkerInstruments
-from evsched.runtime.log_clock import MAX_OFFSET_MS, SAMPLES, LogClock
-from evsched.runtime.worker import Worker, WorkerConfig, serve
+from evsched.runtime.worker.log_clock import MAX_OFFSET_MS, SAMPLES, LogClock
+from evsched.runtime.worker.worker import Worker, WorkerConfig, serve
 from evsched.testing import FrozenClock, MemoryReader
 from tests.states import job_state
 from tests.unit.worker_rig import EVENTS, Rig, make_rig, until

@@ -174,7 +174,7 @@ async def test_a_reader_that_fails_does_not_stop_the_attempt(rig: Rig) -> None:
 
 
 async def test_the_worker_forgets_the_oldest_jobs_first(rig: Rig) -> None:
-    from evsched.runtime.gate import DispatchGate
+    from evsched.runtime.worker.gate import DispatchGate
 
     gate = DispatchGate(key=None, clock=SYSTEM_CLOCK, remembered=2)
     first, second, third = (rig.dispatch("noop") for _ in range(3))

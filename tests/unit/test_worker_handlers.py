@@ -14,7 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from evsched.core.events import AttemptFailed, AttemptStarted, AttemptSucceeded, LeaseRenewed
-from evsched.runtime.worker import serve
+from evsched.runtime.worker.worker import serve
 from tests.unit.worker_rig import Rig, make_rig, until
 
 
@@ -138,7 +138,7 @@ async def test_sigterm_shutdown_is_bounded_with_a_stubborn_handler(rig: Rig) -> 
             except asyncio.CancelledError:
                 continue
 
-    from evsched.runtime.worker import Worker, WorkerConfig
+    from evsched.runtime.worker.worker import Worker, WorkerConfig
 
     rig.send("stubborn")
     config = WorkerConfig(queues=("default",), worker_id="w1", poll_s=0.05, grace_s=0.2)
@@ -154,7 +154,7 @@ async def test_sigterm_shutdown_is_bounded_with_a_stubborn_handler(rig: Rig) -> 
 async def test_a_timed_out_handler_that_ignores_cancellation_gives_its_slot_back(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("evsched.runtime.attempt.OVERRUN_BOUND_S", 0.2)
+    monkeypatch.setattr("evsched.runtime.worker.attempt.OVERRUN_BOUND_S", 0.2)
 
     @rig.app.task(name="stubborn")
     async def stubborn() -> None:

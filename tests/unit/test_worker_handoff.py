@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from evsched.runtime.handoff import Mailbox
-from evsched.runtime.later import LaterTask
+from evsched.runtime.worker.handoff import Mailbox
+from evsched.runtime.worker.later import LaterTask
 
 
 async def test_calls_from_another_thread_run_in_order_one_wake_up_per_burst() -> None:

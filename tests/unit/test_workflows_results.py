@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evsched.adapters.topics import STATE_MAX_MESSAGE_BYTES
+from evsched.adapters.kafka.topics import STATE_MAX_MESSAGE_BYTES
 from evsched.core import limits
 from evsched.core.events import ParentResolved
 from evsched.core.state import Status, Verdict

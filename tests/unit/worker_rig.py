@@ -16,7 +16,7 @@ from evsched.core.dispatch import Dispatch
 from evsched.core.events import AttemptFailed, AttemptSucceeded, Event
 from evsched.metrics import WorkerInstruments
 from evsched.ports import Clock
-from evsched.runtime.worker import Worker, WorkerConfig
+from evsched.runtime.worker.worker import Worker, WorkerConfig
 from evsched.settings import Settings
 from evsched.testing import MemoryFeed, MemoryLog
 

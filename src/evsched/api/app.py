@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from evsched import __version__
-from evsched.adapters.queues import KafkaQueues, QueueCatalog
+from evsched.adapters.kafka.queues import KafkaQueues, QueueCatalog
 from evsched.api import (
     batch,
     controls,
@@ -32,8 +32,8 @@ from evsched.api.writes import NotYetApplied, Writer
 from evsched.client.app import App
 from evsched.core.state import FoldedEvent
 from evsched.metrics import Metrics
-from evsched.runtime.projector import CommitHook
-from evsched.runtime.waiting import WaitingForWorker
+from evsched.runtime.projection.projector import CommitHook
+from evsched.runtime.projection.waiting import WaitingForWorker
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.api")

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from evsched.adapters.queues import QueueCatalog
+from evsched.adapters.kafka.queues import QueueCatalog
 from evsched.api.auth import Tokens
 from evsched.api.errors import ApiError
 from evsched.api.reader import ReplicaView

@@ -1,6 +1,6 @@
 """Declared queues in the API: a request naming an undeclared queue is refused (422).
 
-Requests name queues, but only an operator creates one (see ``adapters.queues``), so a request
+Requests name queues, but only an operator creates one (see ``adapters.kafka.queues``), so a request
 can never make the cluster grow a topic. An unknown queue is a 422 naming ``queue`` from the
 API, and a usage error from ``evsched enqueue`` and ``evsched schedules upsert``.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import structlog
 
-from evsched.adapters.queues import QueueCatalog, QueueLookupError, undeclared
+from evsched.adapters.kafka.queues import QueueCatalog, QueueLookupError, undeclared
 from evsched.api.errors import ApiError
 from evsched.metrics import Metrics
 

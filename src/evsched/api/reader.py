@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core.state import JobState, ScheduleState, TimelineEntry
-from evsched.runtime.projector import CommitHook, Projector
+from evsched.runtime.projection.projector import CommitHook, Projector
 
 
 class ReplicaView(Protocol):

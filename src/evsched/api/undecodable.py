@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.api import reader
 from evsched.api.context import Ctx
 from evsched.api.listing import Cursor, page

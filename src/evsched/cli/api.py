@@ -11,7 +11,7 @@ import structlog
 import typer
 import uvicorn
 
-from evsched.adapters.kafka_access import check_access
+from evsched.adapters.kafka.access import check_access
 from evsched.api.app import create_app
 from evsched.api.auth import AuthConfigError, load_tokens
 from evsched.cli.options import LogJson
@@ -19,8 +19,8 @@ from evsched.client.loader import load_app
 from evsched.errors import BrokerAccessRefused
 from evsched.logging import configure_logging
 from evsched.metrics import Metrics
-from evsched.runtime.allocator import tune_allocator
-from evsched.runtime.gc_policy import tune_collector
+from evsched.runtime.process.allocator import tune_allocator
+from evsched.runtime.process.gc_policy import tune_collector
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings, SettingsError
 

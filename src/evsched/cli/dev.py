@@ -18,8 +18,8 @@ from typing import Annotated
 
 import typer
 
+from evsched.adapters.kafka.topics import ensure_topics
 from evsched.adapters.signing import KEY_ENV, KEY_FILE_ENV, DispatchKey
-from evsched.adapters.topics import ensure_topics
 from evsched.devstack.broker import LocalBroker
 from evsched.settings import DEFAULT_EVENT_PARTITIONS, DEFAULT_NAMESPACE, Settings
 

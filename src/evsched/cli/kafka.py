@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from evsched.adapters.topics import TopicProvisioningError, ensure_topics
+from evsched.adapters.kafka.topics import TopicProvisioningError, ensure_topics
 from evsched.devstack.broker import BrokerStatus, LocalBroker
 from evsched.devstack.cluster import ClusterStatus, LocalCluster, is_cluster_dir
 from evsched.devstack.config import DATA_DIR_ENV, VERSION_ENV, default_data_dir

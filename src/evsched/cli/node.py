@@ -9,16 +9,16 @@ from typing import Annotated
 
 import typer
 
-from evsched.adapters.topics import TopicMisconfigured, TopicRefused
+from evsched.adapters.kafka.topics import TopicMisconfigured, TopicRefused
 from evsched.cli.options import LogJson, MetricsAddr, metrics_port_option
 from evsched.cli.worker import load_dispatch_key
 from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.core.planner import PlannerLimits
 from evsched.errors import BrokerAccessRefused
 from evsched.logging import configure_logging
-from evsched.runtime.node import STEP_INTERVAL_MS, NodeConfig
-from evsched.runtime.node_process import serve_node
-from evsched.runtime.standby import parse_partitions
+from evsched.runtime.node.main import serve_node
+from evsched.runtime.node.node import STEP_INTERVAL_MS, NodeConfig
+from evsched.runtime.node.standby import parse_partitions
 from evsched.settings import Settings, SettingsError
 
 

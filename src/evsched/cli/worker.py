@@ -10,17 +10,17 @@ from typing import Annotated
 import structlog
 import typer
 
-from evsched.adapters.kafka_feed import START_LOOKBACK_MS
+from evsched.adapters.kafka.dispatch_feed import START_LOOKBACK_MS
 from evsched.adapters.signing import UNSIGNED_ENV, DispatchKey, dispatch_key_from_env
 from evsched.cli.options import LogJson, MetricsAddr, metrics_port_option
 from evsched.client.loader import load_app
 from evsched.errors import EvschedError
 from evsched.logging import configure_logging
 from evsched.metrics import WorkerInstruments, serve_metrics
-from evsched.runtime.allocator import tune_allocator
-from evsched.runtime.gc_policy import tune_collector
-from evsched.runtime.worker import WorkerConfig
-from evsched.runtime.worker_process import kafka_worker, serve_when_reachable
+from evsched.runtime.process.allocator import tune_allocator
+from evsched.runtime.process.gc_policy import tune_collector
+from evsched.runtime.worker.main import kafka_worker, serve_when_reachable
+from evsched.runtime.worker.worker import WorkerConfig
 from evsched.settings import SettingsError
 
 log = structlog.get_logger("evsched.worker")

@@ -1,6 +1,6 @@
 """The client library: define tasks, enqueue jobs, cancel, requeue and schedule them."""
 
-from evsched.adapters.kafka_log import KafkaEventLog
+from evsched.adapters.kafka.event_log import KafkaEventLog
 from evsched.client.app import App
 from evsched.client.batch import BatchResult, Outcome
 from evsched.client.context import Context

@@ -11,10 +11,10 @@ from typing import Any, overload
 
 from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.ids import new_id
-from evsched.adapters.kafka_follow import KafkaJobFeed
-from evsched.adapters.kafka_log import KafkaEventLog
-from evsched.adapters.queues import KafkaQueues, QueueCatalog, QueueLookupError, undeclared
-from evsched.adapters.topics import Topics
+from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.job_feed import KafkaJobFeed
+from evsched.adapters.kafka.queues import KafkaQueues, QueueCatalog, QueueLookupError, undeclared
+from evsched.adapters.kafka.topics import Topics
 from evsched.client.batch import MAX_BATCH, BatchResult, write_batch
 from evsched.client.controls import control_event, publish_everywhere
 from evsched.client.limits import limit_event, publish_limit

@@ -50,7 +50,8 @@ class LeaseWatch:
 
 
 class Fence(Protocol):
-    """What the worker's follow of the job (``runtime.fence.AttemptFence``) tells a context."""
+    """What the worker's follow of the job (``runtime.worker.fence.AttemptFence``) tells a
+    context."""
 
     @property
     def ended(self) -> bool:
@@ -175,7 +176,7 @@ class Context:
 
     async def _on_worker_loop(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """Await ``call()`` on the worker's loop, where its Kafka clients live: async handlers
-        run on a loop of their own (see runtime/handler_loop.py)."""
+        run on a loop of their own (see runtime/worker/handler_loop.py)."""
         if asyncio.get_running_loop() is self._io.loop:
             return await call()
 

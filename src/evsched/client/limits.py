@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from evsched.adapters.ids import new_id
-from evsched.adapters.kafka_events import partition_for
+from evsched.adapters.kafka.partition_log import partition_for
 from evsched.commands import build_limit, encode_checked
 from evsched.core.events import KeyLimitSet, QueueLimitSet, entity_id
 from evsched.core.permits import KEY_LABEL, MAX_KEY_BYTES

@@ -44,7 +44,7 @@ from evsched.core.state import (
 # Bump when a change to the fold could change any state or verdict, or the index holds something
 # an older one lacks (5: workflow rewaits; the partition's tallies, core.tallies; 6: rejected
 # events of jobs the index does not hold expire, core.retention.orphan_until; 7: the index keeps
-# only the newest undecodable and refused records of each partition, adapters.index_poison,
+# only the newest undecodable and refused records of each partition, adapters.index.poison,
 # where an index of version 6 keeps them all, and a limit's permit steps and rejected events of
 # schedules it does not hold expire like those of unknown jobs, where version 6 keeps them and
 # marks an unknown job's by its id alone; the permit steps are keyed under a timeline family

@@ -80,6 +80,6 @@ def orphan_until(log_at: int) -> int:
     These are: a rejected event of a job or of a schedule the index does not hold, and a limit's
     permit step (``QueuePermit``) of any verdict; a limit's settings (``QueueLimitSet``,
     ``KeyLimitSet``) and a queue's pauses stay. A late event of a purged job whose purge mark is
-    still kept goes with that mark instead (``adapters.index_orphans``).
+    still kept goes with that mark instead (``adapters.index.orphans``).
     """
     return log_at + ORPHAN_KEPT_MS

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from evsched.adapters.kafka_acls import AclRule
-from evsched.adapters.kafka_txn import batch_id_prefix
-from evsched.adapters.topics import Topics
+from evsched.adapters.kafka.acls import AclRule
+from evsched.adapters.kafka.atomic_batch import batch_id_prefix
+from evsched.adapters.kafka.topics import Topics
 
 # One SASL user per role; docs/security.md says what each may write and why.
 ROLES = ("producer", "api", "node", "worker", "effects-reader", "operator")

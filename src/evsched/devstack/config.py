@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
-from evsched.adapters.topics import choose_replication
+from evsched.adapters.kafka.topics import choose_replication
 from evsched.settings import DEFAULT_CONTROLLER_PORT
 
 HOST = "127.0.0.1"

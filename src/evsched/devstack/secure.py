@@ -18,7 +18,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from evsched.adapters.kafka_acls import AclRule, create_acls
+from evsched.adapters.kafka.acls import AclRule, create_acls
 from evsched.devstack.broker import LocalBroker
 from evsched.devstack.certs import CertificateAuthority, make_ca, make_server_cert
 from evsched.devstack.config import HOST, new_cluster_id, render_log4j_properties

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evsched.adapters import avro
-from evsched.adapters.archive_files import archived_partitions, partition_events
-from evsched.adapters.archive_log import ArchivePartitionLog
-from evsched.adapters.history_file import LoggedEvent
-from evsched.adapters.kafka_events import KafkaPartitionLog, partition_for
-from evsched.adapters.topics import Topics, partition_count
+from evsched.adapters.archive.files import archived_partitions, partition_events
+from evsched.adapters.archive.history_file import LoggedEvent
+from evsched.adapters.archive.partition_log import ArchivePartitionLog
+from evsched.adapters.kafka.partition_log import KafkaPartitionLog, partition_for
+from evsched.adapters.kafka.topics import Topics, partition_count
 from evsched.core.controls import target_of
 from evsched.core.events import (
     CONTROL_EVENT_TYPES,
@@ -36,7 +36,7 @@ from evsched.errors import DecodeError, RestoreRefused
 from evsched.operator.audit import Audit, audit_of
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.ports import PartitionLog, Record
-from evsched.runtime.refold import PausedAt
+from evsched.runtime.projection.refold import PausedAt
 from evsched.settings import Settings
 
 FETCH_RECORDS = 10_000

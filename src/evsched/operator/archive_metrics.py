@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from evsched.adapters.archive_files import ArchiveFile
+from evsched.adapters.archive.files import ArchiveFile
 
 
 class ArchiveInstruments:

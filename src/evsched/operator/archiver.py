@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from evsched.adapters.archive_files import (
+from evsched.adapters.archive.files import (
     ArchiveError,
     ArchiveFile,
     FileWriter,
@@ -30,7 +30,7 @@ from evsched.adapters.archive_files import (
     tidy,
     write_manifest,
 )
-from evsched.adapters.history_file import LoggedEvent
+from evsched.adapters.archive.history_file import LoggedEvent
 from evsched.ports import Clock, PartitionLog, Record
 
 log = structlog.get_logger("evsched.archive")

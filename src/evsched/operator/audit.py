@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core.events import (
     AttemptFailed,
     KeyLimitSet,
@@ -33,7 +33,7 @@ from evsched.operator.readings import (
     permit_reading,
     schedule_reading,
 )
-from evsched.runtime.refold import PausedAt, State, never_paused, paused_in, refold
+from evsched.runtime.projection.refold import PausedAt, State, never_paused, paused_in, refold
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 import typer
 
-from evsched.adapters.archive_files import ArchiveError, ArchiveLock
+from evsched.adapters.archive.files import ArchiveError, ArchiveLock
 from evsched.adapters.clock import SYSTEM_CLOCK
-from evsched.adapters.kafka_events import KafkaPartitionLog
-from evsched.adapters.topics import Topics, partition_count
+from evsched.adapters.kafka.partition_log import KafkaPartitionLog
+from evsched.adapters.kafka.topics import Topics, partition_count
 from evsched.logging import configure_logging
 from evsched.metrics import serve_metrics
 from evsched.operator.archive_metrics import ArchiveInstruments

@@ -10,7 +10,7 @@ from typing import Annotated, BinaryIO
 
 import typer
 
-from evsched.adapters.history_file import HistoryWriter
+from evsched.adapters.archive.history_file import HistoryWriter
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.operator.export import LogRange, export_range, job_events
 from evsched.operator.render import emit_json, out

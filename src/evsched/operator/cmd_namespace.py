@@ -17,9 +17,9 @@ from typing import Annotated
 import typer
 
 from evsched.adapters.clock import now_ms
-from evsched.adapters.kafka import KafkaError
-from evsched.adapters.kafka_migration import write_atomically
-from evsched.adapters.topics import (
+from evsched.adapters.kafka.clients import KafkaError
+from evsched.adapters.kafka.migration import write_atomically
+from evsched.adapters.kafka.topics import (
     TopicProvisioningError,
     Topics,
     ensure_topics,

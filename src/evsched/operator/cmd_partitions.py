@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from evsched.adapters.topic_growth import ShrinkRefused, grow_partitions
-from evsched.adapters.topics import TopicMissing, Topics
+from evsched.adapters.kafka.topic_growth import ShrinkRefused, grow_partitions
+from evsched.adapters.kafka.topics import TopicMissing, Topics
 from evsched.core.limits import queue_refusal
 from evsched.operator.cmd_controls import QueueName
 from evsched.operator.exits import ExitCode, OperatorError

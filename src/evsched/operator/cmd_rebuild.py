@@ -13,8 +13,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from evsched.adapters.kafka_events import KafkaPartitionLog
-from evsched.adapters.topics import Topics, partition_count
+from evsched.adapters.kafka.partition_log import KafkaPartitionLog
+from evsched.adapters.kafka.topics import Topics, partition_count
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator import rebuild_dirs
 from evsched.operator.exits import ExitCode

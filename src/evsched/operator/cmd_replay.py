@@ -10,8 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from evsched.adapters.archive_files import ArchiveError
-from evsched.adapters.history_file import HistoryFileError, read_history
+from evsched.adapters.archive.files import ArchiveError
+from evsched.adapters.archive.history_file import HistoryFileError, read_history
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.archive_history import archive_history
 from evsched.operator.exits import ExitCode, OperatorError

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from evsched.adapters.clock import now_ms
 from evsched.adapters.ids import new_id
-from evsched.adapters.queues import KafkaQueues, undeclared
+from evsched.adapters.kafka.queues import KafkaQueues, undeclared
 from evsched.client import App
 from evsched.client.loader import load_app
 from evsched.commands import SOURCE, EnqueueOptions, check_id, resolve_run_at

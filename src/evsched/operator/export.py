@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from evsched.adapters.history_file import HistoryWriter, LoggedEvent
-from evsched.adapters.kafka_range import KafkaRangeReader
-from evsched.adapters.topics import Topics, partition_count
+from evsched.adapters.archive.history_file import HistoryWriter, LoggedEvent
+from evsched.adapters.kafka.range_reader import KafkaRangeReader
+from evsched.adapters.kafka.topics import Topics, partition_count
 from evsched.operator.replica_dir import LocalIndex
 from evsched.settings import Settings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evsched.adapters.readonly_index import ReadOnlyIndex
+from evsched.adapters.index.readonly import ReadOnlyIndex
 
 
 def live_state(live_dir: Path, partition: int) -> tuple[int, str, int | None] | None:

@@ -1,8 +1,8 @@
 """Rebuilds: the log folded into fresh indexes, partitions in parallel processes, then digested.
 
 Each partition is fetched in large batches (a rebuild is throughput, not latency) and folded
-by the one restore path (``runtime.restore``, the node's projector), in a process of its own:
-the fold is CPU-bound Python, so processes, not threads or tasks, are what use more cores.
+by the one restore path (``runtime.projection.restore``, the node's projector), in a process of its
+own: the fold is CPU-bound Python, so processes, not threads or tasks, are what use more cores.
 Measured, the size of the index writes hardly matters (``docs/benchmarks.md``);
 ``batch_records`` bounds the memory a batch holds.
 """
@@ -18,19 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evsched.adapters.archive_log import ArchivePartitionLog
+from evsched.adapters.archive.partition_log import ArchivePartitionLog
 from evsched.adapters.clock import monotonic_s
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka_events import KafkaPartitionLog
-from evsched.adapters.topics import Topics
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.partition_log import KafkaPartitionLog
+from evsched.adapters.kafka.topics import Topics
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.archive_history import ArchiveThenLog
 from evsched.ports import PartitionLog
-from evsched.runtime.changelog import restore_into
-from evsched.runtime.changelog_restore import LocalIndex, refusal
-from evsched.runtime.gc_policy import tune_collector
-from evsched.runtime.projector import Projector
-from evsched.runtime.restore import restore
+from evsched.runtime.process.gc_policy import tune_collector
+from evsched.runtime.projection.changelog import restore_into
+from evsched.runtime.projection.changelog_restore import LocalIndex, refusal
+from evsched.runtime.projection.projector import Projector
+from evsched.runtime.projection.restore import restore
 from evsched.settings import Settings
 
 BATCH_RECORDS = 10_000

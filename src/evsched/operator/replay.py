@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from evsched.adapters import avro
-from evsched.adapters.history_file import LoggedEvent
+from evsched.adapters.archive.history_file import LoggedEvent
 from evsched.core.controls import ControlState, target_of
 from evsched.core.events import (
     CONTROL_EVENT_TYPES,

@@ -1,8 +1,8 @@
 """The operator's local replica: per-partition indexes in a directory, caught up to the log's end.
 
 A read command first folds whatever the log holds beyond the indexes (the one restore path of
-nodes and replicas, ``runtime.restore``), up to the end offsets captured when it started, then
-answers from RocksDB.
+nodes and replicas, ``runtime.projection.restore``), up to the end offsets captured when it
+started, then answers from RocksDB.
 It waits for consumer positions rather than applied offsets: the last offset of a partition is
 often a transaction marker, which no record's applied offset ever reaches.
 """
@@ -15,14 +15,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka_events import KafkaPartitionLog, partition_for
-from evsched.adapters.topics import Topics, partition_count
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.partition_log import KafkaPartitionLog, partition_for
+from evsched.adapters.kafka.topics import Topics, partition_count
 from evsched.errors import IndexVersionMismatch
 from evsched.operator.exits import ExitCode, OperatorError
-from evsched.runtime.projector import Projector
-from evsched.runtime.replica_restore import prepare_indexes
-from evsched.runtime.restore import open_index, restore
+from evsched.runtime.projection.projector import Projector
+from evsched.runtime.projection.replica_restore import prepare_indexes
+from evsched.runtime.projection.restore import open_index, restore
 from evsched.settings import Settings
 
 DEFAULT_TIMEOUT_S = 60.0

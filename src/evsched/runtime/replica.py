@@ -2,7 +2,7 @@
 
 Serves reads (job state, timelines) with read-your-writes: a writer waits until the replica has
 applied the offset its produce returned. It folds with the one restore path
-(``runtime.restore.Restorer``), following the log's end instead of stopping at a target.
+(``runtime.projection.restore.Restorer``), following the log's end instead of stopping at a target.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from pathlib import Path
 import structlog
 
 from evsched.adapters.clock import monotonic_s
-from evsched.adapters.index import PartitionIndex
-from evsched.adapters.kafka_events import KafkaPartitionLog, partition_for
-from evsched.adapters.topics import Topics, partition_count
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.partition_log import KafkaPartitionLog, partition_for
+from evsched.adapters.kafka.topics import Topics, partition_count
 from evsched.core.state import JobState, TimelineEntry
 from evsched.errors import BrokerUnavailable, EvschedError
 from evsched.ports import PartitionLog
-from evsched.runtime.projector import CommitHook, Projector
-from evsched.runtime.replica_restore import prepare_indexes
-from evsched.runtime.restore import Restorer, index_path
+from evsched.runtime.projection.projector import CommitHook, Projector
+from evsched.runtime.projection.replica_restore import prepare_indexes
+from evsched.runtime.projection.restore import Restorer, index_path
 from evsched.settings import Settings
 
 log = structlog.get_logger("evsched.replica")

@@ -14,18 +14,18 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from evsched.adapters import avro
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.topics import Topics
 from evsched.adapters.signing import DispatchKey
-from evsched.adapters.topics import Topics
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import Event, entity_id
 from evsched.core.planner import PlannerLimits
 from evsched.core.state import JobState, ScheduleState, TimelineEntry
 from evsched.ports import Record
-from evsched.runtime.budget import QueueBudget
-from evsched.runtime.changelog import ChangelogWriter
-from evsched.runtime.partition import OwnedPartition
-from evsched.runtime.quarantine import EnsureQueues, Unusable
+from evsched.runtime.partition.budget import QueueBudget
+from evsched.runtime.partition.partition import OwnedPartition
+from evsched.runtime.partition.quarantine import EnsureQueues, Unusable
+from evsched.runtime.projection.changelog import ChangelogWriter
 from evsched.testing.memory import FrozenClock
 from evsched.testing.outbox import MemoryBroker, MemoryOutbox
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from evsched.adapters.index import PartitionIndex
+from evsched.adapters.index.store import PartitionIndex
 from evsched.core.state import JobState, TimelineEntry, Verdict
 from evsched.errors import DecodeError
-from evsched.runtime.refold import paused_in, refold
+from evsched.runtime.projection.refold import paused_in, refold
 
 ENDS = frozenset({"AttemptSucceeded", "AttemptFailed", "LeaseExpired"})
 JOB_ROW = "job"

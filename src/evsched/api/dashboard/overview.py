@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from evsched.adapters.clock import monotonic_s
-from evsched.adapters.kafka_groups import GroupOwners
-from evsched.adapters.topics import Topics
+from evsched.adapters.kafka.groups import GroupOwners
+from evsched.adapters.kafka.topics import Topics
 from evsched.api import reader
 from evsched.api.context import ApiContext
 from evsched.api.dashboard.live import Live

@@ -1,0 +1,86 @@
+"""Key layout of the RocksDB index: times and ids encoded so byte order is the order read in.
+
+See projections/README.md for every column family's keys.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from evsched.core.events import (
+    CONTROL_EVENT_TYPES,
+    LIMIT_EVENT_TYPES,
+    SCHEDULE_EVENT_TYPES,
+    QueuePaused,
+    QueuePermit,
+    QueueResumed,
+)
+from evsched.core.state import JobState
+
+JOBS, DUE, LEASES, TIMELINE, KEYS = "jobs", "due", "leases", "timeline", "keys"
+# Finished jobs by purge time; the purge entries kept for audits, by the time they expire.
+PURGES, MARKS = "purges", "purge_marks"
+# Rejected events of jobs the index does not hold (adapters.index.orphans): their own marks, by
+# the time they expire, and the ones that follow a kept purge mark, by job id.
+ORPHANS, FOLLOWERS = "orphans", "purge_followers"
+# Records that did not decode, and events refused for an id that cannot key a timeline, by
+# offset; each keeps only its newest records (adapters.index.poison).
+UNDECODABLE, REFUSED = "undecodable", "refused"
+U64 = struct.Struct(">Q")
+
+# A job, a schedule and a queue may share an id: their timelines live under different first bytes.
+JOB_TIMELINE, SCHEDULE_TIMELINE, QUEUE_TIMELINE = b"j", b"s", b"q"
+# A limit's permit steps (``QueuePermit``: request, grant, release at its home), keyed by the
+# limit's name. Not on the queue timeline (fold version 7): a busy limit's home makes millions
+# of them a week, and the readers of pauses and settings (time travel, ``--wait``) scan that one.
+PERMIT_TIMELINE = b"p"
+_PERMIT_KIND = QueuePermit.__name__
+# A queue's pauses and its limits' settings (core.permits: a key's limit sits there too).
+_QUEUE_KINDS = frozenset(
+    cls.__name__ for cls in (QueuePaused, QueueResumed, *LIMIT_EVENT_TYPES)
+) - {_PERMIT_KIND}
+_SCHEDULE_KINDS = (
+    frozenset(cls.__name__ for cls in SCHEDULE_EVENT_TYPES + CONTROL_EVENT_TYPES) - _QUEUE_KINDS
+)
+
+
+def timeline_family(kind: str) -> bytes:
+    """Under which first byte a timeline entry of event ``kind`` is keyed (job, schedule, queue,
+    a limit's permit steps)."""
+    if kind == _PERMIT_KIND:
+        return PERMIT_TIMELINE
+    if kind in _SCHEDULE_KINDS:
+        return SCHEDULE_TIMELINE
+    return QUEUE_TIMELINE if kind in _QUEUE_KINDS else JOB_TIMELINE
+
+
+def _id(value: str) -> bytes:
+    """A length-prefixed id, so ids of any content sort and prefix-scan unambiguously.
+
+    Only ids within the fold's limit (``limits.MAX_ID_BYTES``) are keyed: the 2 bytes hold them.
+    """
+    raw = value.encode()
+    return struct.pack(">H", len(raw)) + raw
+
+
+def time_key(at: int, entity: str) -> bytes:
+    return U64.pack(max(0, at)) + entity.encode()
+
+
+def timeline_key(
+    entity_id: str, offset: int, *, schedule: bool = False, family: bytes | None = None
+) -> bytes:
+    if family is None:
+        family = SCHEDULE_TIMELINE if schedule else JOB_TIMELINE
+    return family + _id(entity_id) + U64.pack(offset)
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix``."""
+    trimmed = prefix.rstrip(b"\xff")
+    return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else b"\xff" * (len(prefix) + 1)
+
+
+def keys_key(state: JobState) -> bytes:
+    """The ``keys`` entry of a keyed job: queue, a NUL, the idempotency key."""
+    return state.queue.encode() + b"\x00" + (state.idempotency_key or "").encode()

@@ -1,0 +1,20 @@
+"""Kafka behind the ports: event log, partition log, dispatch feed, job feed, outbox; and topics."""
+
+from evsched.adapters.kafka.clients import KafkaError
+from evsched.adapters.kafka.dispatch_feed import KafkaDispatchFeed
+from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.job_feed import KafkaJobFeed
+from evsched.adapters.kafka.partition_log import KafkaGroupConsumer, KafkaPartitionLog
+from evsched.adapters.kafka.partition_outbox import KafkaOutbox
+from evsched.adapters.kafka.topics import Topics
+
+__all__ = [
+    "KafkaDispatchFeed",
+    "KafkaError",
+    "KafkaEventLog",
+    "KafkaGroupConsumer",
+    "KafkaJobFeed",
+    "KafkaOutbox",
+    "KafkaPartitionLog",
+    "Topics",
+]
