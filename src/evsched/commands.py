@@ -17,7 +17,7 @@ from evsched.adapters.avro import encode_event
 from evsched.adapters.kafka.topics import Topics
 from evsched.adapters.payload import NotJson, encode_args
 from evsched.adapters.tracing import InvalidTrace, check_trace
-from evsched.core import cron, ids, limits, unique
+from evsched.core import bounds, cron, ids, unique
 from evsched.core.events import (
     ControlEvent,
     Event,
@@ -106,14 +106,14 @@ def task_spec(
         Topics("ns").dispatch(queue)
     except (ValueError, TypeError) as exc:
         raise InvalidTask("queue", str(exc)) from exc
-    if limits.queue_refusal(queue) is not None:
-        raise InvalidTask("queue", str(limits.queue_refusal(queue)))
-    if not _is_int(max_attempts) or not 1 <= max_attempts <= limits.MAX_ATTEMPTS:
+    if bounds.queue_refusal(queue) is not None:
+        raise InvalidTask("queue", str(bounds.queue_refusal(queue)))
+    if not _is_int(max_attempts) or not 1 <= max_attempts <= bounds.MAX_ATTEMPTS:
         raise InvalidTask(
             "max_attempts",
-            f"must be an integer in [1, {limits.MAX_ATTEMPTS}], not {max_attempts!r}",
+            f"must be an integer in [1, {bounds.MAX_ATTEMPTS}], not {max_attempts!r}",
         )
-    if not _is_number(timeout_s) or not 0 < timeout_s <= limits.MAX_DURATION_MS / 1000:
+    if not _is_number(timeout_s) or not 0 < timeout_s <= bounds.MAX_DURATION_MS / 1000:
         raise InvalidTask(
             "timeout_s",
             f"must be a positive number of seconds, at most 10 years, not {timeout_s!r}",
@@ -161,7 +161,7 @@ def _check_retry(retry: RetryPolicy) -> None:
         raise InvalidTask("retry", "needs 0 <= initial_backoff_ms <= max_backoff_ms")
     if retry.multiplier < 1 or not 0 <= retry.jitter <= 1:
         raise InvalidTask("retry", "needs multiplier >= 1 and 0 <= jitter <= 1")
-    refusal = limits.retry_refusal(retry)
+    refusal = bounds.retry_refusal(retry)
     if refusal is not None:
         raise InvalidTask("retry", refusal)
 
@@ -251,7 +251,7 @@ def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
     ):
         raise InvalidEnqueue("labels", "must map strings to strings")
-    refusal = limits.labels_refusal(labels)
+    refusal = bounds.labels_refusal(labels)
     if refusal is not None:
         raise InvalidEnqueue("labels", refusal)
     return dict(labels)
@@ -269,7 +269,7 @@ def checked_trace(trace: TraceContext | None) -> TraceContext | None:
 def check_id(what: str, value: object) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS:
         raise InvalidEnqueue(what, f"must be a non-empty string of at most {MAX_KEY_CHARS} chars")
-    refusal = limits.id_refusal(what, value)
+    refusal = bounds.id_refusal(what, value)
     if refusal is not None:
         raise InvalidEnqueue(what, refusal)
     return value
@@ -277,7 +277,7 @@ def check_id(what: str, value: object) -> str:
 
 def check_limits(event: EventT) -> EventT:
     """``event``, or InvalidEnqueue naming the field when the fold would refuse it (its limits)."""
-    refusal = limits.refusal(event)
+    refusal = bounds.refusal(event)
     if refusal is not None:
         field = re.match(r"[A-Za-z_.]*", refusal)
         raise InvalidEnqueue(field.group() if field else "event", refusal)
@@ -373,8 +373,8 @@ def build_schedule(
     ``catchup_window`` and ``max_jitter`` (timedelta or seconds) and ``overlap`` (allow, skip or
     buffer) are its cron policies (``core.cron_policy``); None keeps the original rules.
     """
-    if overlap is not None and overlap not in limits.OVERLAPS:
-        raise InvalidEnqueue("overlap", f"must be one of {', '.join(limits.OVERLAPS)}")
+    if overlap is not None and overlap not in bounds.OVERLAPS:
+        raise InvalidEnqueue("overlap", f"must be one of {', '.join(bounds.OVERLAPS)}")
     check_id("schedule_id", schedule_id)
     # Checked one at a time, so the error names the field that is wrong.
     for what, expression, zone in (
@@ -407,7 +407,7 @@ def build_control(
     """A pause or resume of a queue (``Queue*`` kinds) or a schedule, checked."""
     is_queue = kind in (QueuePaused, QueueResumed)
     if is_queue:
-        refusal = limits.queue_refusal(name)
+        refusal = bounds.queue_refusal(name)
         if refusal is not None:
             raise InvalidEnqueue("queue", refusal)
     else:
@@ -445,7 +445,7 @@ def build_limit(
     if not isinstance(name, str):
         raise InvalidEnqueue("key" if key else "queue", "must be a string")
     event = KeyLimitSet(key=name, **common) if key else QueueLimitSet(queue=name, **common)
-    refusal = limits.refusal(event)
+    refusal = bounds.refusal(event)
     if refusal is not None:
         raise InvalidEnqueue(refusal.split(" ", 1)[0], refusal)
     return event

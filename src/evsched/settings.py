@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from evsched.core.limits import MAX_DURATION_MS, namespace_refusal
+from evsched.core.bounds import MAX_DURATION_MS, namespace_refusal
 from evsched.errors import EvschedError
 
 DEFAULT_BROKER_PORT = 19092

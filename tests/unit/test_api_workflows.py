@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from evsched.core import ids
+from evsched.core.bounds import MAX_PARENTS
 from evsched.core.events import ChildRegistered, JobEnqueued, JobRequeued, ParentResolved
-from evsched.core.limits import MAX_PARENTS
 from tests.unit.test_api import enqueue, error_of, kill
 from tests.unit.test_api_twin import Harness
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from evsched.core import cron_policy, ids, limits
+from evsched.core import bounds, cron_policy, ids
 from evsched.core.events import (
     AttemptStarted,
     AttemptSucceeded,
@@ -175,20 +175,20 @@ def test_a_backfill_is_bounded() -> None:
 
 def test_the_limits_of_the_new_fields() -> None:
     event, _ = fire(created(), T0, now=T0, source="n")
-    assert limits.refusal(replace(event, decision="later")) == (
+    assert bounds.refusal(replace(event, decision="later")) == (
         "decision 'later' is not one of caught_up, missed, backfilled"
     )
-    assert limits.refusal(replace(event, run_at=-1)) is not None
+    assert bounds.refusal(replace(event, run_at=-1)) is not None
     upsert = ScheduleUpserted(
         event_id="up", schedule_id="s", emitted_at=0, source="api", cron="* * * * *",
         timezone="UTC", template=TEMPLATE, catchup_window_ms=-1,
     )  # fmt: skip
-    assert limits.refusal(upsert) == "catchup_window_ms -1 is outside [0, 315619200000]"
-    assert limits.refusal(replace(upsert, catchup_window_ms=None, max_jitter_ms=-5)) is not None
-    assert limits.refusal(replace(upsert, catchup_window_ms=None, overlap="sometimes")) == (
+    assert bounds.refusal(upsert) == "catchup_window_ms -1 is outside [0, 315619200000]"
+    assert bounds.refusal(replace(upsert, catchup_window_ms=None, max_jitter_ms=-5)) is not None
+    assert bounds.refusal(replace(upsert, catchup_window_ms=None, overlap="sometimes")) == (
         "overlap 'sometimes' is not one of allow, skip, buffer"
     )
-    assert limits.refusal(replace(upsert, catchup_window_ms=None, overlap="skip")) is None
+    assert bounds.refusal(replace(upsert, catchup_window_ms=None, overlap="skip")) is None
 
 
 def _fire_and_enqueue(

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from evsched.core import failures, limits
+from evsched.core import bounds, failures
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import (
     AttemptFailed,
@@ -196,9 +196,9 @@ def test_hostile_failure_detail_is_refused_with_a_reason(
     changes: dict[str, str], reason: str
 ) -> None:
     event = AttemptFailed(**common(1), token=1, error_type="E", message="m", **changes)  # type: ignore[arg-type]
-    refused = limits.refusal(event)
+    refused = bounds.refusal(event)
     assert refused is not None and refused.startswith(reason)
-    assert limits.refusal(LeaseExpired(**common(2), token=1)) is None  # type: ignore[arg-type]
+    assert bounds.refusal(LeaseExpired(**common(2), token=1)) is None  # type: ignore[arg-type]
 
 
 def test_a_succeeded_job_goes_back_only_with_rerun() -> None:

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from evsched.adapters import avro
 from evsched.adapters.index.store import PartitionIndex
+from evsched.core import bounds
 from evsched.core import events as ev
-from evsched.core import limits
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Verdict
 from evsched.ports import Record
@@ -123,7 +123,7 @@ def _strategy(cls: type[ev.Event]) -> st.SearchStrategy[ev.Event]:
 
 
 _events = st.one_of(*(_strategy(cls) for cls in ev.EVENT_TYPES))
-_times = st.integers(min_value=0, max_value=limits.MAX_TIME_MS)
+_times = st.integers(min_value=0, max_value=bounds.MAX_TIME_MS)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

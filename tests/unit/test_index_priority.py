@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from evsched.adapters.index.priority import BUILT, DUE_PRIORITY, priority_key, rank
 from evsched.adapters.index.store import IndexBatch, PartitionIndex
-from evsched.core.limits import MAX_PRIORITY
+from evsched.core.bounds import MAX_PRIORITY
 from evsched.core.planner import due_order
 from evsched.core.state import JobState, Status
 from tests.states import job_state

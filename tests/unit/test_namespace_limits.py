@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 
 from evsched.adapters.kafka.topics import Topics
-from evsched.core import limits
+from evsched.core import bounds
 from evsched.settings import Settings, SettingsError
 
-LONGEST_QUEUE = "q" * limits.MAX_QUEUE_CHARS
+LONGEST_QUEUE = "q" * bounds.MAX_QUEUE_CHARS
 
 
 def test_the_namespace_limit_leaves_room_for_the_longest_queue() -> None:
-    assert limits.MAX_NAMESPACE_CHARS == 39
+    assert bounds.MAX_NAMESPACE_CHARS == 39
     topic = Topics("n" * 39).dispatch(LONGEST_QUEUE)
-    assert len(topic) == limits.MAX_TOPIC_CHARS
+    assert len(topic) == bounds.MAX_TOPIC_CHARS
 
 
 @pytest.mark.parametrize(
@@ -39,8 +39,8 @@ def test_settings_accept_the_longest_legal_namespace() -> None:
 
 
 def test_namespace_refusal_of_a_value_of_the_wrong_type() -> None:
-    assert limits.namespace_refusal(None) is not None  # type: ignore[arg-type]
-    assert limits.namespace_refusal("ok") is None
+    assert bounds.namespace_refusal(None) is not None  # type: ignore[arg-type]
+    assert bounds.namespace_refusal("ok") is None
 
 
 @pytest.mark.parametrize(
@@ -48,11 +48,11 @@ def test_namespace_refusal_of_a_value_of_the_wrong_type() -> None:
 )
 def test_topic_names_refuse_the_queues_the_fold_refuses(queue: str) -> None:
     # The fold and the API refuse these queues: no topic is ever named after them either.
-    assert limits.queue_refusal(queue) is not None
+    assert bounds.queue_refusal(queue) is not None
     with pytest.raises(ValueError, match="can't be part of a Kafka topic name: queue"):
         Topics("ns").dispatch(queue)
 
 
 def test_topic_names_accept_the_queues_the_fold_accepts() -> None:
-    assert limits.queue_refusal(LONGEST_QUEUE) is None
+    assert bounds.queue_refusal(LONGEST_QUEUE) is None
     assert Topics("ns").dispatch(LONGEST_QUEUE) == f"ns.dispatch.{LONGEST_QUEUE}"

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evsched.adapters.avro import decode_state, encode_state
-from evsched.core import limits, retention, workflows
+from evsched.core import bounds, retention, workflows
 from evsched.core.events import (
     JOB_EVENT_TYPES,
     AttemptCheckpointed,
@@ -211,7 +211,7 @@ class Driver:
             queue="q",
             args=ARGS if waits and args == b"{}" else args,
             after=PARENTS if waits else (),
-            after_rule=limits.AFTER_RULES[variant % 3],
+            after_rule=bounds.AFTER_RULES[variant % 3],
             results_to_args="list" if waits and variant == 3 else "none",
             run_at=None if variant < 5 else self.now + 1_000 * variant,
             max_attempts=1 + variant % 3,

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from evsched.core import limits, retention
+from evsched.core import bounds, retention
 from evsched.core.events import (
     AttemptStarted,
     AttemptSucceeded,
@@ -67,12 +67,12 @@ def test_the_limits_of_the_new_fields() -> None:
     enqueued = JobEnqueued(
         event_id="e", job_id="j", emitted_at=0, source="s", task="t", queue="q", args=b"[]"
     )
-    assert limits.refusal(replace(enqueued, retention_ms=-1)) == (
+    assert bounds.refusal(replace(enqueued, retention_ms=-1)) == (
         "retention_ms -1 is outside [0, 315619200000]"
     )
-    assert limits.refusal(replace(enqueued, key_window_ms=2**62)) is not None
+    assert bounds.refusal(replace(enqueued, key_window_ms=2**62)) is not None
     purge = JobPurged(event_id="p", job_id="j", emitted_at=0, source="s", generation=-1)
-    assert limits.refusal(purge) == "generation -1 is outside [0, 9007199254740991]"
+    assert bounds.refusal(purge) == "generation -1 is outside [0, 9007199254740991]"
     state, entry = fold(DONE, purge, Position(partition=0, offset=9, log_at=99_999))
     assert state is DONE and entry.verdict is Verdict.REJECTED
 

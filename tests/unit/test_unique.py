@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from evsched.core import ids, limits, unique
+from evsched.core import bounds, ids, unique
 from evsched.core.events import (
     AttemptFailed,
     AttemptStarted,
@@ -198,7 +198,7 @@ def test_the_checker_still_catches_a_second_success_of_a_run_with_a_held_enqueue
 def test_the_limits_of_a_scope(scope: str | None, period: int | None, refusal: str | None) -> None:
     event = enqueue(1, scope, unique_period_ms=period)  # type: ignore[arg-type]
 
-    assert limits.refusal(event) == refusal
+    assert bounds.refusal(event) == refusal
     _, seen = run([event])
     assert seen[0][0] is (Verdict.APPLIED if refusal is None else Verdict.REJECTED)
 

@@ -19,6 +19,7 @@ from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.client import Context
 from evsched.client.context import AttemptFinished
 from evsched.client.loader import load_app
+from evsched.core.bounds import MAX_PRELEASE_MS
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import (
     AttemptCheckpointed,
@@ -28,7 +29,6 @@ from evsched.core.events import (
     Effect,
     LeaseRenewed,
 )
-from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.core.state import JobState, Status
 from evsched.errors import EvschedError
 from evsched.metrics import WorkerInstruments

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from evsched.core import limits, workflows
+from evsched.core import bounds, workflows
 from evsched.core.events import (
     AttemptFailed,
     AttemptStarted,
@@ -187,7 +187,7 @@ def test_registrations_are_answered_at_once_when_they_cannot_wait() -> None:
 
 
 def test_a_parent_takes_at_most_max_children(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(limits, "MAX_CHILDREN", 1)
+    monkeypatch.setattr(bounds, "MAX_CHILDREN", 1)
     state, entries = run(enqueue("p"), register("p", "a"), register("p", "a"))
     assert entries[-1].verdict is Verdict.DUPLICATE
     [refused] = sends(state, register("p", "b"))
@@ -212,7 +212,7 @@ def test_a_parent_takes_at_most_max_children(monkeypatch: pytest.MonkeyPatch) ->
     ],
 )
 def test_hostile_workflow_fields_are_refused(event: JobEvent, reason: str) -> None:
-    refusal = limits.refusal(event)
+    refusal = bounds.refusal(event)
     assert refusal is not None and refusal.startswith(reason)
     _, entries = run(event)
     assert entries[0].verdict is Verdict.REJECTED

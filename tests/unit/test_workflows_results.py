@@ -1,4 +1,4 @@
-"""The parents' results a waiting job keeps stay within ``limits.MAX_RESULTS_BYTES`` (fold version
+"""The parents' results a waiting job keeps stay within ``bounds.MAX_RESULTS_BYTES`` (fold version
 5): before it, a callback over 1,000 parents returning 8 kB each grew a state larger than a
 changelog record, which the broker refused, failing every step of the callback's partition."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from evsched.adapters.kafka.topics import STATE_MAX_MESSAGE_BYTES
-from evsched.core import limits
+from evsched.core import bounds
 from evsched.core.events import ParentResolved
 from evsched.core.state import Status, Verdict
 from evsched.testing import NodeDriver
@@ -22,7 +22,7 @@ EVENT_MAX_BYTES = 1_048_588
 
 @pytest.fixture
 def small(monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(limits, "MAX_RESULTS_BYTES", 10)
+    monkeypatch.setattr(bounds, "MAX_RESULTS_BYTES", 10)
     return 10
 
 
@@ -90,7 +90,7 @@ async def test_a_callback_over_1000_parents_with_8kb_results_never_stops_its_par
     assert state is not None and state.status is Status.CANCELLED
     assert len(state.resolutions) == 1_000
     kept = sum(len(r.result or b"") for r in state.resolutions)
-    assert kept <= limits.MAX_RESULTS_BYTES < kept + len(result)
+    assert kept <= bounds.MAX_RESULTS_BYTES < kept + len(result)
     cancelled = [e for e in driver.job_timeline("cb") if e.status_after is Status.CANCELLED]
     assert "the parents' results exceed" in cancelled[0].reason
     assert max(len(r.value or b"") for r in driver.changelog()) <= STATE_MAX_MESSAGE_BYTES

@@ -16,15 +16,15 @@ from evsched.api.errors import ApiError
 from evsched.api.responses import READ, WRITE
 from evsched.api.writes import SOURCE, NotYetApplied
 from evsched.client.limits import limit_event, publish_limit
-from evsched.core import limits
+from evsched.core import bounds
 from evsched.core.events import KEY_PREFIX
 from evsched.errors import InvalidEnqueue, PublishError
 
 router = APIRouter(tags=["limits"])
 QueueName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
-KeyName = Annotated[str, Path(min_length=1, max_length=limits.MAX_CONCURRENCY_KEY_BYTES)]
-Count = Annotated[StrictInt, Field(ge=1, le=limits.MAX_RUNNING)]
-Window = Annotated[StrictInt, Field(ge=1, le=limits.MAX_DURATION_MS)]
+KeyName = Annotated[str, Path(min_length=1, max_length=bounds.MAX_CONCURRENCY_KEY_BYTES)]
+Count = Annotated[StrictInt, Field(ge=1, le=bounds.MAX_RUNNING)]
+Window = Annotated[StrictInt, Field(ge=1, le=bounds.MAX_DURATION_MS)]
 
 
 class LimitRequest(ControlRequest):

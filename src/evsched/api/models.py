@@ -22,9 +22,9 @@ from pydantic import (
 
 from evsched.adapters.payload import MAX_JSON_DEPTH, NotJson, decode_args, decode_json, deeper_than
 from evsched.commands import MAX_AHEAD, MAX_KEY_CHARS
+from evsched.core.bounds import MAX_DURATION_MS, MAX_PARENTS
 from evsched.core.events import RetryPolicy
 from evsched.core.failures import category_of
-from evsched.core.limits import MAX_DURATION_MS, MAX_PARENTS
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
 INT64_MAX = 2**63 - 1

@@ -12,7 +12,7 @@ import typer
 from evsched.adapters.kafka.topics import TopicMisconfigured, TopicRefused
 from evsched.cli.options import LogJson, MetricsAddr, metrics_port_option
 from evsched.cli.worker import load_dispatch_key
-from evsched.core.limits import MAX_PRELEASE_MS
+from evsched.core.bounds import MAX_PRELEASE_MS
 from evsched.core.planner import PlannerLimits
 from evsched.errors import BrokerAccessRefused
 from evsched.logging import configure_logging

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container
 from dataclasses import dataclass, replace
 
-from evsched.core import limits
+from evsched.core import bounds
 from evsched.core.entries import judged
 from evsched.core.events import (
     ControlEvent,
@@ -82,7 +82,7 @@ def fold_control(
 
 
 def _judge(state: ControlState | None, event: ControlEvent, *, exists: bool) -> tuple[Verdict, str]:
-    refusal = limits.refusal(event)
+    refusal = bounds.refusal(event)
     if refusal is not None:
         return Verdict.REJECTED, refusal
     if state is not None and event.event_id in state.recent_event_ids:

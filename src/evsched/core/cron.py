@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
 
-from evsched.core import limits
+from evsched.core import bounds
 
 
 class InvalidSchedule(ValueError):
@@ -25,7 +25,7 @@ def validate(cron: str, timezone: str) -> None:
     """Raise InvalidSchedule naming what is wrong with ``cron`` or ``timezone``."""
     _zone(timezone)
     # Checked before croniter sees it: croniter would draw R fields from `random`.
-    random_field = limits.random_cron_refusal(cron)
+    random_field = bounds.random_cron_refusal(cron)
     if random_field is not None:
         raise InvalidSchedule(random_field)
     if not croniter.is_valid(cron):

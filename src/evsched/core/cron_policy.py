@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 
-from evsched.core import cron, ids, limits
+from evsched.core import bounds, cron, ids
 from evsched.core.events import ScheduleFired
 from evsched.core.state import ScheduleState
 
-DECISIONS = limits.FIRE_DECISIONS
+DECISIONS = bounds.FIRE_DECISIONS
 CAUGHT_UP, MISSED, BACKFILLED = DECISIONS
-ALLOW, SKIP, BUFFER = limits.OVERLAPS
+ALLOW, SKIP, BUFFER = bounds.OVERLAPS
 # An overlap policy is a uniqueness scope of the one job id all fires share (core.unique).
 _SCOPES = {SKIP: "active", BUFFER: "queued"}
 MAX_BACKFILL_SLOTS = 1_000

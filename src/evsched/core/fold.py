@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, assert_never
 
-from evsched.core import ids, limits, retention, retry, unique, workflow_ops, workflows
+from evsched.core import bounds, ids, retention, retry, unique, workflow_ops, workflows
 from evsched.core.entries import judged
 from evsched.core.events import (
     AttemptCheckpointed,
@@ -76,7 +76,7 @@ def fold(
 ) -> tuple[JobState | None, TimelineEntry]:
     """Apply ``event`` at ``position``; the state changes only when the verdict is applied."""
     new: JobState | None
-    refusal = limits.refusal(event)
+    refusal = bounds.refusal(event)
     if refusal is not None:
         new, verdict, reason = state, Verdict.REJECTED, refusal
     elif state is not None and event.event_id in state.recent_event_ids:
@@ -306,8 +306,8 @@ def _lease_too_early(state: JobState, event: JobLeased, position: Position) -> s
         return None
     if event.not_before != state.run_at:
         return f"pre-lease for run_at {event.not_before}, but the job's run_at is {state.run_at}"
-    if state.run_at - position.log_at > limits.MAX_PRELEASE_MS:
-        return f"pre-lease more than {limits.MAX_PRELEASE_MS} ms ahead of the job's run_at"
+    if state.run_at - position.log_at > bounds.MAX_PRELEASE_MS:
+        return f"pre-lease more than {bounds.MAX_PRELEASE_MS} ms ahead of the job's run_at"
     return None
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from evsched.core import ids, limits
+from evsched.core import bounds, ids
 from evsched.core.entries import judged
 from evsched.core.events import (
     KEY_PREFIX,
@@ -51,7 +51,7 @@ from evsched.core.state import (
 
 # The label that gives a job its concurrency key; longer keys than this are not limited.
 KEY_LABEL = "evsched.concurrency_key"
-MAX_KEY_BYTES = limits.MAX_CONCURRENCY_KEY_BYTES
+MAX_KEY_BYTES = bounds.MAX_CONCURRENCY_KEY_BYTES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,7 +138,7 @@ def _marked(state: LimitState, event: Event, position: Position, **changes: Any)
 def _judged(
     state: LimitState | None, event: Event, position: Position, step: Callable[[], Step]
 ) -> Folded:
-    refusal = limits.refusal(event)
+    refusal = bounds.refusal(event)
     if refusal is not None:
         return state, judged(event, position, Verdict.REJECTED, refusal), None
     if state is not None and event.event_id in state.recent_event_ids:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import assert_never
 
-from evsched.core import cron, cron_policy, limits
+from evsched.core import bounds, cron, cron_policy
 from evsched.core.entries import judged
 from evsched.core.events import (
     Position,
@@ -25,7 +25,7 @@ def fold_schedule(
 ) -> tuple[ScheduleState | None, TimelineEntry]:
     """Apply a schedule event; like ``fold``, pure and total, state changes only when applied."""
     new: ScheduleState | None
-    refusal = limits.refusal(event)
+    refusal = bounds.refusal(event)
     if refusal is not None:
         new, verdict, reason = state, Verdict.REJECTED, refusal
     elif state is not None and event.event_id in state.recent_event_ids:

@@ -16,15 +16,15 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from evsched.core import limits
+from evsched.core import bounds
 from evsched.core.events import ChildRegistered, JobEvent, ParentResolved, Position
 from evsched.core.ids import resolution_id
 from evsched.core.state import TERMINAL_STATUSES, JobState, Resolution, Status, Verdict
 
-# The rules (limits.AFTER_RULES): released when all parents succeeded, when all ended, or when
+# The rules (bounds.AFTER_RULES): released when all parents succeeded, when all ended, or when
 # one succeeded.
 ALL_FINISHED, ANY_SUCCEEDED = "all_finished", "any_succeeded"
-# Where the parents' results go in a released child's args (limits.RESULT_PLACEMENTS): nowhere;
+# Where the parents' results go in a released child's args (bounds.RESULT_PLACEMENTS): nowhere;
 # each appended to its positional args in ``after`` order; or one positional arg, their list.
 NONE, APPEND = "none", "append"
 # A parent the registration found no job for (never enqueued, or purged), or one with too many
@@ -45,8 +45,8 @@ def registered(
     child = event.child_id
     if child in state.children:
         return state, Verdict.DUPLICATE, f"child {child} already registered"
-    if len(state.children) >= limits.MAX_CHILDREN:
-        why = f"job has {len(state.children)} children, the limit is {limits.MAX_CHILDREN}"
+    if len(state.children) >= bounds.MAX_CHILDREN:
+        why = f"job has {len(state.children)} children, the limit is {bounds.MAX_CHILDREN}"
         return state, Verdict.REJECTED, why
     new = apply(state, event, pos, children=(*state.children, child))
     ended = f"; parent already {state.status}, answered at once" if _ended(state) else ""
@@ -77,18 +77,18 @@ def resolved(state: JobState | None, event: ParentResolved, pos: Position, apply
         return kept, Verdict.APPLIED, f"{at}; recorded (job is already {state.status})"
     if too_much and state.results_to_args != NONE:
         gone = apply(state, event, pos, status=Status.CANCELLED, resolutions=done)
-        why = f"{at}: the parents' results exceed {limits.MAX_RESULTS_BYTES} bytes, cancelled"
+        why = f"{at}: the parents' results exceed {bounds.MAX_RESULTS_BYTES} bytes, cancelled"
         return gone, Verdict.APPLIED, why
     return _decide(state, event, pos, apply, done=done, at=at)
 
 
 def _kept_result(kept: tuple[Resolution, ...], result: bytes | None) -> tuple[bytes | None, bool]:
     """The result to keep, and whether it was dropped: the results a job keeps stay within
-    ``limits.MAX_RESULTS_BYTES`` all together, so its state always fits a changelog record."""
+    ``bounds.MAX_RESULTS_BYTES`` all together, so its state always fits a changelog record."""
     if result is None:
         return None, False
     held = sum(len(r.result) for r in kept if r.result is not None)
-    if held + len(result) > limits.MAX_RESULTS_BYTES:
+    if held + len(result) > bounds.MAX_RESULTS_BYTES:
         return None, True
     return result, False
 
@@ -203,7 +203,7 @@ def _answer(
     source: str,
 ) -> list[ParentResolved]:
     """A registration's answer: at once if the parent has ended, is unknown or is full."""
-    if limits.refusal(event) is not None:
+    if bounds.refusal(event) is not None:
         return []
     if verdict is Verdict.APPLIED and after is not None and _ended(after):
         return [_resolution(after, event.child_id, after.status, pos, source)]

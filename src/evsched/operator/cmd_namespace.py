@@ -27,9 +27,9 @@ from evsched.adapters.kafka.topics import (
 )
 from evsched.commands import encode_checked
 from evsched.core import migration
+from evsched.core.bounds import namespace_refusal
 from evsched.core.controls import QUEUE
 from evsched.core.events import Event, entity_id
-from evsched.core.limits import namespace_refusal
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.operator.render import emit_json, out
 from evsched.operator.replica_dir import DEFAULT_TIMEOUT_S, LocalIndex

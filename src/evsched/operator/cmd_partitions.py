@@ -13,7 +13,7 @@ import typer
 
 from evsched.adapters.kafka.topic_growth import ShrinkRefused, grow_partitions
 from evsched.adapters.kafka.topics import TopicMissing, Topics
-from evsched.core.limits import queue_refusal
+from evsched.core.bounds import queue_refusal
 from evsched.operator.cmd_controls import QueueName
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.operator.render import emit_json, out

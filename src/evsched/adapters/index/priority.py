@@ -23,7 +23,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from evsched.core.limits import MAX_PRIORITY
+from evsched.core.bounds import MAX_PRIORITY
 from evsched.core.permits import concurrency_key
 from evsched.core.state import JobState, Status
 

@@ -53,8 +53,8 @@ from evsched.adapters.index.purge import Purge, PurgeWriter
 from evsched.adapters.index.tallies import TALLIES, add_tallies, read_tallies
 from evsched.adapters.index.writes import Change, PreparedWrite, Recorder
 from evsched.core import retention
+from evsched.core.bounds import id_refusal
 from evsched.core.controls import ControlState
-from evsched.core.limits import id_refusal
 from evsched.core.permits import LimitState
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status, TimelineEntry
 from evsched.errors import StoreError

@@ -14,7 +14,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from evsched.adapters.kafka.access import raise_if_refused
 from evsched.adapters.kafka.broker_count import count_brokers
 from evsched.adapters.kafka.topic_spread import spread
-from evsched.core.limits import namespace_refusal, queue_refusal
+from evsched.core.bounds import namespace_refusal, queue_refusal
 from evsched.errors import EvschedError
 from evsched.settings import Settings
 

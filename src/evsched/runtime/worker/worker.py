@@ -16,8 +16,8 @@ from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.kafka.dispatch_feed import START_LOOKBACK_MS
 from evsched.adapters.signing import DispatchKey
 from evsched.client.app import App
+from evsched.core.bounds import MAX_PRELEASE_MS
 from evsched.core.dispatch import Dispatch
-from evsched.core.limits import MAX_PRELEASE_MS
 from evsched.errors import EvschedError
 from evsched.metrics import WorkerInstruments
 from evsched.ports import Clock, DispatchFeed, EventLog, JobFeed, JobReader, Record

@@ -1,9 +1,9 @@
-"""The documented limits of ids, names and numbers: what the fold refuses so a node can always act.
+"""The documented bounds of ids, names and numbers: what the fold refuses so a node can always act.
 
 The fold applies an event only when a node could carry out every consequence of it: key the job in
 the index, create its dispatch topic, grant the next lease, add a lease or a backoff to a log time.
-Each check returns None, or a one-line reason naming the field and the limit it breaks. The table
-of limits is in docs/wire-format.md ("Limits"); a test keeps the two in step.
+Each check returns None, or a one-line reason naming the field and the bound it breaks. The table
+of bounds is in docs/wire-format.md ("Bounds"); a test keeps the two in step.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ _RANDOM_CRON_FIELD = re.compile(r"[HhRr](\(\d+-\d+\))?(/\d+)?")
 
 
 def refusal(event: Event) -> str | None:
-    """Why the fold must refuse ``event`` (a field breaks its documented limit), or None."""
+    """Why the fold must refuse ``event`` (a field breaks its documented bound), or None."""
     match event:
         case ScheduleUpserted() | ScheduleDeleted() | ScheduleFired():
             return _first(id_refusal("event_id", event.event_id), _schedule_refusal(event))
@@ -126,7 +126,7 @@ def refusal(event: Event) -> str | None:
 def _permit_refusal(
     event: QueueLimitSet | KeyLimitSet | QueuePermit | PermitRequested | PermitGranted,
 ) -> str | None:
-    """The limits of a queue's or a key's limits and of their permits' steps."""
+    """The bounds of a queue's or a key's limits and of their permits' steps."""
     if isinstance(event, QueueLimitSet | KeyLimitSet):
         name = (
             queue_refusal(event.queue)
@@ -206,7 +206,7 @@ def _failure_refusal(
 
 
 def _after_end_refusal(event: JobRequeued | JobPurged) -> str | None:
-    """The limits of what may happen to a finished job: a requeue or a purge."""
+    """The bounds of what may happen to a finished job: a requeue or a purge."""
     if isinstance(event, JobPurged):
         return _bounded("generation", event.generation, 0, MAX_TOKEN)
     return _optional_time("run_at", event.run_at)
@@ -228,7 +228,7 @@ def _enqueued_refusal(event: JobEnqueued) -> str | None:
 
 
 def _after_refusal(event: JobEnqueued) -> str | None:
-    """The limits of an enqueue's workflow fields: its parents, rule and result placement."""
+    """The bounds of an enqueue's workflow fields: its parents, rule and result placement."""
     after = event.after
     if len(after) > MAX_PARENTS:
         return f"after has {len(after)} parents, above the limit of {MAX_PARENTS}"
@@ -290,7 +290,7 @@ def _schedule_refusal(event: ScheduleUpserted | ScheduleDeleted | ScheduleFired)
 
 
 def _job_shape_refusal(job: JobEnqueued | JobTemplate, prefix: str = "") -> str | None:
-    """The limits an enqueue and a schedule's template share (``prefix`` names the template)."""
+    """The bounds an enqueue and a schedule's template share (``prefix`` names the template)."""
     return _first(
         _text(f"{prefix}task", job.task, MAX_TASK_BYTES),
         queue_refusal(job.queue, f"{prefix}queue"),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from evsched.core import cron, limits
+from evsched.core import bounds, cron
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
@@ -142,11 +142,11 @@ def test_a_queue_that_cannot_be_a_topic_name_part_is_refused(queue: str) -> None
 
 
 def test_the_longest_legal_queue_leaves_room_for_a_namespace_of_the_documented_size() -> None:
-    queue = "q" * limits.MAX_QUEUE_CHARS
+    queue = "q" * bounds.MAX_QUEUE_CHARS
     assert judge(enqueue(queue=queue))[1].verdict is Verdict.APPLIED
-    topic = f"{'n' * limits.MAX_NAMESPACE_CHARS}.dispatch.{queue}"
+    topic = f"{'n' * bounds.MAX_NAMESPACE_CHARS}.dispatch.{queue}"
     assert len(topic) == 249  # Kafka's longest topic name
-    assert limits.MAX_NAMESPACE_CHARS == 39
+    assert bounds.MAX_NAMESPACE_CHARS == 39
 
 
 def test_a_refused_enqueue_never_creates_the_job() -> None:
@@ -232,14 +232,14 @@ def test_schedule_template_limits_name_the_template_field() -> None:
 def test_limits_at_their_bounds_are_applied() -> None:
     state, entry = judge(
         enqueue(
-            run_at=limits.MAX_TIME_MS,
-            timeout_ms=limits.MAX_DURATION_MS,
-            max_attempts=limits.MAX_ATTEMPTS,
-            priority=limits.MAX_PRIORITY,
+            run_at=bounds.MAX_TIME_MS,
+            timeout_ms=bounds.MAX_DURATION_MS,
+            max_attempts=bounds.MAX_ATTEMPTS,
+            priority=bounds.MAX_PRIORITY,
             retry=RetryPolicy(
-                initial_backoff_ms=limits.MAX_DURATION_MS,
-                max_backoff_ms=limits.MAX_DURATION_MS,
-                multiplier=limits.MAX_MULTIPLIER,
+                initial_backoff_ms=bounds.MAX_DURATION_MS,
+                max_backoff_ms=bounds.MAX_DURATION_MS,
+                multiplier=bounds.MAX_MULTIPLIER,
                 jitter=1.0,
             ),
             labels={"k" * 256: "v" * 2048},
@@ -247,8 +247,8 @@ def test_limits_at_their_bounds_are_applied() -> None:
     )
     assert entry.verdict is Verdict.APPLIED, entry.reason
     assert isinstance(state, JobState)
-    lease = JobLeased(**_meta(), token=limits.MAX_TOKEN, attempt=1, lease_ms=limits.MAX_DURATION_MS)
-    leased, entry = fold(state, lease, replace(AT, log_at=limits.MAX_TIME_MS))
+    lease = JobLeased(**_meta(), token=bounds.MAX_TOKEN, attempt=1, lease_ms=bounds.MAX_DURATION_MS)
+    leased, entry = fold(state, lease, replace(AT, log_at=bounds.MAX_TIME_MS))
     assert entry.verdict is Verdict.APPLIED, entry.reason
     assert leased is not None and leased.lease_until is not None
     assert leased.lease_until < 2**63 and leased.token + 1 < 2**63
@@ -293,7 +293,7 @@ def test_the_documented_limits_are_the_enforced_ones() -> None:
         "MAX_ATTEMPTS",
         "MAX_PRIORITY",
     ):
-        value = getattr(limits, name)
+        value = getattr(bounds, name)
         assert f"`{name}` | {value:,}" in text, name
 
 
@@ -305,7 +305,7 @@ def test_a_leased_status_survives_a_refused_event() -> None:
 
 
 def test_values_of_the_wrong_type_are_refused_not_raised() -> None:
-    assert limits.id_refusal("job_id", 5) == "job_id must be a string"  # type: ignore[arg-type]
-    assert limits.queue_refusal(None) == "queue None must be non-empty and only [A-Za-z0-9._-]"  # type: ignore[arg-type]
+    assert bounds.id_refusal("job_id", 5) == "job_id must be a string"  # type: ignore[arg-type]
+    assert bounds.queue_refusal(None) == "queue None must be non-empty and only [A-Za-z0-9._-]"  # type: ignore[arg-type]
     assert refused(enqueue(retry=RetryPolicy(jitter="x"))).startswith("retry.jitter 'x'")  # type: ignore[arg-type]
     assert refused(enqueue(priority=True)).startswith("priority True is outside")
