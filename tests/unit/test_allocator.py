@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(allocator.glibc() is None, reason="glibc's alloc
 MAPPED_GROWTH = textwrap.dedent(
     """
     import ctypes, sys
-    from evsched.runtime import allocator
+    from evsched.runtime.process import allocator
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in (
@@ -49,7 +49,7 @@ MAPPED_GROWTH = textwrap.dedent(
 TRIM_RETURNS = textwrap.dedent(
     """
     import ctypes
-    from evsched.runtime import allocator
+    from evsched.runtime.process import allocator
 
     libc = allocator.glibc()
     libc.malloc.restype = ctypes.c_void_p
