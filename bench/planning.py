@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from evsched.core.events import JobEnqueued
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.runtime.partition.budget import QueueLoad
 from evsched.runtime.partition.lease_plan import waiting_by_queue
 from evsched.runtime.partition.partition import OwnedPartition
@@ -47,7 +47,7 @@ async def build(args: argparse.Namespace, root: Path) -> NodeDriver:
     """A partition holding ``--jobs`` due jobs, none leased (the budget is set per step)."""
     rng = random.Random(args.seed)
     # No room anywhere while folding: every job stays scheduled and due.
-    driver = NodeDriver(root, limits=PlannerLimits(max_unstarted_per_queue=0))
+    driver = NodeDriver(root, budgets=PlannerBudgets(max_unstarted_per_queue=0))
     queues = [f"q{i}" for i in range(args.queues)]
     for start in range(0, args.jobs, 2_000):
         count = min(2_000, args.jobs - start)
@@ -71,8 +71,8 @@ def timed(plan: Callable[[], Any], owner: OwnedPartition, warm: bool) -> tuple[f
 
 def run(args: argparse.Namespace, driver: NodeDriver) -> dict[str, Any]:
     owner = driver.owner
-    limits = PlannerLimits(max_unstarted_per_queue=args.room, max_in_flight_per_queue=10**6)
-    owner.limits = owner.lean.limits = limits
+    budgets = PlannerBudgets(max_unstarted_per_queue=args.room, max_in_flight_per_queue=10**6)
+    owner.budgets = owner.lean.budgets = budgets
     full = {f"q{i}": args.room for i in range(args.full)}  # no room left on these
     load = QueueLoad(in_flight=dict(full), unstarted=dict(full))
     now = driver.clock.now_ms()

@@ -32,12 +32,12 @@ from pathlib import Path
 from evsched.adapters import avro
 from evsched.adapters.index.store import DIGEST_FAMILIES, PartitionIndex
 from evsched.core.events import AttemptStarted, AttemptSucceeded, JobEnqueued
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.ports import Record
 from evsched.testing import NodeDriver
 
 # Every job leased in one go, and no lease expiring while the clock jumps over the retention.
-LIMITS = PlannerLimits(
+BUDGETS = PlannerBudgets(
     dispatch_timeout_ms=3_600_000, max_in_flight_per_queue=10**9, max_unstarted_per_queue=10**9
 )
 
@@ -63,7 +63,7 @@ def enqueue(n: int, retention_ms: int) -> JobEnqueued:
 
 
 async def measure(jobs: int, retention_ms: int, home: Path) -> dict[str, float]:
-    driver = NodeDriver(home, limits=LIMITS, max_records=100_000, scan_limit=100_000)
+    driver = NodeDriver(home, budgets=BUDGETS, max_records=100_000, scan_limit=100_000)
     try:
         driver.append(*(enqueue(n, retention_ms) for n in range(jobs)))
         await driver.settle()

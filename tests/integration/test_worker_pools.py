@@ -25,7 +25,7 @@ from evsched.adapters.kafka.topics import ensure_topics
 from evsched.adapters.signing import DispatchKey
 from evsched.client import App, Context
 from evsched.core.dispatch import Dispatch
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.core.state import TERMINAL_STATUSES, Status, Verdict
 from evsched.metrics import WorkerInstruments
 from evsched.runtime.node.node import Node, NodeConfig
@@ -51,10 +51,10 @@ async def running(worker: Worker) -> AsyncIterator[Worker]:
 
 
 @asynccontextmanager
-async def node(settings: Settings, data: Path, limits: PlannerLimits) -> AsyncIterator[None]:
+async def node(settings: Settings, data: Path, budgets: PlannerBudgets) -> AsyncIterator[None]:
     stop = asyncio.Event()
     config = NodeConfig(
-        settings=settings, node_id="n1", data_dir=data, limits=limits, dispatch_key=KEY
+        settings=settings, node_id="n1", data_dir=data, budgets=budgets, dispatch_key=KEY
     )
     task = asyncio.create_task(Node(config).run(stop))
     try:
@@ -91,9 +91,9 @@ async def test_a_backlog_behind_a_slow_worker_runs_no_stale_dispatch(
     registry = CollectorRegistry()
     config = WorkerConfig(queues=("default",), pool="slow", concurrency=1, poll_s=0.1)
     worker = kafka_worker(app, config, WorkerInstruments(registry), KEY)
-    limits = PlannerLimits(dispatch_timeout_ms=2_000)
+    budgets = PlannerBudgets(dispatch_timeout_ms=2_000)
     async with Replica(settings, tmp_path / "replica") as replica:
-        async with node(settings, tmp_path / "node", limits), running(worker), app:
+        async with node(settings, tmp_path / "node", budgets), running(worker), app:
             jobs = [await slow.enqueue() for _ in range(16)]
 
             async def all_done() -> bool:
@@ -131,7 +131,7 @@ async def test_a_new_pool_does_not_rerun_finished_jobs_dispatches(
     registry = CollectorRegistry()
     async with (
         Replica(settings, tmp_path / "replica") as replica,
-        node(settings, tmp_path / "node", PlannerLimits()),
+        node(settings, tmp_path / "node", PlannerBudgets()),
         app,
     ):
         async with running(kafka_worker(app, pool_a, dispatch_key=KEY)):

@@ -1,4 +1,4 @@
-"""Unit fixtures: a NodeDriver over a fresh data dir, with the planner limits its module picks;
+"""Unit fixtures: a NodeDriver over a fresh data dir, with the planner budgets its module picks;
 the indexes a test opens, closed after it."""
 
 from __future__ import annotations
@@ -9,20 +9,20 @@ from pathlib import Path
 import pytest
 
 from evsched.adapters.index.store import PartitionIndex
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.testing import NodeDriver
 
 
 @pytest.fixture
-def driver_limits() -> PlannerLimits:
-    """The ``driver``'s planner limits; a module overrides this fixture to pick its own."""
-    return PlannerLimits(dispatch_timeout_ms=30_000)
+def driver_budgets() -> PlannerBudgets:
+    """The ``driver``'s planner budgets; a module overrides this fixture to pick its own."""
+    return PlannerBudgets(dispatch_timeout_ms=30_000)
 
 
 @pytest.fixture
-def driver(tmp_path: Path, driver_limits: PlannerLimits) -> Iterator[NodeDriver]:
+def driver(tmp_path: Path, driver_budgets: PlannerBudgets) -> Iterator[NodeDriver]:
     """A node on one partition under ``tmp_path / "node"``, closed after the test."""
-    node = NodeDriver(tmp_path / "node", limits=driver_limits)
+    node = NodeDriver(tmp_path / "node", budgets=driver_budgets)
     yield node
     node.close()
 

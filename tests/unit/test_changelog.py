@@ -11,7 +11,7 @@ import pytest
 from evsched.adapters.index.store import DUE, JOBS, IndexBatch, PartitionIndex, time_key
 from evsched.core.events import Effect
 from evsched.core.fold import FOLD_VERSION
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.runtime.projection.changelog import (
     META_KEY,
     ChangelogWriter,
@@ -24,7 +24,7 @@ from evsched.runtime.projection.changelog import (
 from evsched.testing import NodeDriver, SimulatedCrash
 from tests.unit.node_driver_events import enqueued, every_minute, failed, started, succeeded
 
-LIMITS = PlannerLimits(dispatch_timeout_ms=30_000)
+BUDGETS = PlannerBudgets(dispatch_timeout_ms=30_000)
 
 
 async def _run_some_jobs(driver: NodeDriver) -> None:
@@ -111,7 +111,7 @@ async def test_a_crash_between_commit_and_index_leaves_the_changelog_complete(
 async def test_an_index_delete_becomes_a_tombstone_that_a_restore_applies(
     tmp_path: Path,
 ) -> None:
-    node = NodeDriver(tmp_path / "node", limits=LIMITS)
+    node = NodeDriver(tmp_path / "node", budgets=BUDGETS)
     try:
         node.append(enqueued("gone", run_at=10**13), enqueued("kept"))
         await node.settle()

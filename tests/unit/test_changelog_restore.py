@@ -13,7 +13,7 @@ from structlog.testing import capture_logs
 
 from evsched.adapters.index.store import IndexBatch, PartitionIndex
 from evsched.core.fold import FOLD_VERSION
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.runtime.node.lifecycle import Phase
 from evsched.runtime.node.node import Node
 from evsched.runtime.projection.changelog import ChangelogWriter, Meta, latest_meta, restore_into
@@ -75,7 +75,7 @@ def test_plan_for_every_local_index(
 
 
 async def _history(tmp_path: Path) -> NodeDriver:
-    driver = NodeDriver(tmp_path / "owner", limits=PlannerLimits(dispatch_timeout_ms=30_000))
+    driver = NodeDriver(tmp_path / "owner", budgets=PlannerBudgets(dispatch_timeout_ms=30_000))
     driver.append(*(enqueued(f"job-{i}") for i in range(6)), enqueued("later", run_at=10**13))
     await driver.settle()
     for dispatch in driver.dispatched()[:4]:

@@ -22,7 +22,7 @@ from evsched.core.events import (
     QueueResumed,
 )
 from evsched.core.permits import KEY_LABEL
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.ports import Record
 from evsched.runtime.partition.budget import QueueBudget, Waiting
 from evsched.runtime.partition.lease_plan import waiting_by_queue
@@ -93,7 +93,7 @@ async def test_planning_from_entries_leases_what_reading_every_state_leases(
     tmp_path: Path, seed: int
 ) -> None:
     rng = random.Random(seed)
-    limits = PlannerLimits(
+    budgets = PlannerBudgets(
         max_in_flight_per_queue=rng.randint(2, 12),
         max_unstarted_per_queue=rng.randint(1, 6),
         prelease_ms=rng.choice([0, 1_000]),
@@ -106,7 +106,7 @@ async def test_planning_from_entries_leases_what_reading_every_state_leases(
         NodeDriver(
             tmp_path / f"n{p}",
             partition=p,
-            limits=limits,
+            budgets=budgets,
             clock=clock,
             broker=broker,
             scan_limit=scan_limit,
@@ -142,7 +142,7 @@ async def test_planning_from_entries_leases_what_reading_every_state_leases(
 async def test_a_backlog_behind_a_full_queue_is_not_decoded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    driver = NodeDriver(tmp_path, limits=PlannerLimits(max_unstarted_per_queue=5))
+    driver = NodeDriver(tmp_path, budgets=PlannerBudgets(max_unstarted_per_queue=5))
     try:
         driver.append(*(job(f"full{i:04d}", queue="full", priority=1) for i in range(600)))
         driver.append(*(job(f"open{i}", queue="open") for i in range(8)))
@@ -180,7 +180,7 @@ async def test_a_backlog_behind_a_full_queue_is_not_decoded(
 async def test_an_entry_that_cannot_stand_for_its_state_is_decoded_or_read_in_full(
     tmp_path: Path,
 ) -> None:
-    driver = NodeDriver(tmp_path, limits=PlannerLimits(max_unstarted_per_queue=2))
+    driver = NodeDriver(tmp_path, budgets=PlannerBudgets(max_unstarted_per_queue=2))
     try:
         driver.append(*(job(f"j{i}", queue="q", priority=i % 3) for i in range(9)), pause("p"))
         driver.append(job("epoch", queue="q", run_at=0), job("paused", queue="p"))
@@ -219,9 +219,9 @@ def wire(records: list[Record]) -> list[tuple[str, int | None, bytes | None, Any
 async def test_a_node_under_a_backlog_sends_byte_for_byte_what_the_full_read_sent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    limits = PlannerLimits(max_unstarted_per_queue=20, max_in_flight_per_queue=40)
-    lean = NodeDriver(tmp_path / "lean", limits=limits)
-    full = NodeDriver(tmp_path / "full", limits=limits)
+    budgets = PlannerBudgets(max_unstarted_per_queue=20, max_in_flight_per_queue=40)
+    lean = NodeDriver(tmp_path / "lean", budgets=budgets)
+    full = NodeDriver(tmp_path / "full", budgets=budgets)
     await full.open()
     monkeypatch.setattr(full.owner.lean, "plan", lambda *args: None)
     rng = random.Random(15)
@@ -273,9 +273,9 @@ async def run_both(
 async def test_with_global_limits_the_node_sends_what_the_full_read_sent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    limits = PlannerLimits(max_unstarted_per_queue=15, max_in_flight_per_queue=30)
-    lean = NodeDriver(tmp_path / "lean", limits=limits)
-    full = NodeDriver(tmp_path / "full", limits=limits)
+    budgets = PlannerBudgets(max_unstarted_per_queue=15, max_in_flight_per_queue=30)
+    lean = NodeDriver(tmp_path / "lean", budgets=budgets)
+    full = NodeDriver(tmp_path / "full", budgets=budgets)
     await full.open()
     monkeypatch.setattr(full.owner.lean, "plan", lambda *args: None)
     await lean.open()
@@ -311,7 +311,7 @@ async def test_with_global_limits_the_node_sends_what_the_full_read_sent(
 async def test_jobs_under_a_key_limit_are_read_in_full_and_the_others_from_entries(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    driver = NodeDriver(tmp_path, limits=PlannerLimits(max_unstarted_per_queue=1))
+    driver = NodeDriver(tmp_path, budgets=PlannerBudgets(max_unstarted_per_queue=1))
     try:
         key = KeyLimitSet(event_id="limit-k", key="k", emitted_at=0, source="cli", max_running=1)
         driver.append(key, *(job(f"j{i}", queue="q", labels={KEY_LABEL: "k"}) for i in range(3)))

@@ -16,7 +16,7 @@ import pytest
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.topics import Topics
 from evsched.core.events import Event
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.ports import Record
 from evsched.runtime.partition.partition import OwnedPartition
 from evsched.runtime.projection import changelog, fold_chunks
@@ -38,7 +38,7 @@ from tests.unit.node_driver_events import enqueued
 T = TypeVar("T")
 
 JOBS = 3_000
-LIMITS = PlannerLimits(dispatch_timeout_ms=30_000)
+BUDGETS = PlannerBudgets(dispatch_timeout_ms=30_000)
 ONE_GO = 10**9  # a chunk larger than any run of records: the fold as it was, in one go
 
 
@@ -78,7 +78,7 @@ def jobs(count: int = JOBS) -> list[Event]:
 
 def driver_over(directory: Path, events: list[Event]) -> NodeDriver:
     """A partition whose log holds ``events``, fetched in one step, not folded yet."""
-    driver = NodeDriver(directory, limits=LIMITS, max_records=len(events) + 1)
+    driver = NodeDriver(directory, budgets=BUDGETS, max_records=len(events) + 1)
     driver.append(*events)
     return driver
 
@@ -121,7 +121,7 @@ async def gap_owner(directory: Path, records: list[Record]) -> OwnedPartition:
         clock=box.broker.clock,
         group_id="ns.nodes",
         node_id="n1",
-        limits=LIMITS,
+        budgets=BUDGETS,
         committed=len(records),
         end_offset=len(records),
         ensure_queues=every_queue_declared,
@@ -166,7 +166,7 @@ async def test_a_rebuild_reads_and_folds_in_chunks_to_what_one_fold_gives(tmp_pa
 
 
 async def settled_node(directory: Path) -> NodeDriver:
-    """A partition that folded JOBS enqueues and leased what its limits let it."""
+    """A partition that folded JOBS enqueues and leased what its budgets let it."""
     driver = driver_over(directory, jobs())
     await driver.settle()
     return driver

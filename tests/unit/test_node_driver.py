@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 
 from evsched.core.events import Effect, JobEnqueued, JobLeased, LeaseExpired, ScheduleFired
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.core.state import Status
 from evsched.testing import NodeDriver, SimulatedCrash
 from tests.unit.node_driver_events import enqueued, every_minute, failed, started, succeeded
 
-LIMITS = PlannerLimits(dispatch_timeout_ms=30_000, prelease_ms=0)
-PRELEASE = PlannerLimits(dispatch_timeout_ms=30_000, prelease_ms=1_000)
+BUDGETS = PlannerBudgets(dispatch_timeout_ms=30_000, prelease_ms=0)
+PRELEASE = PlannerBudgets(dispatch_timeout_ms=30_000, prelease_ms=1_000)
 
 
 @pytest.fixture
 def driver(tmp_path: Path) -> Iterator[NodeDriver]:
-    node = NodeDriver(tmp_path, limits=LIMITS)
+    node = NodeDriver(tmp_path, budgets=BUDGETS)
     yield node
     node.close()
 
@@ -64,7 +64,7 @@ async def test_without_pre_leases_a_delayed_job_is_not_leased_before_run_at(
 
 
 async def test_a_delayed_job_is_pre_leased_a_horizon_before_run_at(tmp_path: Path) -> None:
-    driver = NodeDriver(tmp_path, limits=PRELEASE)
+    driver = NodeDriver(tmp_path, budgets=PRELEASE)
     try:
         await _pre_leased_then_started_at_run_at(driver)
     finally:

@@ -12,7 +12,7 @@ import pytest
 
 from evsched.core import cron_policy, ids
 from evsched.core.events import JobEnqueued, ScheduleFired, SchedulePaused, ScheduleResumed
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.core.state import Status, Verdict
 from evsched.operator.audit import audit
 from evsched.testing import NodeDriver
@@ -23,7 +23,7 @@ MINUTE = 60_000
 
 @pytest.fixture
 def driver(tmp_path: Path) -> Iterator[NodeDriver]:
-    node = NodeDriver(tmp_path, limits=PlannerLimits(dispatch_timeout_ms=30_000))
+    node = NodeDriver(tmp_path, budgets=PlannerBudgets(dispatch_timeout_ms=30_000))
     node.clock.wall_ms = 1_700_000_000_000 - 1_700_000_000_000 % MINUTE + 30_000
     yield node
     node.close()

@@ -1,6 +1,6 @@
 """The node's partition when things go wrong, through NodeDriver without a broker: a crash
 between the transaction and the index write, a fenced owner, a refused record, a commit that
-fails, hostile records, and the per-queue limits that keep leases from piling up."""
+fails, hostile records, and the per-queue budgets that keep leases from piling up."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from evsched.adapters import avro
 from evsched.core.events import Effect, JobLeased, LeaseExpired
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.core.state import Status, Verdict
 from evsched.errors import BrokerUnavailable, Fenced, RecordRefused
 from evsched.runtime.partition.quarantine import QUARANTINE_S
@@ -19,12 +19,12 @@ from evsched.testing import NodeDriver, SimulatedCrash
 from tests.unit.node_driver_events import enqueued, started, succeeded
 
 # Leases outlive every wait below: no expiry mixes in.
-LONG_LEASES = PlannerLimits(dispatch_timeout_ms=600_000)
+LONG_LEASES = PlannerBudgets(dispatch_timeout_ms=600_000)
 
 
 @pytest.fixture
 def driver(tmp_path: Path) -> Iterator[NodeDriver]:
-    node = NodeDriver(tmp_path, limits=LONG_LEASES)
+    node = NodeDriver(tmp_path, budgets=LONG_LEASES)
     yield node
     node.close()
 
@@ -134,7 +134,7 @@ async def test_hostile_records_never_stop_the_partition(driver: NodeDriver) -> N
 async def test_the_in_flight_limit_holds_per_queue_and_frees_as_jobs_finish(
     tmp_path: Path,
 ) -> None:
-    driver = NodeDriver(tmp_path, limits=PlannerLimits(max_in_flight_per_queue=2))
+    driver = NodeDriver(tmp_path, budgets=PlannerBudgets(max_in_flight_per_queue=2))
     driver.append(*(enqueued(f"q{i}") for i in range(4)), enqueued("o", queue="other"))
     await driver.settle()
     assert sorted(d.job_id for d in driver.dispatched()) == ["o", "q0", "q1"]
@@ -150,8 +150,8 @@ async def test_backpressure_keeps_unstarted_jobs_scheduled_not_expiring_in_dispa
 ) -> None:
     # Moved from tests/integration/test_node_hardening.py: a slow pool (2 at a time, 0.25 s each)
     # against a short dispatch timeout. Leasing all 20 at once expired most of them unstarted.
-    limits = PlannerLimits(dispatch_timeout_ms=2_000, max_unstarted_per_queue=4)
-    driver = NodeDriver(tmp_path, limits=limits)
+    budgets = PlannerBudgets(dispatch_timeout_ms=2_000, max_unstarted_per_queue=4)
+    driver = NodeDriver(tmp_path, budgets=budgets)
     jobs = [f"j{i}" for i in range(20)]
     driver.append(*(enqueued(j) for j in jobs))
     await driver.settle()

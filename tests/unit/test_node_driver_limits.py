@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from evsched.core.events import Event, JobEnqueued, JobLeased, LeaseExpired, ScheduleDeleted
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.core.state import Status, Verdict
 from evsched.testing import NodeDriver
 from tests.unit.node_driver_events import enqueued, started, succeeded
@@ -68,7 +68,7 @@ async def test_forged_events_beyond_the_limits_are_refused_and_the_partition_goe
 
 
 async def test_a_lease_that_expires_unstarted_spends_no_attempt(tmp_path: Path) -> None:
-    driver = NodeDriver(tmp_path, limits=PlannerLimits(dispatch_timeout_ms=2_000))
+    driver = NodeDriver(tmp_path, budgets=PlannerBudgets(dispatch_timeout_ms=2_000))
     driver.append(enqueued("j", max_attempts=3))  # three attempts; no worker yet
     await driver.settle()
     for _ in range(4):

@@ -21,7 +21,7 @@ from evsched.core.events import (
     QueuePermit,
 )
 from evsched.core.permits import KEY_LABEL
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.core.state import Status, Verdict
 from evsched.testing import NodeDriver
 from tests.unit.node_driver_events import enqueued, failed, started, succeeded
@@ -29,7 +29,7 @@ from tests.unit.node_driver_events import enqueued, failed, started, succeeded
 
 @pytest.fixture
 def driver(tmp_path: Path) -> Iterator[NodeDriver]:
-    node = NodeDriver(tmp_path, limits=PlannerLimits(dispatch_timeout_ms=30_000))
+    node = NodeDriver(tmp_path, budgets=PlannerBudgets(dispatch_timeout_ms=30_000))
     yield node
     node.close()
 

@@ -11,7 +11,7 @@ import pytest
 
 from evsched.core.events import JobEnqueued, JobLeased
 from evsched.core.ids import job_id_for_unique
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.core.state import Status, Verdict
 from evsched.testing import NodeDriver
 from tests.unit.node_driver_events import started, succeeded
@@ -23,7 +23,7 @@ JOB = job_id_for_unique("default", "t", b"[]")
 
 @pytest.fixture
 def driver(tmp_path: Path) -> Iterator[NodeDriver]:
-    node = NodeDriver(tmp_path / "node", limits=PlannerLimits(dispatch_timeout_ms=30_000))
+    node = NodeDriver(tmp_path / "node", budgets=PlannerBudgets(dispatch_timeout_ms=30_000))
     yield node
     node.close()
 

@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 
 from evsched.core.events import ChildRegistered, JobEnqueued, ParentResolved
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.core.state import Status, Verdict
 from evsched.testing import NodeDriver
 from evsched.testing.outbox import MemoryBroker
 from tests.unit.node_driver_events import enqueued, failed, started, succeeded
 
-LIMITS = PlannerLimits(dispatch_timeout_ms=30_000, prelease_ms=0)
+BUDGETS = PlannerBudgets(dispatch_timeout_ms=30_000, prelease_ms=0)
 
 
 @pytest.fixture
 def driver(tmp_path: Path) -> Iterator[NodeDriver]:
-    node = NodeDriver(tmp_path, limits=LIMITS)
+    node = NodeDriver(tmp_path, budgets=BUDGETS)
     yield node
     node.close()
 
@@ -128,9 +128,11 @@ async def test_an_unknown_parent_cancels_the_child(driver: NodeDriver) -> None:
 async def test_a_group_callback_fires_once_over_partitions(tmp_path: Path) -> None:
     broker = MemoryBroker()
     # The callback lives on partition 0 (where unpartitioned records land); members on 1 and 2.
-    home = NodeDriver(tmp_path / "0", limits=LIMITS, broker=broker, clock=broker.clock)
+    home = NodeDriver(tmp_path / "0", budgets=BUDGETS, broker=broker, clock=broker.clock)
     members = [
-        NodeDriver(tmp_path / str(p), partition=p, limits=LIMITS, broker=broker, clock=broker.clock)
+        NodeDriver(
+            tmp_path / str(p), partition=p, budgets=BUDGETS, broker=broker, clock=broker.clock
+        )
         for p in (1, 2)
     ]
     try:

@@ -73,7 +73,7 @@ async def owned(tmp_path: Path, box: MemoryOutbox, **options: Any) -> OwnedParti
         clock=box.broker.clock,
         group_id="ns.nodes",
         node_id="n1",
-        limits=planner.PlannerLimits(),
+        budgets=planner.PlannerBudgets(),
         committed=None,
         end_offset=0,
         ensure_queues=no_new_topics,
@@ -126,7 +126,7 @@ async def test_the_budget_is_shared_by_partitions_and_full_queues_serve_them_in_
     tmp_path: Path,
 ) -> None:
     budget = QueueBudget()
-    limits = planner.PlannerLimits(max_in_flight_per_queue=3)
+    budgets = planner.PlannerBudgets(max_in_flight_per_queue=3)
     boxes = [outbox(), outbox()]
     for box in boxes:
         await box.start()
@@ -138,7 +138,7 @@ async def test_the_budget_is_shared_by_partitions_and_full_queues_serve_them_in_
             clock=boxes[p].broker.clock,
             group_id="ns.nodes",
             node_id="n1",
-            limits=limits,
+            budgets=budgets,
             committed=None,
             end_offset=0,
             ensure_queues=no_new_topics,

@@ -1,4 +1,4 @@
-"""The scheduler's pure decisions: lease order and limits, expiries, cron fires."""
+"""The scheduler's pure decisions: lease order and budgets, expiries, cron fires."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from evsched.core.events import JobTemplate
 from evsched.core.state import JobState, ScheduleState, Status
 from tests.states import job_state
 
-LIMITS = planner.PlannerLimits(dispatch_timeout_ms=5_000, max_in_flight_per_queue=2, prelease_ms=0)
+BUDGETS = planner.PlannerBudgets(
+    dispatch_timeout_ms=5_000, max_in_flight_per_queue=2, prelease_ms=0
+)
 
 
 def job(job_id: str, **changes: object) -> JobState:
@@ -26,7 +28,7 @@ def test_leases_go_by_priority_then_run_at_and_respect_the_in_flight_limit() -> 
         job("later", run_at=2_000, priority=9),
         job("running", status=Status.RUNNING, priority=9),
     ]
-    leases = planner.plan_leases(jobs, {"q": 0}, now=1_000, limits=LIMITS, source="node-1")
+    leases = planner.plan_leases(jobs, {"q": 0}, now=1_000, budgets=BUDGETS, source="node-1")
     assert [lease.event.job_id for lease in leases] == ["c", "b"]
     first = leases[0]
     assert first.event.token == 1 and first.event.attempt == 1
@@ -36,28 +38,28 @@ def test_leases_go_by_priority_then_run_at_and_respect_the_in_flight_limit() -> 
 
 
 def test_jobs_due_within_the_horizon_are_pre_leased_for_their_run_at() -> None:
-    limits = replace(LIMITS, prelease_ms=1_000, max_in_flight_per_queue=10)
+    budgets = replace(BUDGETS, prelease_ms=1_000, max_in_flight_per_queue=10)
     jobs = [job("due", run_at=900), job("soon", run_at=1_800), job("later", run_at=2_001)]
-    leases = planner.plan_leases(jobs, {}, now=1_000, limits=limits, source="n")
+    leases = planner.plan_leases(jobs, {}, now=1_000, budgets=budgets, source="n")
     by_id = {lease.event.job_id: lease for lease in leases}
     assert sorted(by_id) == ["due", "soon"]
     assert by_id["soon"].event.not_before == 1_800 and by_id["soon"].dispatch.run_at == 1_800
     # A job that came due within the horizon names its run_at too: a node clock ahead of the
     # log's would otherwise see its lease refused as early.
     assert by_id["due"].event.not_before == 900
-    stale = planner.plan_leases([job("old", run_at=-1)], {}, now=1_000, limits=limits, source="n")
+    stale = planner.plan_leases([job("old", run_at=-1)], {}, now=1_000, budgets=budgets, source="n")
     assert stale[0].event.not_before is None
 
 
 def test_a_full_queue_leases_nothing_but_other_queues_still_run() -> None:
     jobs = [job("a"), job("b", queue="other")]
-    leases = planner.plan_leases(jobs, {"q": 2}, now=1_000, limits=LIMITS, source="n")
+    leases = planner.plan_leases(jobs, {"q": 2}, now=1_000, budgets=BUDGETS, source="n")
     assert [lease.event.job_id for lease in leases] == ["b"]
 
 
 def test_next_lease_uses_the_next_token_and_attempt() -> None:
     state = job("a", token=4, attempt=1, checkpoint=b"7")
-    (lease,) = planner.plan_leases([state], {}, now=1_000, limits=LIMITS, source="n")
+    (lease,) = planner.plan_leases([state], {}, now=1_000, budgets=BUDGETS, source="n")
     assert (lease.event.token, lease.event.attempt) == (5, 2)
     assert lease.dispatch.checkpoint == b"7"
 
@@ -109,31 +111,31 @@ def test_external_idempotency_key_is_stable_per_job() -> None:
 
 
 def test_leases_stop_at_the_unstarted_limit_while_running_jobs_do_not_count() -> None:
-    limits = planner.PlannerLimits(max_in_flight_per_queue=100, max_unstarted_per_queue=3)
+    budgets = planner.PlannerBudgets(max_in_flight_per_queue=100, max_unstarted_per_queue=3)
     jobs = [job(f"j{i}") for i in range(10)]
     # 50 running, 1 leased but not started: two more leases, then the queue waits for workers.
     leases = planner.plan_leases(
-        jobs, {"q": 51}, unstarted={"q": 1}, now=1_000, limits=limits, source="n"
+        jobs, {"q": 51}, unstarted={"q": 1}, now=1_000, budgets=budgets, source="n"
     )
     assert [lease.event.job_id for lease in leases] == ["j0", "j1"]
     none = planner.plan_leases(
-        jobs, {"q": 3}, unstarted={"q": 3}, now=1_000, limits=limits, source="n"
+        jobs, {"q": 3}, unstarted={"q": 3}, now=1_000, budgets=budgets, source="n"
     )
     assert none == []
 
 
 def test_the_unstarted_limit_is_per_queue_and_has_a_documented_default() -> None:
-    assert planner.PlannerLimits().max_unstarted_per_queue == 100
-    limits = planner.PlannerLimits(max_unstarted_per_queue=1)
+    assert planner.PlannerBudgets().max_unstarted_per_queue == 100
+    budgets = planner.PlannerBudgets(max_unstarted_per_queue=1)
     jobs = [job("a"), job("b"), job("c", queue="other"), job("d", queue="other")]
-    leases = planner.plan_leases(jobs, {}, unstarted={}, now=1_000, limits=limits, source="n")
+    leases = planner.plan_leases(jobs, {}, unstarted={}, now=1_000, budgets=budgets, source="n")
     assert [lease.event.job_id for lease in leases] == ["a", "c"]
 
 
 def test_a_raised_unstarted_limit_holds_for_its_queue_only() -> None:
-    limits = planner.PlannerLimits(max_unstarted_per_queue=1)
+    budgets = planner.PlannerBudgets(max_unstarted_per_queue=1)
     jobs = [job(f"q{i}") for i in range(4)] + [job(f"o{i}", queue="other") for i in range(4)]
     leases = planner.plan_leases(
-        jobs, {}, unstarted={}, unstarted_limits={"q": 3}, now=1_000, limits=limits, source="n"
+        jobs, {}, unstarted={}, unstarted_limits={"q": 3}, now=1_000, budgets=budgets, source="n"
     )
     assert [lease.event.job_id for lease in leases] == ["o0", "q0", "q1", "q2"]

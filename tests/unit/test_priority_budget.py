@@ -49,7 +49,7 @@ def leased(box: MemoryOutbox) -> list[str]:
 
 
 async def owners(tmp_path: Path, budget: QueueBudget, count: int) -> list[OwnedPartition]:
-    limits = planner.PlannerLimits(max_unstarted_per_queue=2)
+    budgets = planner.PlannerBudgets(max_unstarted_per_queue=2)
     made = []
     for p in range(count):
         box = MemoryOutbox(MemoryBroker(FrozenClock()))
@@ -62,7 +62,7 @@ async def owners(tmp_path: Path, budget: QueueBudget, count: int) -> list[OwnedP
                 clock=box.broker.clock,
                 group_id="ns.nodes",
                 node_id="n1",
-                limits=limits,
+                budgets=budgets,
                 committed=None,
                 end_offset=0,
                 ensure_queues=no_new_topics,
@@ -165,9 +165,9 @@ async def test_room_beyond_what_the_line_waits_for_is_leased_by_whoever_plans(
     clock = FrozenClock()
     broker = MemoryBroker(clock)
     budget = QueueBudget()
-    limits = planner.PlannerLimits(max_unstarted_per_queue=3)
+    budgets = planner.PlannerBudgets(max_unstarted_per_queue=3)
     d0, d1 = (
-        NodeDriver(tmp_path / f"p{p}", partition=p, limits=limits, clock=clock, broker=broker,
+        NodeDriver(tmp_path / f"p{p}", partition=p, budgets=budgets, clock=clock, broker=broker,
                    budget=budget)
         for p in (0, 1)
     )  # fmt: skip
@@ -200,9 +200,9 @@ async def test_with_jobs_arriving_all_the_time_no_partition_waits_behind_the_oth
     broker = MemoryBroker(clock)
     budget = QueueBudget()
     limit = 8
-    limits = planner.PlannerLimits(max_unstarted_per_queue=limit)
+    budgets = planner.PlannerBudgets(max_unstarted_per_queue=limit)
     drivers = [
-        NodeDriver(tmp_path / f"p{p}", partition=p, limits=limits, clock=clock, broker=broker,
+        NodeDriver(tmp_path / f"p{p}", partition=p, budgets=budgets, clock=clock, broker=broker,
                    budget=budget)
         for p in range(3)
     ]  # fmt: skip
@@ -254,7 +254,7 @@ async def test_a_high_job_behind_a_backlog_deeper_than_the_scan_is_leased_next(
     """The scan reads 5 due jobs a step; 30 older low jobs wait. The high job, enqueued last,
     is still the next lease once the window has room (by run_at it would be 31st)."""
     driver = NodeDriver(
-        tmp_path, scan_limit=5, limits=planner.PlannerLimits(max_unstarted_per_queue=2)
+        tmp_path, scan_limit=5, budgets=planner.PlannerBudgets(max_unstarted_per_queue=2)
     )
     driver.append(*[enqueued_job(f"low{i:02d}") for i in range(30)])
     await driver.settle()

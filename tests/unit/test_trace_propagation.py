@@ -166,7 +166,7 @@ def lease_of(event: JobEnqueued) -> planner.Lease:
     state, entry = fold(None, event, Position(partition=0, offset=0, log_at=now))
     assert state is not None and entry.verdict.value == "applied"
     (lease,) = planner.plan_leases(
-        [state], {}, now=now, limits=planner.PlannerLimits(), source="node-1"
+        [state], {}, now=now, budgets=planner.PlannerBudgets(), source="node-1"
     )
     return lease
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.runtime.partition.budget import RATE_WINDOW_S, QueueBudget, StartRate
 from evsched.testing import NodeDriver
 from tests.unit.node_driver_events import enqueued, started
@@ -41,8 +41,8 @@ async def _run(driver: NodeDriver, rounds: int) -> list[int]:
 
 
 async def test_a_queue_whose_workers_keep_up_gets_a_wider_window(tmp_path: Path) -> None:
-    limits = PlannerLimits(max_unstarted_per_queue=4, unstarted_horizon_ms=1_000)
-    driver = NodeDriver(tmp_path, limits=limits, budget=QueueBudget())
+    budgets = PlannerBudgets(max_unstarted_per_queue=4, unstarted_horizon_ms=1_000)
+    driver = NodeDriver(tmp_path, budgets=budgets, budget=QueueBudget())
     driver.append(*(enqueued(f"j{i}") for i in range(200)))
     # Starts 0.1 s apart: after 4, 4 and 8 starts in the window the limit is 4, 4, then 6 ...
     assert await _run(driver, 6) == [4, 4, 4, 6, 9, 14]
@@ -50,8 +50,8 @@ async def test_a_queue_whose_workers_keep_up_gets_a_wider_window(tmp_path: Path)
 
 
 async def test_with_horizon_zero_the_window_stays_at_max_unstarted(tmp_path: Path) -> None:
-    limits = PlannerLimits(max_unstarted_per_queue=4, unstarted_horizon_ms=0)
-    driver = NodeDriver(tmp_path, limits=limits, budget=QueueBudget())
+    budgets = PlannerBudgets(max_unstarted_per_queue=4, unstarted_horizon_ms=0)
+    driver = NodeDriver(tmp_path, budgets=budgets, budget=QueueBudget())
     driver.append(*(enqueued(f"j{i}") for i in range(200)))
     assert await _run(driver, 6) == [4] * 6
     driver.close()

@@ -13,7 +13,7 @@ from evsched.core import bounds
 from evsched.core.events import ParentResolved
 from evsched.core.state import Status, Verdict
 from evsched.testing import NodeDriver
-from tests.unit.test_node_driver_workflows import LIMITS, child
+from tests.unit.test_node_driver_workflows import BUDGETS, child
 from tests.unit.test_workflows import enqueue, resolve, run
 
 # Kafka's default max.message.bytes, which the events and dispatch topics keep.
@@ -75,7 +75,7 @@ def resolution(i: int, parent: str, result: bytes) -> ParentResolved:
 async def test_a_callback_over_1000_parents_with_8kb_results_never_stops_its_partition(
     tmp_path: Path,
 ) -> None:
-    driver = NodeDriver(tmp_path, limits=LIMITS)
+    driver = NodeDriver(tmp_path, budgets=BUDGETS)
     driver.broker.max_message_bytes[driver.topics.state] = STATE_MAX_MESSAGE_BYTES
     driver.broker.max_message_bytes[driver.topics.events] = EVENT_MAX_BYTES
     parents = [f"p{i:04d}" for i in range(1_000)]

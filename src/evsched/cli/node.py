@@ -13,7 +13,7 @@ from evsched.adapters.kafka.topics import TopicMisconfigured, TopicRefused
 from evsched.cli.options import LogJson, MetricsAddr, metrics_port_option
 from evsched.cli.worker import load_dispatch_key
 from evsched.core.bounds import MAX_PRELEASE_MS
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.errors import BrokerAccessRefused
 from evsched.logging import configure_logging
 from evsched.runtime.node.main import serve_node
@@ -119,7 +119,7 @@ def node_command(
         settings=settings,
         node_id=node_id or socket.gethostname(),
         data_dir=data_dir,
-        limits=PlannerLimits(
+        budgets=PlannerBudgets(
             dispatch_timeout_ms=int(dispatch_timeout_s * 1000),
             max_in_flight_per_queue=max_in_flight,
             max_unstarted_per_queue=max_unstarted,

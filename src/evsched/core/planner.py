@@ -15,7 +15,7 @@ from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PlannerLimits:
+class PlannerBudgets:
     """How far the scheduler may run ahead of the workers, per queue.
 
     ``dispatch_timeout_ms``: how long a leased job may wait for a worker to start it.
@@ -23,7 +23,7 @@ class PlannerLimits:
     no worker has started yet (backpressure: under a backlog jobs stay scheduled instead of
     waiting out their dispatch timeout in a dispatch topic). ``prelease_ms``: how long before its
     run_at a delayed job may be leased, so its worker starts it by a local timer (0: only due
-    jobs are leased); at most ``limits.MAX_PRELEASE_MS``. ``unstarted_horizon_ms``: a node may
+    jobs are leased); at most ``bounds.MAX_PRELEASE_MS``. ``unstarted_horizon_ms``: a node may
     raise a queue's unstarted limit to this long of the queue's recent starts, up to
     ``max_in_flight_per_queue`` (0: the limit stays ``max_unstarted_per_queue``).
     """
@@ -76,7 +76,7 @@ def plan_leases(
     unstarted: Mapping[str, int] | None = None,
     unstarted_limits: Mapping[str, int] | None = None,
     now: int,
-    limits: PlannerLimits,
+    budgets: PlannerBudgets,
     source: str,
     events_offset: int | None = None,
 ) -> list[Lease]:
@@ -86,10 +86,10 @@ def plan_leases(
     dispatch carries it, so its worker can follow the job from there.
 
     A queue has room while both its leased-or-running jobs (``in_flight``) and its leased jobs
-    no worker started yet (``unstarted``) are under their limits; each lease granted here counts
+    no worker started yet (``unstarted``) are within their budgets; each lease granted here counts
     against both. ``unstarted_limits`` may raise a queue's unstarted limit above
-    ``limits.max_unstarted_per_queue`` (a node's budget does, for queues whose workers start jobs
-    quickly). Jobs due within ``limits.prelease_ms`` are pre-leased.
+    ``budgets.max_unstarted_per_queue`` (a node's budget does, for queues whose workers start jobs
+    quickly). Jobs due within ``budgets.prelease_ms`` are pre-leased.
     """
     chosen = pick_leases(
         candidates,
@@ -97,9 +97,9 @@ def plan_leases(
         unstarted=unstarted,
         unstarted_limits=unstarted_limits,
         now=now,
-        limits=limits,
+        budgets=budgets,
     )
-    return [_lease(s, now=now, limits=limits, source=source, at=events_offset) for s in chosen]
+    return [_lease(s, now=now, budgets=budgets, source=source, at=events_offset) for s in chosen]
 
 
 def pick_leases(
@@ -109,7 +109,7 @@ def pick_leases(
     unstarted: Mapping[str, int] | None = None,
     unstarted_limits: Mapping[str, int] | None = None,
     now: int,
-    limits: PlannerLimits,
+    budgets: PlannerBudgets,
 ) -> list[P]:
     """The candidates ``plan_leases`` leases, in its order, read only through ``Plannable``.
 
@@ -121,12 +121,12 @@ def pick_leases(
     raised = unstarted_limits or {}
     chosen: list[P] = []
     for state in sorted(candidates, key=due_order):
-        if state.status is not Status.SCHEDULED or state.run_at > now + limits.prelease_ms:
+        if state.status is not Status.SCHEDULED or state.run_at > now + budgets.prelease_ms:
             continue
         queue = state.queue
-        if used.get(queue, 0) >= limits.max_in_flight_per_queue:
+        if used.get(queue, 0) >= budgets.max_in_flight_per_queue:
             continue
-        if waiting.get(queue, 0) >= raised.get(queue, limits.max_unstarted_per_queue):
+        if waiting.get(queue, 0) >= raised.get(queue, budgets.max_unstarted_per_queue):
             continue
         used[queue] = used.get(queue, 0) + 1
         waiting[queue] = waiting.get(queue, 0) + 1
@@ -135,7 +135,7 @@ def pick_leases(
 
 
 def _lease(
-    state: JobState, *, now: int, limits: PlannerLimits, source: str, at: int | None
+    state: JobState, *, now: int, budgets: PlannerBudgets, source: str, at: int | None
 ) -> Lease:
     token = state.token + 1
     event = JobLeased(
@@ -145,10 +145,10 @@ def _lease(
         source=source,
         token=token,
         attempt=state.attempt + 1,
-        lease_ms=limits.dispatch_timeout_ms,
+        lease_ms=budgets.dispatch_timeout_ms,
         trace=state.trace,
         # Also on a job that just came due: a node clock ahead of the log's then costs nothing.
-        not_before=state.run_at if state.run_at > now - limits.prelease_ms else None,
+        not_before=state.run_at if state.run_at > now - budgets.prelease_ms else None,
     )
     dispatch = Dispatch(
         job_id=state.job_id,
@@ -159,7 +159,7 @@ def _lease(
         queue=state.queue,
         args=state.args,
         timeout_ms=state.timeout_ms,
-        lease_ms=limits.dispatch_timeout_ms,
+        lease_ms=budgets.dispatch_timeout_ms,
         run_at=state.run_at,
         enqueued_at=state.enqueued_at,
         leased_at=now,

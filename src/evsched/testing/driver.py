@@ -19,7 +19,7 @@ from evsched.adapters.kafka.topics import Topics
 from evsched.adapters.signing import DispatchKey
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import Event, entity_id
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.core.state import JobState, ScheduleState, TimelineEntry
 from evsched.ports import Record
 from evsched.runtime.partition.budget import QueueBudget
@@ -50,7 +50,7 @@ class NodeDriver:
         data_dir: Path,
         *,
         partition: int = 0,
-        limits: PlannerLimits | None = None,
+        budgets: PlannerBudgets | None = None,
         namespace: str = "ns",
         clock: FrozenClock | None = None,
         broker: MemoryBroker | None = None,
@@ -63,7 +63,7 @@ class NodeDriver:
     ) -> None:
         self.data_dir = data_dir
         self.partition = partition
-        self.limits = limits or PlannerLimits()
+        self.budgets = budgets or PlannerBudgets()
         self.topics = Topics(namespace)
         self.clock = clock or FrozenClock()
         self.broker = broker or MemoryBroker(self.clock)
@@ -115,7 +115,7 @@ class NodeDriver:
             clock=self.clock,
             group_id=self.group_id,
             node_id=self.node_id,
-            limits=self.limits,
+            budgets=self.budgets,
             committed=self.committed_offset,
             end_offset=self.broker.end_offset(self.topics.events, self.partition),
             ensure_queues=self.ensure_queues,

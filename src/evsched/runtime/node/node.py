@@ -25,7 +25,7 @@ from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
 from evsched.adapters.kafka.partition_outbox import KafkaOutbox
 from evsched.adapters.kafka.topics import Topics
 from evsched.adapters.signing import DispatchKey
-from evsched.core.planner import PlannerLimits
+from evsched.core.planner import PlannerBudgets
 from evsched.errors import BrokerUnavailable, PartitionRevoked
 from evsched.runtime.node.dispatch_topics import QueueTopics
 from evsched.runtime.node.health import NodeHealth
@@ -61,7 +61,7 @@ class NodeConfig:
     settings: Settings
     node_id: str
     data_dir: Path
-    limits: PlannerLimits = field(default_factory=PlannerLimits)
+    budgets: PlannerBudgets = field(default_factory=PlannerBudgets)
     max_idle_ms: int = 200
     max_records: int = 2_000
     step_interval_ms: int = STEP_INTERVAL_MS  # one step per partition per interval at most
@@ -356,7 +356,7 @@ class Node:
             clock=SYSTEM_CLOCK,
             group_id=self.config.group_id,
             node_id=self.config.node_id,
-            limits=self.config.limits,
+            budgets=self.config.budgets,
             committed=committed,
             end_offset=end,
             ensure_queues=self.queue_topics.ensure,

@@ -62,7 +62,7 @@ class LeanLeases:
         index: PartitionIndex,
         projector: Projector,
         *,
-        limits: planner.PlannerLimits,
+        budgets: planner.PlannerBudgets,
         scan_limit: int,
         held_back: Callable[[str], bool],
         permits: PermitPlanner,
@@ -71,7 +71,7 @@ class LeanLeases:
         self.index = index
         self.projector = projector
         self.permits = permits
-        self.limits = limits
+        self.budgets = budgets
         self.scan_limit = scan_limit
         self.held_back = held_back
         self.source = source
@@ -81,7 +81,7 @@ class LeanLeases:
         (``waiting_by_queue``); None where only the full read will do."""
         limits = self.projector.limits_as(folded)
         view = _View(folded, self.projector.paused(QUEUE, folded), limits.keys())
-        horizon = now + self.limits.prelease_ms
+        horizon = now + self.budgets.prelease_ms
         entries = self.index.due_entries(horizon, self.scan_limit, skip=self._skipper(view))
         kept, unread = self._candidates(entries, view, self._rooms(load))
         candidates = [c for c in kept if c.run_at <= horizon and c.queue not in view.paused]
@@ -94,7 +94,7 @@ class LeanLeases:
             unstarted=load.unstarted,
             unstarted_limits=load.unstarted_limits,
             now=now,
-            limits=self.limits,
+            budgets=self.budgets,
         )
         states = self._states(chosen, folded)
         if states is None:
@@ -104,7 +104,7 @@ class LeanLeases:
             load,
             states,
             now=now,
-            limits=self.limits,
+            budgets=self.budgets,
             source=self.source,
             events_offset=self.projector.next_offset,
         )
@@ -140,11 +140,11 @@ class LeanLeases:
 
     def _rooms(self, load: QueueLoad) -> Callable[[str], int]:
         """How many more jobs of a queue ``load`` leaves room for."""
-        limits = self.limits
+        budgets = self.budgets
 
         def room(queue: str) -> int:
-            in_flight = limits.max_in_flight_per_queue - load.in_flight.get(queue, 0)
-            floor = load.unstarted_limits.get(queue, limits.max_unstarted_per_queue)
+            in_flight = budgets.max_in_flight_per_queue - load.in_flight.get(queue, 0)
+            floor = load.unstarted_limits.get(queue, budgets.max_unstarted_per_queue)
             unstarted = floor - load.unstarted.get(queue, 0)
             return max(0, min(in_flight, unstarted))
 
@@ -232,7 +232,7 @@ def leases_against(
     states: list[JobState],
     *,
     now: int,
-    limits: planner.PlannerLimits,
+    budgets: planner.PlannerBudgets,
     source: str,
     events_offset: int,
 ) -> list[planner.Lease]:
@@ -243,7 +243,7 @@ def leases_against(
         unstarted=load.unstarted,
         unstarted_limits=load.unstarted_limits,
         now=now,
-        limits=limits,
+        budgets=budgets,
         source=source,
         events_offset=events_offset,
     )

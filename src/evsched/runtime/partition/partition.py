@@ -66,7 +66,7 @@ class OwnedPartition:
         clock: Clock,
         group_id: str,
         node_id: str,
-        limits: planner.PlannerLimits,
+        budgets: planner.PlannerBudgets,
         committed: int | None,
         end_offset: int,
         ensure_queues: EnsureQueues,
@@ -86,7 +86,7 @@ class OwnedPartition:
         self.clock = clock
         self.group_id = group_id
         self.source = f"node-{node_id}"
-        self.limits = limits
+        self.budgets = budgets
         self.ensure_queues = ensure_queues
         self.scan_limit = scan_limit
         self.index = index
@@ -103,7 +103,7 @@ class OwnedPartition:
         self.lean = LeanLeases(
             index,
             self.projector,
-            limits=limits,
+            budgets=budgets,
             scan_limit=scan_limit,
             held_back=self._held_back,
             permits=self.permits,
@@ -117,7 +117,7 @@ class OwnedPartition:
         self.stats: Counter[str] = Counter()
         self.log = log.bind(partition=partition)
         self.quarantine = Quarantine(partition, clock, instruments)
-        # The node's per-queue limits are shared by all its partitions (None: this one alone).
+        # The node's per-queue budgets are shared by all its partitions (None: this one alone).
         self.budget = budget
         self.woken = False  # another partition made room since the last step
         self.on_wake: Callable[[], None] | None = None  # the runner's kick
@@ -134,7 +134,7 @@ class OwnedPartition:
         return sum(load.in_flight.values()) + sum(load.unstarted.values())
 
     def load(self) -> QueueLoad:
-        """This partition's jobs against the per-queue limits, its pending leases included."""
+        """This partition's jobs against the per-queue budgets, its pending leases included."""
         in_flight = dict(self.projector.in_flight)
         unstarted = dict(self.projector.unstarted)
         for queue, count in self.pending.leases_by_queue.items():
@@ -258,7 +258,7 @@ class OwnedPartition:
         times = [
             t
             for t in (
-                self.index.next_due_at(after=now, due_lead_ms=self.limits.prelease_ms),
+                self.index.next_due_at(after=now, due_lead_ms=self.budgets.prelease_ms),
                 self.pending.first_deadline_ms(now),
                 self.quarantine.first_release_ms(now),
                 flush,
@@ -348,9 +348,9 @@ class OwnedPartition:
         in_flight = Counter(load.in_flight) + Counter(reserved)
         unstarted = Counter(load.unstarted) + Counter(reserved)
         raised = self.budget.rate.limits(
-            self.limits.max_unstarted_per_queue,
-            self.limits.max_in_flight_per_queue,
-            self.limits.unstarted_horizon_ms / 1000,
+            self.budgets.max_unstarted_per_queue,
+            self.budgets.max_in_flight_per_queue,
+            self.budgets.unstarted_horizon_ms / 1000,
             self.clock.monotonic_s(),
         )
         return QueueLoad(dict(in_flight), dict(unstarted), raised)
@@ -358,7 +358,7 @@ class OwnedPartition:
     def _plan_read_all(self, folded: Folded, now: int, load: QueueLoad) -> Planned:
         """Leases from every due job's state in the scan's window (``LeanLeases`` reads fewer)."""
         # Held-back jobs (pending, or on an undeclared queue) must not fill the scan's window.
-        horizon = now + self.limits.prelease_ms
+        horizon = now + self.budgets.prelease_ms
         paused = self.projector.paused(QUEUE, folded)
         # In lease order (priority first), so a backlog deeper than the scan cannot hide a job.
         ids = self.index.due_by_priority(
@@ -377,7 +377,7 @@ class OwnedPartition:
             load,
             candidates,
             now=now,
-            limits=self.limits,
+            budgets=self.budgets,
             source=self.source,
             events_offset=self.projector.next_offset,
         )
