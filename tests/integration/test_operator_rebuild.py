@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from evsched.client import App
 from evsched.operator import register
-from evsched.operator.cmd_rebuild import _log_ends
+from evsched.operator.commands.rebuild import _log_ends
 from evsched.operator.rebuild import PartitionPlan, rebuild_one
 from evsched.settings import Settings
 

@@ -14,7 +14,7 @@ from evsched.core import retry
 from evsched.core.events import EVENT_TYPES, AttemptSucceeded, JobEvent, Position
 from evsched.core.fold import fold
 from evsched.core.state import JobState, Status, TimelineEntry, Verdict
-from evsched.operator.cmd_replay import check, load_expected
+from evsched.operator.commands.replay import check, load_expected
 from evsched.operator.replay import Outcome, expected_path, fold_history
 from evsched.operator.replay_check import compare
 

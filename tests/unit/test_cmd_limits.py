@@ -8,7 +8,7 @@ import typer
 from typer.testing import CliRunner
 
 from evsched.cli import app
-from evsched.operator.cmd_limits import parse_rate
+from evsched.operator.commands.queues import parse_rate
 
 
 @pytest.mark.parametrize(

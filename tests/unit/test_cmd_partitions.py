@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from evsched.cli import app
 from evsched.core import migration
 from evsched.core.state import Status
-from evsched.operator.cmd_namespace import queues_of, report, summary
+from evsched.operator.commands.namespace import queues_of, report, summary
 from tests.states import job_state
 
 NOWHERE = {"EVSCHED_KAFKA_BOOTSTRAP": "127.0.0.1:1", "EVSCHED_NAMESPACE": "old"}

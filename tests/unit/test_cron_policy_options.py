@@ -14,7 +14,7 @@ from evsched.core import cron_policy, ids
 from evsched.core.events import JobEnqueued, JobTemplate, Position, ScheduleFired
 from evsched.core.schedules import fold_schedule
 from evsched.errors import InvalidEnqueue
-from evsched.operator.cmd_backfill import backfill_events
+from evsched.operator.commands.schedules import backfill_events
 from tests.unit.test_api import error_of
 from tests.unit.test_api_twin import Harness
 

@@ -16,7 +16,7 @@ from evsched.api import undecodable
 from evsched.core import tallies
 from evsched.core.events import JobEnqueued
 from evsched.core.fold import FOLD_VERSION
-from evsched.operator import cmd_undecodable
+from evsched.operator.commands import undecodable as operator_undecodable
 from evsched.ports import Record
 from evsched.runtime.projection.projector import Projector
 from tests.unit.index_folds import fold_into, folded
@@ -192,7 +192,7 @@ def test_a_cursor_after_a_trimmed_offset_goes_on_from_the_oldest_kept(
 
 def test_the_readers_help_states_the_bound() -> None:
     """The CLI's help and the API's description say how many are kept and where the rest are."""
-    for reader in (cmd_undecodable.undecodable, undecodable.list_undecodable):
+    for reader in (operator_undecodable.undecodable, undecodable.list_undecodable):
         text = " ".join((reader.__doc__ or "").split())
         assert f"newest {POISON_KEPT:,} of each partition" in text
         assert "export --partition P --from OFFSET" in text and "archive" in text

@@ -95,7 +95,7 @@ def test_an_internal_failure_is_one_line_not_a_traceback(
     def broken(*args: object, **kwargs: object) -> None:
         raise failure
 
-    monkeypatch.setattr("evsched.operator.cmd_read.find_jobs", broken)
+    monkeypatch.setattr("evsched.operator.commands.jobs.find_jobs", broken)
     monkeypatch.delenv("EVSCHED_DEBUG", raising=False)
     result = runner.invoke(cli, ["jobs", "--offline", "--data-dir", str(replica_dir)])
     assert result.exit_code == 70
@@ -115,7 +115,7 @@ def test_an_interrupted_command_exits_130(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("evsched.operator.cmd_read.find_jobs", interrupted)
+    monkeypatch.setattr("evsched.operator.commands.jobs.find_jobs", interrupted)
     result = runner.invoke(cli, ["jobs", "--offline", "--data-dir", str(replica_dir)])
     assert result.exit_code == 130
     assert result.output.strip() == "interrupted"

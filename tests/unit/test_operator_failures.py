@@ -10,7 +10,7 @@ import pytest
 import typer
 
 from evsched.core.events import JobRequeued
-from evsched.operator.cmd_write import requeue_event
+from evsched.operator.writes import requeue_event
 from tests.unit.test_failure_detail import failed
 from tests.unit.test_operator_audit import Story, enq, lease, start
 from tests.unit.test_operator_cli import cli, invoke

@@ -67,6 +67,10 @@ class ReplicaOptions:
     quiet: bool = False
 
 
+def read_options(data_dir: Path, offline: bool, timeout_s: float, as_json: bool) -> ReplicaOptions:
+    return ReplicaOptions(data_dir=data_dir, offline=offline, timeout_s=timeout_s, quiet=as_json)
+
+
 def progress_bar(what: str) -> Progress:
     """A transient progress bar on stderr."""
     return Progress(

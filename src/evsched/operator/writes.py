@@ -16,22 +16,29 @@ from typing import Any
 import typer
 
 from evsched.adapters.avro import decode_event
+from evsched.adapters.clock import now_ms
 from evsched.adapters.ids import new_id
 from evsched.adapters.payload import MAX_JSON_DEPTH, deeper_than
 from evsched.client import App
+from evsched.client.controls import control_event
 from evsched.commands import (
+    SOURCE,
     EnqueueOptions,
     TaskSpec,
     Unique,
     args_bytes,
     build_enqueue,
     build_schedule,
+    check_id,
     job_template,
+    resolve_run_at,
     task_spec,
 )
 from evsched.core.events import (
+    ControlEvent,
     Event,
     JobEnqueued,
+    JobRequeued,
     JobTemplate,
     KeyLimitSet,
     QueueLimitSet,
@@ -222,6 +229,39 @@ def template_for(
 ) -> JobTemplate:
     try:
         return job_template(spec, args, kwargs, priority=priority)
+    except InvalidEnqueue as exc:
+        raise bad(exc.field, exc.reason) from None
+
+
+def checked_id(job_id: str) -> str:
+    try:
+        return check_id("job_id", job_id)
+    except InvalidEnqueue as exc:
+        raise bad(exc.field, exc.reason) from None
+
+
+def requeue_event(
+    job_id: str, reason: str, delay_s: float | None, run_at: str | None, *, rerun: bool = False
+) -> Event:
+    now = now_ms()
+    try:
+        at = resolve_run_at(now, delay_s, parse_run_at(run_at))
+    except InvalidEnqueue as exc:
+        raise bad(exc.field, exc.reason) from None
+    return JobRequeued(
+        event_id=new_id(),
+        job_id=checked_id(job_id),
+        emitted_at=now,
+        source=SOURCE,
+        reason=reason,
+        run_at=at,
+        rerun=rerun,
+    )
+
+
+def checked_control(kind: type[ControlEvent], name: str, reason: str) -> ControlEvent:
+    try:
+        return control_event(kind, name, reason=reason, now_ms=now_ms())
     except InvalidEnqueue as exc:
         raise bad(exc.field, exc.reason) from None
 

@@ -59,6 +59,12 @@ Partitions = Annotated[
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Show what would move; write nothing.")]
 
 
+def namespace_app() -> typer.Typer:
+    namespace = typer.Typer(no_args_is_help=True, help="The namespace: move it into a new one.")
+    namespace.command("migrate")(namespace_migrate)
+    return namespace
+
+
 def paused_queues(local: LocalIndex) -> set[tuple[int, str]]:
     """(partition, queue) of every queue paused on a partition, as the replica has folded it."""
     return {

@@ -25,7 +25,7 @@ from evsched.core import workflow_graph
 from evsched.core.events import Event, JobCancelled, JobRequeued
 from evsched.core.workflow_graph import DEFAULT_NODE_LIMIT, MAX_NODE_LIMIT, WorkflowGraph
 from evsched.core.workflow_ops import RequeuePlan, cancel_plan, requeue_plan
-from evsched.operator.cmd_write import Reason, write
+from evsched.operator.commands.writing import Reason, write
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.operator.render import emit_json, out
 from evsched.operator.replica_dir import DEFAULT_TIMEOUT_S, LocalIndex

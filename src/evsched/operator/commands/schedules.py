@@ -1,0 +1,326 @@
+"""``evsched schedules list|upsert|delete|pause|resume|backfill``: cron schedules, read from the
+caught-up local replica or written, with the fold's verdicts.
+
+``backfill ID --from --to`` fires a schedule's past slots on request: each slot in the range
+becomes a ``ScheduleFired`` (decision ``backfilled``) and its job's ``JobEnqueued``, with the ids a
+node would give that slot, so a slot that already fired (or was backfilled before) makes no second
+job: its enqueue is a ``duplicate``. The schedule's fold judges every backfilled fire (a past slot
+of the expression, before its next due slot) and does not move the schedule. The range is bounded
+(``cron_policy.MAX_BACKFILL_SLOTS``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+import typer
+
+from evsched.adapters.clock import now_ms
+from evsched.adapters.ids import new_id
+from evsched.client import App
+from evsched.commands import SOURCE, check_id
+from evsched.core import cron_policy, planner
+from evsched.core.events import (
+    ControlEvent,
+    Event,
+    ScheduleDeleted,
+    SchedulePaused,
+    ScheduleResumed,
+)
+from evsched.core.state import ScheduleState
+from evsched.errors import InvalidEnqueue
+from evsched.operator.commands.writing import (
+    AppRef,
+    ArgsJson,
+    JobTimeout,
+    KwargsJson,
+    MaxAttempts,
+    Priority,
+    Queue,
+    Reason,
+    Wait,
+    operator_app,
+    report,
+    require_declared,
+    write,
+)
+from evsched.operator.exits import ExitCode, OperatorError
+from evsched.operator.render import emit_json, out, plain, schedules_table
+from evsched.operator.replica_dir import DEFAULT_TIMEOUT_S
+from evsched.operator.session import (
+    DEFAULT_DATA_DIR,
+    DataDir,
+    Json,
+    Offline,
+    ReplicaOptions,
+    TimeoutS,
+    read_options,
+    replica,
+    run,
+)
+from evsched.operator.writes import (
+    TaskChoice,
+    bad,
+    checked_control,
+    parse_args,
+    parse_run_at,
+    resolve_spec,
+    schedule_event,
+    template_for,
+)
+from evsched.settings import Settings
+
+ScheduleId = Annotated[str, typer.Argument(help="The schedule's id.")]
+
+
+def schedules_app() -> typer.Typer:
+    schedules = typer.Typer(no_args_is_help=True, help="Cron schedules.")
+    schedules.command("list")(schedules_list)
+    schedules.command("upsert")(schedules_upsert)
+    schedules.command("delete")(schedules_delete)
+    schedules.command("pause")(schedules_pause)
+    schedules.command("resume")(schedules_resume)
+    schedules.command("backfill")(schedules_backfill)
+    return schedules
+
+
+def schedules_list(
+    *,
+    include_deleted: Annotated[
+        bool, typer.Option("--include-deleted", help="Show deleted schedules too.")
+    ] = False,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    offline: Offline = False,
+    timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
+    as_json: Json = False,
+) -> None:
+    """List cron schedules."""
+
+    async def main() -> None:
+        async with replica(read_options(data_dir, offline, timeout_s, as_json)) as local:
+            found = [
+                s
+                for _, index in sorted(local.indexes.items())
+                for s in index.schedules()
+                if include_deleted or not s.deleted
+            ]
+        if as_json:
+            emit_json([plain(s) for s in found])
+        elif found:
+            out.print(schedules_table(found))
+        else:
+            out.print("no schedules")
+
+    run(main)
+
+
+def schedules_upsert(
+    *,
+    schedule_id: Annotated[str, typer.Argument(help="The schedule's id.")],
+    cron: Annotated[str, typer.Argument(help="5 or 6 fields (with seconds).")],
+    task: Annotated[str, typer.Argument(help="The task each slot enqueues.")],
+    args_json: ArgsJson = None,
+    kwargs_json: KwargsJson = None,
+    timezone: Annotated[str, typer.Option("--timezone", help="IANA zone of the slots.")] = "UTC",
+    queue: Queue = None,
+    priority: Priority = None,
+    max_attempts: MaxAttempts = None,
+    job_timeout_s: JobTimeout = None,
+    catchup_window_s: Annotated[
+        float | None,
+        typer.Option(
+            "--catchup-window-s",
+            min=0,
+            help="Missed slots within this many seconds fire one by one, older ones are "
+            "skipped (default: missed slots collapse into one fire).",
+        ),
+    ] = None,
+    max_jitter_s: Annotated[
+        float | None,
+        typer.Option(
+            "--max-jitter-s",
+            min=0,
+            help="Each job runs up to this many seconds after its slot (deterministic offset).",
+        ),
+    ] = None,
+    overlap: Annotated[
+        str | None,
+        typer.Option(
+            "--overlap",
+            help="allow (default), skip or buffer: what a fire does while the previous fire's "
+            "job is queued or running.",
+        ),
+    ] = None,
+    app_ref: AppRef = None,
+    wait: Wait = True,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
+    as_json: Json = False,
+) -> None:
+    """Create or replace a cron schedule that enqueues TASK at each slot."""
+    args, kwargs = parse_args(args_json, kwargs_json)
+    app = operator_app(app_ref)
+    choice = TaskChoice(name=task, queue=queue, max_attempts=max_attempts, timeout_s=job_timeout_s)
+    spec = resolve_spec(choice, app if app_ref else None, args, kwargs)
+    template = template_for(spec, args, kwargs, priority)
+    policies = {
+        "catchup_window": catchup_window_s,
+        "max_jitter": max_jitter_s,
+        "overlap": overlap,
+    }
+    event = schedule_event(schedule_id, cron, timezone, template, now_ms(), policies=policies)
+    options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
+
+    async def main() -> ExitCode:
+        await require_declared(app, event.template.queue)
+        judged = await write(app, [(schedule_id, event)], options, wait=wait)
+        return report(judged, as_json)
+
+    run(main)
+
+
+def schedules_delete(
+    *,
+    schedule_id: Annotated[str, typer.Argument(help="The schedule's id.")],
+    wait: Wait = True,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
+    as_json: Json = False,
+) -> None:
+    """Delete a cron schedule; slots already fired keep their jobs."""
+    try:
+        check_id("schedule_id", schedule_id)
+    except InvalidEnqueue as exc:
+        raise bad(exc.field, exc.reason) from None
+    event = ScheduleDeleted(
+        event_id=new_id(), schedule_id=schedule_id, emitted_at=now_ms(), source=SOURCE
+    )
+    options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
+
+    async def main() -> ExitCode:
+        must = [schedule_id] if wait else []
+        judged = await write(
+            operator_app(None), [(schedule_id, event)], options, wait=wait, must_exist=must
+        )
+        return report(judged, as_json)
+
+    run(main)
+
+
+def schedules_pause(
+    *,
+    schedule_id: ScheduleId,
+    reason: Reason = "",
+    wait: Wait = True,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
+    as_json: Json = False,
+) -> None:
+    """Pause a cron schedule: no slot fires until it is resumed."""
+    _schedule_control(
+        checked_control(SchedulePaused, schedule_id, reason),
+        wait=wait,
+        options=ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json),
+        as_json=as_json,
+    )
+
+
+def schedules_resume(
+    *,
+    schedule_id: ScheduleId,
+    reason: Reason = "",
+    wait: Wait = True,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
+    as_json: Json = False,
+) -> None:
+    """Resume a paused schedule; of the slots missed while paused, at most the latest fires."""
+    _schedule_control(
+        checked_control(ScheduleResumed, schedule_id, reason),
+        wait=wait,
+        options=ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json),
+        as_json=as_json,
+    )
+
+
+def _schedule_control(
+    event: ControlEvent, *, wait: bool, options: ReplicaOptions, as_json: bool
+) -> None:
+    async def main() -> ExitCode:
+        name = event.schedule_id if isinstance(event, SchedulePaused | ScheduleResumed) else ""
+        app = App(Settings.from_env(), name="operator")
+        judged = await write(app, [(name, event)], options, wait=wait, must_exist=[name] * wait)
+        return report(judged, as_json)
+
+    run(main)
+
+
+def schedules_backfill(
+    *,
+    schedule_id: ScheduleId,
+    start: Annotated[str, typer.Option("--from", help="First time of the range (ISO 8601).")],
+    end: Annotated[str, typer.Option("--to", help="Last time of the range, included.")],
+    wait: Wait = True,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
+    as_json: Json = False,
+) -> None:
+    """Fire every slot of a schedule from --from to --to (past slots only, at most 1000)."""
+    try:
+        check_id("schedule_id", schedule_id)
+    except InvalidEnqueue as exc:
+        raise bad(exc.field, exc.reason) from None
+    first, last = _ms(start, "--from"), _ms(end, "--to")
+    if last < first:
+        raise typer.BadParameter("must not be before --from", param_hint="--to")
+    options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
+
+    async def main() -> ExitCode:
+        async with replica(options) as local:
+            schedule = local.index_of(schedule_id).schedule(schedule_id)
+        events = backfill_events(_live(schedule, schedule_id), first, last, now_ms())
+        app = App(Settings.from_env(), name="operator")
+        judged = await write(app, events, options, wait=wait)
+        return report(judged, as_json)
+
+    run(main)
+
+
+def backfill_events(
+    schedule: ScheduleState, first: int, last: int, now: int
+) -> list[tuple[str, Event]]:
+    """The fires and enqueues of the slots in ``[first, last]``; a usage error when none is
+    there, or more than the bound."""
+    slots = cron_policy.backfill_slots(schedule, first, last)
+    if not slots:
+        raise typer.BadParameter(f"no slot of {schedule.cron!r} in the range", param_hint="--to")
+    if len(slots) > cron_policy.MAX_BACKFILL_SLOTS:
+        raise typer.BadParameter(
+            f"the range holds more than {cron_policy.MAX_BACKFILL_SLOTS} slots: split it",
+            param_hint="--to",
+        )
+    events: list[tuple[str, Event]] = []
+    for slot in slots:
+        fired, job = planner.fire(
+            schedule, slot, now=now, source=SOURCE, decision=cron_policy.BACKFILLED
+        )
+        events.append((schedule.schedule_id, fired))
+        if job is not None:
+            events.append((job.job_id, job))
+    return events
+
+
+def _live(schedule: ScheduleState | None, schedule_id: str) -> ScheduleState:
+    if schedule is None or schedule.deleted:
+        raise OperatorError(ExitCode.NOT_FOUND, f"no schedule {schedule_id} in the replica")
+    return schedule
+
+
+def _ms(text: str, option: str) -> int:
+    try:
+        moment = parse_run_at(text)
+    except typer.BadParameter as exc:
+        raise typer.BadParameter(exc.message, param_hint=option) from None
+    assert moment is not None
+    return math.floor(moment.timestamp() * 1000)
