@@ -12,9 +12,10 @@ import typer
 from typer.testing import CliRunner
 
 from evsched.adapters.archive.history_file import LoggedEvent, write_history
+from evsched.core import events as ev
 from evsched.operator import register
 from evsched.operator.replay import dump_expected, expected_document, fold_history
-from tests.unit.test_operator_audit import zombie_story
+from tests.unit.test_operator_audit import Story, zombie_story
 
 runner = CliRunner()
 
@@ -172,3 +173,45 @@ def test_the_evsched_command_line_has_the_operator_commands() -> None:
     assert all(f" {name} " in result.output for name in names | {"dlq", "schedules"})
     code, output = invoke(app, "replay", "--help")
     assert code == 0 and "Exit codes: 0 ok; 1 a check failed" in " ".join(output.split())
+
+
+def test_schedules_show_offline_reads_one_schedule_and_its_pause(
+    cli: typer.Typer, tmp_path: Path
+) -> None:
+    story = Story()
+    template = ev.JobTemplate(task="report", queue="default", args=b'["[b]x[/b]"]')
+    story.add(
+        ev.ScheduleUpserted(
+            event_id="u1",
+            schedule_id="nightly",
+            emitted_at=0,
+            source="client",
+            cron="0 3 * * *",
+            timezone="Europe/Paris",
+            template=template,
+            overlap="skip",
+        )
+    )
+    paused = ev.SchedulePaused(
+        event_id="p1", schedule_id="nightly", emitted_at=0, source="operator", reason="audit week"
+    )
+    story.add(paused)
+    story.index(tmp_path / "replica" / "p0000").close()
+    where = ["--offline", "--data-dir", str(tmp_path / "replica")]
+
+    code, output = invoke(cli, "schedules", "show", "nightly", *where, "--json")
+    shown = json.loads(output)
+    assert code == 0 and shown["paused"] is True
+    assert (shown["cron"], shown["timezone"], shown["overlap"]) == (
+        "0 3 * * *",
+        "Europe/Paris",
+        "skip",
+    )
+    assert shown["template"]["task"] == "report"
+
+    code, output = invoke(cli, "schedules", "show", "nightly", *where)
+    assert code == 0
+    assert "report on queue default" in output and "audit week" in output
+    assert "[b]x[/b]" in output  # the args are printed as data, not read as markup
+
+    assert invoke(cli, "schedules", "show", "nope", *where)[0] == 3

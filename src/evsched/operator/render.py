@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from evsched.adapters.payload import MAX_JSON_DEPTH, deeper_than
+from evsched.core.controls import ControlState
 from evsched.core.failures import category_of
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 from evsched.operator.audit import Audit
@@ -224,6 +225,39 @@ def audit_table(found: Audit) -> Table:
             row.reading,
         )
     return table
+
+
+def schedule_table(state: ScheduleState, switch: ControlState | None) -> Table:
+    """One schedule, field by field; ``switch`` is its pause switch (None: never paused)."""
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    template = state.template
+    paused = "" if switch is None or not switch.paused else f"since {iso(switch.changed_at)}"
+    rows: list[tuple[str, str]] = [
+        ("schedule", state.schedule_id + (" (deleted)" if state.deleted else "")),
+        ("cron", f"{state.cron} ({state.timezone})"),
+        ("paused", paused + (f" ({switch.reason})" if paused and switch and switch.reason else "")),
+        ("task", f"{template.task} on queue {template.queue} (priority {template.priority})"),
+        ("args", preview(template.args)),
+        ("max_attempts", str(template.max_attempts)),
+        ("timeout", f"{template.timeout_ms / 1000:g} s"),
+        ("next slot", iso(state.next_fire_at)),
+        ("last slot", iso(state.last_fire_at)),
+        ("last job", state.last_job_id or ""),
+        ("catch-up window", _ms(state.catchup_window_ms)),
+        ("max jitter", _ms(state.max_jitter_ms)),
+        ("overlap", state.overlap or ""),
+        ("created_at", iso(state.created_at)),
+        ("updated_at", iso(state.updated_at)),
+    ]
+    for name, value in rows:
+        table.add_row(name, Text(value))  # ids and args are data, never markup
+    return table
+
+
+def _ms(value: int | None) -> str:
+    return "" if value is None else f"{value:,} ms"
 
 
 def schedules_table(schedules: Iterable[ScheduleState]) -> Table:

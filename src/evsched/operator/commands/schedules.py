@@ -21,6 +21,7 @@ from evsched.adapters.ids import new_id
 from evsched.client import App
 from evsched.commands import SOURCE, check_id
 from evsched.core import cron_policy, planner
+from evsched.core.controls import SCHEDULE
 from evsched.core.events import (
     ControlEvent,
     Event,
@@ -46,7 +47,7 @@ from evsched.operator.commands.writing import (
     write,
 )
 from evsched.operator.exits import ExitCode, OperatorError
-from evsched.operator.render import emit_json, out, plain, schedules_table
+from evsched.operator.render import emit_json, out, plain, schedule_table, schedules_table
 from evsched.operator.replica_dir import DEFAULT_TIMEOUT_S
 from evsched.operator.session import (
     DEFAULT_DATA_DIR,
@@ -77,6 +78,7 @@ ScheduleId = Annotated[str, typer.Argument(help="The schedule's id.")]
 def schedules_app() -> typer.Typer:
     schedules = typer.Typer(no_args_is_help=True, help="Cron schedules.")
     schedules.command("list")(schedules_list)
+    schedules.command("show")(schedules_show)
     schedules.command("upsert")(schedules_upsert)
     schedules.command("delete")(schedules_delete)
     schedules.command("pause")(schedules_pause)
@@ -111,6 +113,32 @@ def schedules_list(
             out.print(schedules_table(found))
         else:
             out.print("no schedules")
+
+    run(main)
+
+
+def schedules_show(
+    *,
+    schedule_id: Annotated[str, typer.Argument(help="The schedule's id.")],
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    offline: Offline = False,
+    timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
+    as_json: Json = False,
+) -> None:
+    """Show one cron schedule: its job template, policies, slots, and whether it is paused."""
+
+    async def main() -> None:
+        async with replica(read_options(data_dir, offline, timeout_s, as_json)) as local:
+            index = local.index_of(schedule_id)
+            state = index.schedule(schedule_id)
+            switch = index.control(SCHEDULE, schedule_id)
+        if state is None:
+            raise OperatorError(ExitCode.NOT_FOUND, f"no schedule {schedule_id!r} in the replica")
+        paused = switch is not None and switch.paused
+        if as_json:
+            emit_json(plain(state) | {"paused": paused})
+        else:
+            out.print(schedule_table(state, switch))
 
     run(main)
 
