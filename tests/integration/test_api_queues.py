@@ -71,3 +71,4 @@ async def test_only_declared_queues_are_known_and_requests_create_no_topic(
         CliRunner().invoke, app, ["enqueue", "t.x", "--queue", "fresh", "--no-wait"], env=env
     )
     assert accepted.exit_code == 0, accepted.output
+    assert await queues.names() == ["default", "fresh"]  # the dispatch topics, by queue name

@@ -93,6 +93,15 @@ async def test_a_queue_pause_and_resume_reach_the_partition(api: Harness) -> Non
     assert bad.status_code == 422
 
 
+async def test_the_declared_queues_are_listed_with_their_pause(api: Harness) -> None:
+    await api.http.post("/v1/queues/mail/pause", json={"reason": "maintenance"})
+    response = await api.http.get("/v1/queues")
+    assert response.status_code == 200, response.text
+    listed = {q["queue"]: q["paused"] for q in response.json()["queues"]}
+    assert list(listed) == ["default", "mail", "q", "q1", "q2"]  # every declared queue, sorted
+    assert [name for name, paused in listed.items() if paused] == ["mail"]
+
+
 async def test_a_schedule_pause_and_resume(api: Harness) -> None:
     missing = await api.http.post("/v1/schedules/nightly/pause", json={})
     assert missing.status_code == 404

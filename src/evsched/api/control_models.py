@@ -43,6 +43,12 @@ class QueueControl(BaseModel):
     partitions: list[Switch]
 
 
+class QueueList(BaseModel):
+    """Every declared queue (one dispatch topic each), by name, with its pause switches."""
+
+    queues: list[QueueControl]
+
+
 class ScheduleControl(BaseModel):
     schedule_id: str
     paused: bool

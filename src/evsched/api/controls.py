@@ -1,4 +1,4 @@
-"""``/v1/queues/{queue}`` and ``/v1/schedules/{id}`` pause and resume: controls as events.
+"""``/v1/queues`` and ``/v1/schedules/{id}``: declared queues, and pause and resume as events.
 
 A queue's pause goes to every events partition; the answer says how many partitions applied it
 (and how many already had it), read back from this API's replica.
@@ -11,9 +11,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
+from evsched.adapters.kafka.queues import QueueLookupError
 from evsched.api import reader
 from evsched.api.context import Ctx, Writes
-from evsched.api.control_models import ControlRequest, QueueControl, ScheduleControl, Switch
+from evsched.api.control_models import (
+    ControlRequest,
+    QueueControl,
+    QueueList,
+    ScheduleControl,
+    Switch,
+)
 from evsched.api.errors import ApiError
 from evsched.api.responses import READ, WRITE, error
 from evsched.api.writes import SOURCE, NotYetApplied
@@ -48,6 +55,20 @@ async def pause_queue(ctx: Ctx, queue: QueueName, body: ControlRequest) -> Queue
 async def resume_queue(ctx: Ctx, queue: QueueName, body: ControlRequest) -> QueueControl:
     """Lease the queue's due jobs again."""
     return await _queue_control(ctx, QueueResumed, queue, body.reason)
+
+
+@router.get(
+    "/v1/queues",
+    response_model=QueueList,
+    responses={**READ, 503: error("The broker could not list the dispatch topics; retriable.")},
+)
+async def list_queues(ctx: Ctx) -> QueueList:
+    """The declared queues, by name, each with whether it is paused, per events partition."""
+    try:
+        names = await ctx.queues.names()
+    except QueueLookupError as exc:
+        raise ApiError(503, "broker_unavailable", str(exc)) from exc
+    return QueueList(queues=[_queue_view(ctx, name) for name in names])
 
 
 @router.get("/v1/queues/{queue}", response_model=QueueControl, responses=READ)

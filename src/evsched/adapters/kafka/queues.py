@@ -30,6 +30,10 @@ class QueueCatalog(Protocol):
 
     async def declared(self, queue: str) -> bool: ...
 
+    async def names(self) -> list[str]:
+        """Every declared queue, sorted by name."""
+        ...
+
 
 class KafkaQueues:
     """Declared queues read from the cluster's topic list, cached.
@@ -60,6 +64,14 @@ class KafkaQueues:
                 self._listed_at = monotonic_s()
         return topic in self._known
 
+    async def names(self) -> list[str]:
+        async with self._lock:
+            if self._listed_at is None or monotonic_s() - self._listed_at >= self._refresh_s:
+                self._known = await self._list()
+                self._listed_at = monotonic_s()
+        prefix = self._topics.dispatch_prefix
+        return sorted(t[len(prefix) :] for t in self._known if t.startswith(prefix))
+
     async def _list(self) -> set[str]:
         admin = AIOKafkaAdminClient(
             bootstrap_servers=self._settings.bootstrap,
@@ -86,6 +98,9 @@ class FixedQueues:
 
     async def declared(self, queue: str) -> bool:
         return queue in self._queues
+
+    async def names(self) -> list[str]:
+        return sorted(self._queues)
 
 
 def undeclared(queue: str) -> str:

@@ -104,7 +104,12 @@ class Topics:
 
     def dispatch(self, queue: str) -> str:
         _check_name_part(queue_refusal(queue))
-        return f"{self.namespace}.dispatch.{queue}"
+        return f"{self.dispatch_prefix}{queue}"
+
+    @property
+    def dispatch_prefix(self) -> str:
+        """What every dispatch topic's name starts with; the queue's name follows it."""
+        return f"{self.namespace}.dispatch."
 
     @property
     def node_group(self) -> str:
