@@ -38,13 +38,12 @@ from evsched.commands import (
 )
 from evsched.core.events import (
     Event,
+    EventTimeline,
     JobCancelled,
     JobEnqueued,
     JobRequeued,
     RetryPolicy,
     ScheduleDeleted,
-    SchedulePaused,
-    ScheduleResumed,
     ScheduleUpserted,
     entity_id,
 )
@@ -98,9 +97,7 @@ class Writer:
         appended = await self.send(self._publish(event), entity, location)
         if isinstance(event, JobEnqueued):
             self.metrics.enqueue_latency.observe(monotonic_s() - started)
-        schedule = isinstance(
-            event, ScheduleUpserted | ScheduleDeleted | SchedulePaused | ScheduleResumed
-        )
+        schedule = event.timeline is EventTimeline.SCHEDULE
         deadline = started + self.wait_timeout_s
         entry = await self.entry_at(entity, appended, deadline, schedule=schedule)
         if entry is None:

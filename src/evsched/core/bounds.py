@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from typing import assert_never
 
 from evsched.core import unique
 from evsched.core.events import (
@@ -19,8 +20,12 @@ from evsched.core.events import (
     AttemptStarted,
     AttemptSucceeded,
     ChildRegistered,
+    ControlEvent,
     Event,
+    EventFamily,
+    EventTimeline,
     JobEnqueued,
+    JobEvent,
     JobLeased,
     JobPurged,
     JobRequeued,
@@ -32,14 +37,10 @@ from evsched.core.events import (
     PermitGranted,
     PermitRequested,
     QueueLimitSet,
-    QueuePaused,
     QueuePermit,
-    QueueResumed,
     RetryPolicy,
     ScheduleDeleted,
     ScheduleFired,
-    SchedulePaused,
-    ScheduleResumed,
     ScheduleUpserted,
 )
 from evsched.core.failures import MAX_TRACEBACK_CHARS, category_refusal
@@ -104,23 +105,27 @@ _RANDOM_CRON_FIELD = re.compile(r"[HhRr](\(\d+-\d+\))?(/\d+)?")
 
 def refusal(event: Event) -> str | None:
     """Why the fold must refuse ``event`` (a field breaks its documented bound), or None."""
-    match event:
-        case ScheduleUpserted() | ScheduleDeleted() | ScheduleFired():
-            return _first(id_refusal("event_id", event.event_id), _schedule_refusal(event))
-        case QueuePaused() | QueueResumed():
-            return _first(id_refusal("event_id", event.event_id), queue_refusal(event.queue))
-        case QueueLimitSet() | KeyLimitSet() | QueuePermit() | PermitRequested() | PermitGranted():
-            return _first(id_refusal("event_id", event.event_id), _permit_refusal(event))
-        case SchedulePaused() | ScheduleResumed():
-            return _first(
-                id_refusal("event_id", event.event_id), id_refusal("schedule_id", event.schedule_id)
-            )
-        case _:
+    match event.family:
+        case EventFamily.JOB:
             return _first(
                 id_refusal("event_id", event.event_id),
                 id_refusal("job_id", event.job_id),
                 _job_refusal(event),
             )
+        case EventFamily.SCHEDULE:
+            return _first(id_refusal("event_id", event.event_id), _schedule_refusal(event))
+        case EventFamily.CONTROL:
+            return _first(id_refusal("event_id", event.event_id), _control_refusal(event))
+        case EventFamily.LIMIT | EventFamily.PERMIT:
+            return _first(id_refusal("event_id", event.event_id), _permit_refusal(event))
+        case _:
+            assert_never(event.family)
+
+
+def _control_refusal(event: ControlEvent) -> str | None:
+    if event.timeline is EventTimeline.QUEUE:
+        return queue_refusal(event.queue)
+    return id_refusal("schedule_id", event.schedule_id)
 
 
 def _permit_refusal(
@@ -168,7 +173,7 @@ def _first(*reasons: str | None) -> str | None:
     return next((r for r in reasons if r is not None), None)
 
 
-def _job_refusal(event: Event) -> str | None:
+def _job_refusal(event: JobEvent) -> str | None:
     match event:
         case JobEnqueued():
             return _enqueued_refusal(event)

@@ -16,11 +16,11 @@ from evsched.core import bounds
 from evsched.core.entries import judged
 from evsched.core.events import (
     ControlEvent,
+    EventTimeline,
     JobEvent,
     JobLeased,
     Position,
     QueuePaused,
-    QueueResumed,
     ScheduleEvent,
     ScheduleFired,
     SchedulePaused,
@@ -49,7 +49,7 @@ class ControlState:
 
 def target_of(event: ControlEvent) -> tuple[Target, str]:
     """What ``event`` controls: ("queue", name) or ("schedule", id)."""
-    if isinstance(event, QueuePaused | QueueResumed):
+    if event.timeline is EventTimeline.QUEUE:
         return QUEUE, event.queue
     return SCHEDULE, event.schedule_id
 

@@ -2,13 +2,36 @@
 
 Times are integers in epoch milliseconds (UTC) everywhere; durations carry their unit in the name.
 These are the *current* shapes; older writer schemas are upcast by the Avro adapter before the core
-ever sees them.
+ever sees them. Each kind declares, once, its family (the fold that judges it) and its timeline
+(the entity whose timeline keeps it): every router reads those, see core.routing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from enum import Enum
+from typing import ClassVar, Literal, TypeAlias, assert_never, get_args
+
+
+class EventFamily(Enum):
+    """The fold that judges an event; a family's kinds are the members of its union below."""
+
+    JOB = "job"  # JobEvent: the job fold (core.fold)
+    SCHEDULE = "schedule"  # ScheduleEvent: the schedule fold (core.schedules)
+    CONTROL = "control"  # ControlEvent: pauses and resumes (core.controls)
+    LIMIT = "limit"  # LimitEvent: a limit's settings and permit steps at its home (core.permits)
+    PERMIT = "permit"  # PermitEvent: a job's permit asked for and granted (core.permits)
+
+
+class EventTimeline(Enum):
+    """Whose timeline keeps an event: the kind of entity ``entity_id`` names (the index keys each
+    under a family byte of its own, adapters.index.keys)."""
+
+    JOB = "job"
+    SCHEDULE = "schedule"
+    QUEUE = "queue"  # a queue's (or a concurrency key's) pauses and limit settings
+    # A limit's permit steps: apart from its settings, which time travel and ``--wait`` read whole.
+    PERMIT = "permit"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +79,9 @@ class Position:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobEnqueued:
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
     event_id: str
     job_id: str
     emitted_at: int
@@ -89,6 +115,9 @@ class JobEnqueued:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobCancelled:
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
     event_id: str
     job_id: str
     emitted_at: int
@@ -105,6 +134,9 @@ class JobLeased:
     it: the worker holds the dispatch and starts at ``run_at``, and ``lease_ms`` counts from then.
     """
 
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
     event_id: str
     job_id: str
     emitted_at: int
@@ -118,6 +150,9 @@ class JobLeased:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptStarted:
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
     event_id: str
     job_id: str
     emitted_at: int
@@ -130,6 +165,9 @@ class AttemptStarted:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseRenewed:
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
     event_id: str
     job_id: str
     emitted_at: int
@@ -141,6 +179,9 @@ class LeaseRenewed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptCheckpointed:
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
     event_id: str
     job_id: str
     emitted_at: int
@@ -152,6 +193,9 @@ class AttemptCheckpointed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptSucceeded:
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
     event_id: str
     job_id: str
     emitted_at: int
@@ -164,6 +208,9 @@ class AttemptSucceeded:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptFailed:
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
     event_id: str
     job_id: str
     emitted_at: int
@@ -180,6 +227,9 @@ class AttemptFailed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseExpired:
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
     event_id: str
     job_id: str
     emitted_at: int
@@ -195,6 +245,9 @@ class JobRequeued:
     With ``rerun`` (fold version 3) a succeeded job may go back too, to run again; with
     ``rewait`` (fold version 5) a workflow's child goes back to waiting on its parents.
     """
+
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
 
     event_id: str
     job_id: str
@@ -212,6 +265,9 @@ class JobRequeued:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobPurged:
     """A node removes run ``generation`` of a terminal job whose retention ran out in log time."""
+
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
 
     event_id: str
     job_id: str
@@ -231,6 +287,9 @@ class ChildRegistered:
     The parent's node answers with a ParentResolved once the parent ends (at once if it has).
     """
 
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
     event_id: str
     job_id: str
     emitted_at: int
@@ -246,6 +305,9 @@ class ParentResolved:
     Written by the parent's node in the transaction of its fold of the parent's accepted end;
     ``parent_partition``/``parent_offset`` is the record whose fold released it.
     """
+
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
 
     event_id: str
     job_id: str
@@ -278,6 +340,9 @@ class JobTemplate:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleUpserted:
+    family: ClassVar[Literal[EventFamily.SCHEDULE]] = EventFamily.SCHEDULE
+    timeline: ClassVar[Literal[EventTimeline.SCHEDULE]] = EventTimeline.SCHEDULE
+
     event_id: str
     schedule_id: str
     emitted_at: int
@@ -294,6 +359,9 @@ class ScheduleUpserted:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleDeleted:
+    family: ClassVar[Literal[EventFamily.SCHEDULE]] = EventFamily.SCHEDULE
+    timeline: ClassVar[Literal[EventTimeline.SCHEDULE]] = EventTimeline.SCHEDULE
+
     event_id: str
     schedule_id: str
     emitted_at: int
@@ -304,6 +372,9 @@ class ScheduleDeleted:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleFired:
     """A node fired the slot ``fire_at``; written in one transaction with the job's JobEnqueued."""
+
+    family: ClassVar[Literal[EventFamily.SCHEDULE]] = EventFamily.SCHEDULE
+    timeline: ClassVar[Literal[EventTimeline.SCHEDULE]] = EventTimeline.SCHEDULE
 
     event_id: str
     schedule_id: str
@@ -325,6 +396,9 @@ class ScheduleFired:
 class QueuePaused:
     """No new leases on ``queue``; written to every events partition, each owner keeps it."""
 
+    family: ClassVar[Literal[EventFamily.CONTROL]] = EventFamily.CONTROL
+    timeline: ClassVar[Literal[EventTimeline.QUEUE]] = EventTimeline.QUEUE
+
     event_id: str
     queue: str
     emitted_at: int
@@ -335,6 +409,9 @@ class QueuePaused:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueueResumed:
+    family: ClassVar[Literal[EventFamily.CONTROL]] = EventFamily.CONTROL
+    timeline: ClassVar[Literal[EventTimeline.QUEUE]] = EventTimeline.QUEUE
+
     event_id: str
     queue: str
     emitted_at: int
@@ -347,6 +424,9 @@ class QueueResumed:
 class SchedulePaused:
     """No slot of the schedule fires while it is paused."""
 
+    family: ClassVar[Literal[EventFamily.CONTROL]] = EventFamily.CONTROL
+    timeline: ClassVar[Literal[EventTimeline.SCHEDULE]] = EventTimeline.SCHEDULE
+
     event_id: str
     schedule_id: str
     emitted_at: int
@@ -358,6 +438,9 @@ class SchedulePaused:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleResumed:
     """Slots fire again; of those missed while paused, at most the latest fires."""
+
+    family: ClassVar[Literal[EventFamily.CONTROL]] = EventFamily.CONTROL
+    timeline: ClassVar[Literal[EventTimeline.SCHEDULE]] = EventTimeline.SCHEDULE
 
     event_id: str
     schedule_id: str
@@ -379,6 +462,9 @@ class QueueLimitSet:
     such window (of log time). The partition of the queue's name is its home: it grants permits.
     """
 
+    family: ClassVar[Literal[EventFamily.LIMIT]] = EventFamily.LIMIT
+    timeline: ClassVar[Literal[EventTimeline.QUEUE]] = EventTimeline.QUEUE
+
     event_id: str
     queue: str
     emitted_at: int
@@ -394,6 +480,9 @@ class QueueLimitSet:
 class KeyLimitSet:
     """A concurrency key's global limits, as ``QueueLimitSet`` for a queue: they hold for every
     job whose ``concurrency_key`` is ``key``, whatever its queue; home: the key's partition."""
+
+    family: ClassVar[Literal[EventFamily.LIMIT]] = EventFamily.LIMIT
+    timeline: ClassVar[Literal[EventTimeline.QUEUE]] = EventTimeline.QUEUE
 
     event_id: str
     key: str
@@ -411,6 +500,9 @@ class PermitRequested:
     """A node proposes that a due job asks a limit's home for a permit: the limit of its queue,
     or of its concurrency key when ``key`` is set."""
 
+    family: ClassVar[Literal[EventFamily.PERMIT]] = EventFamily.PERMIT
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
     event_id: str
     job_id: str
     emitted_at: int
@@ -425,6 +517,9 @@ class PermitRequested:
 class PermitGranted:
     """A limit's home granted the job a permit: once it holds all it needs, it may be leased."""
 
+    family: ClassVar[Literal[EventFamily.PERMIT]] = EventFamily.PERMIT
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
     event_id: str
     job_id: str
     emitted_at: int
@@ -438,6 +533,9 @@ class PermitGranted:
 class QueuePermit:
     """A permit's step on a limit's home partition: ``action`` request, grant or release; the
     limit is the queue's, or the concurrency key's when ``key`` is set."""
+
+    family: ClassVar[Literal[EventFamily.LIMIT]] = EventFamily.LIMIT
+    timeline: ClassVar[Literal[EventTimeline.PERMIT]] = EventTimeline.PERMIT
 
     event_id: str
     queue: str
@@ -471,41 +569,13 @@ LimitEvent: TypeAlias = QueueLimitSet | KeyLimitSet | QueuePermit
 PermitEvent: TypeAlias = PermitRequested | PermitGranted
 Event: TypeAlias = JobEvent | ScheduleEvent | ControlEvent | LimitEvent | PermitEvent
 
-JOB_EVENT_TYPES: tuple[type[JobEvent], ...] = (
-    JobEnqueued,
-    JobCancelled,
-    JobLeased,
-    AttemptStarted,
-    LeaseRenewed,
-    AttemptCheckpointed,
-    AttemptSucceeded,
-    AttemptFailed,
-    LeaseExpired,
-    JobRequeued,
-    JobPurged,
-    ChildRegistered,
-    ParentResolved,
-)
-SCHEDULE_EVENT_TYPES: tuple[type[ScheduleEvent], ...] = (
-    ScheduleUpserted,
-    ScheduleDeleted,
-    ScheduleFired,
-)
-CONTROL_EVENT_TYPES: tuple[type[ControlEvent], ...] = (
-    QueuePaused,
-    QueueResumed,
-    SchedulePaused,
-    ScheduleResumed,
-)
-LIMIT_EVENT_TYPES: tuple[type[LimitEvent], ...] = (QueueLimitSet, KeyLimitSet, QueuePermit)
-PERMIT_EVENT_TYPES: tuple[type[PermitEvent], ...] = (PermitRequested, PermitGranted)
-EVENT_TYPES: tuple[type[Event], ...] = (
-    JOB_EVENT_TYPES
-    + SCHEDULE_EVENT_TYPES
-    + CONTROL_EVENT_TYPES
-    + LIMIT_EVENT_TYPES
-    + PERMIT_EVENT_TYPES
-)
+# Drawn from the unions, in their order: a kind added to its family's union is in every table.
+JOB_EVENT_TYPES: tuple[type[JobEvent], ...] = get_args(JobEvent)
+SCHEDULE_EVENT_TYPES: tuple[type[ScheduleEvent], ...] = get_args(ScheduleEvent)
+CONTROL_EVENT_TYPES: tuple[type[ControlEvent], ...] = get_args(ControlEvent)
+LIMIT_EVENT_TYPES: tuple[type[LimitEvent], ...] = get_args(LimitEvent)
+PERMIT_EVENT_TYPES: tuple[type[PermitEvent], ...] = get_args(PermitEvent)
+EVENT_TYPES: tuple[type[Event], ...] = get_args(Event)
 
 
 # A concurrency key's limit is named (and its events keyed) ``key:<key>``; no queue has a colon.
@@ -514,20 +584,21 @@ KEY_PREFIX = "key:"
 
 def entity_id(event: Event) -> str:
     """The key an event is partitioned and indexed by: the job id, schedule id or queue name."""
-    match event:
-        case (
-            ScheduleUpserted()
-            | ScheduleDeleted()
-            | ScheduleFired()
-            | SchedulePaused()
-            | ScheduleResumed()
-        ):
-            return event.schedule_id
-        case QueuePaused() | QueueResumed() | QueueLimitSet():
-            return event.queue
-        case KeyLimitSet():
-            return KEY_PREFIX + event.key
-        case QueuePermit():
-            return event.queue if event.key is None else KEY_PREFIX + event.key
-        case _:
+    match event.timeline:
+        case EventTimeline.JOB:
             return event.job_id
+        case EventTimeline.SCHEDULE:
+            return event.schedule_id
+        case EventTimeline.QUEUE | EventTimeline.PERMIT:
+            return _limit_id(event)
+        case _:
+            assert_never(event.timeline)
+
+
+def _limit_id(event: QueuePaused | QueueResumed | LimitEvent) -> str:
+    """A queue's name, or ``key:<key>`` for a concurrency key's limit and its permit steps."""
+    if isinstance(event, KeyLimitSet):
+        return KEY_PREFIX + event.key
+    if isinstance(event, QueuePermit) and event.key is not None:
+        return KEY_PREFIX + event.key
+    return event.queue

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from evsched.core import retry
 from evsched.core.controls import (
@@ -28,27 +29,19 @@ from evsched.core.events import (
     AttemptFailed,
     AttemptStarted,
     AttemptSucceeded,
+    ControlEvent,
     Event,
+    EventFamily,
     JobEnqueued,
     JobEvent,
     JobLeased,
     JobRequeued,
-    KeyLimitSet,
     LeaseExpired,
-    PermitGranted,
-    PermitRequested,
+    LimitEvent,
+    PermitEvent,
     Position,
-    QueueLimitSet,
-    QueuePaused,
-    QueuePermit,
-    QueueResumed,
     RetryPolicy,
-    ScheduleDeleted,
-    ScheduleFired,
-    SchedulePaused,
-    ScheduleResumed,
-    ScheduleUpserted,
-    entity_id,
+    ScheduleEvent,
 )
 from evsched.core.fold import fold
 from evsched.core.invariants_workflows import RELEASED_ONCE_BY_AN_ACCEPTED_END, Releases
@@ -138,15 +131,22 @@ class Replay:
 
     def feed(self, event: Event, position: Position) -> TimelineEntry:
         """Fold one event into its entity's state, record its timeline entry, check it."""
-        key = entity_id(event)
-        if isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
-            return self._feed_schedule(key, event, position)
-        if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
-            return self._feed_control(event, position)
-        if isinstance(event, QueueLimitSet | KeyLimitSet | QueuePermit):
-            return self._feed_limit(event, position)
-        if isinstance(event, PermitRequested | PermitGranted):
-            return self._feed_permit(key, event, position)
+        match event.family:
+            case EventFamily.JOB:
+                return self._feed_job(event, position)
+            case EventFamily.SCHEDULE:
+                return self._feed_schedule(event, position)
+            case EventFamily.CONTROL:
+                return self._feed_control(event, position)
+            case EventFamily.LIMIT:
+                return self._feed_limit(event, position)
+            case EventFamily.PERMIT:
+                return self._feed_permit(event, position)
+            case _:
+                assert_never(event.family)
+
+    def _feed_job(self, event: JobEvent, position: Position) -> TimelineEntry:
+        key = event.job_id
         before = self.jobs.get(key)
         after, entry = fold_job(
             before, event, position, self.paused(position.partition, QUEUE), self.fold_job
@@ -168,12 +168,8 @@ class Replay:
             self.violations.extend(_audit(account, before, event, position, after))
         return entry
 
-    def _feed_schedule(
-        self,
-        key: str,
-        event: ScheduleUpserted | ScheduleDeleted | ScheduleFired,
-        position: Position,
-    ) -> TimelineEntry:
+    def _feed_schedule(self, event: ScheduleEvent, position: Position) -> TimelineEntry:
+        key = event.schedule_id
         paused = key in self.paused(position.partition, SCHEDULE)
         after, entry = fold_schedule_guarded(
             self.schedules.get(key), event, position, paused=paused
@@ -187,11 +183,7 @@ class Replay:
         """The queues (or schedules) paused on ``partition`` as the history stands."""
         return self._paused.get((partition, target), set())
 
-    def _feed_control(
-        self,
-        event: QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed,
-        position: Position,
-    ) -> TimelineEntry:
+    def _feed_control(self, event: ControlEvent, position: Position) -> TimelineEntry:
         target, name = target_of(event)
         key = (position.partition, target, name)
         exists = target_exists(target, self.schedules.get(name))
@@ -202,9 +194,7 @@ class Replay:
             (paused.add if after.paused else paused.discard)(name)
         return entry
 
-    def _feed_limit(
-        self, event: QueueLimitSet | KeyLimitSet | QueuePermit, position: Position
-    ) -> TimelineEntry:
+    def _feed_limit(self, event: LimitEvent, position: Position) -> TimelineEntry:
         key = (position.partition, limit_name(event))
         after, entry, _ = fold_limit(self.limits.get(key), event, position)
         if after is not None:
@@ -212,9 +202,8 @@ class Replay:
         self.limit_verdicts[position.partition, position.offset] = entry.verdict
         return entry
 
-    def _feed_permit(
-        self, key: str, event: PermitRequested | PermitGranted, position: Position
-    ) -> TimelineEntry:
+    def _feed_permit(self, event: PermitEvent, position: Position) -> TimelineEntry:
+        key = event.job_id
         job = self.jobs.get(key)
         limit_key = (position.partition, limit_name(event))
         after, entry, _ = fold_permit(self.limits.get(limit_key), job, event, position)

@@ -21,16 +21,15 @@ from evsched.adapters.kafka.partition_log import KafkaPartitionLog, partition_fo
 from evsched.adapters.kafka.topics import Topics, partition_count
 from evsched.core.controls import target_of
 from evsched.core.events import (
-    CONTROL_EVENT_TYPES,
-    LIMIT_EVENT_TYPES,
+    EventFamily,
+    EventTimeline,
     Position,
     QueuePaused,
-    QueueResumed,
     SchedulePaused,
-    ScheduleResumed,
     entity_id,
 )
 from evsched.core.invariants import Replay
+from evsched.core.routing import kinds
 from evsched.core.state import TimelineEntry, Verdict
 from evsched.errors import DecodeError, RestoreRefused
 from evsched.operator.audit import Audit, audit_of
@@ -42,7 +41,7 @@ from evsched.settings import Settings
 FETCH_RECORDS = 10_000
 READ_WAIT_S = 0.5
 # Queue and schedule controls and queue limits decide later verdicts of any job's events.
-_CONTROL_KINDS = frozenset(cls.__name__ for cls in (*CONTROL_EVENT_TYPES, *LIMIT_EVENT_TYPES))
+_CONTROL_KINDS = kinds(EventFamily.CONTROL, EventFamily.LIMIT)
 
 
 class ArchiveThenLog:
@@ -262,11 +261,11 @@ def _timeline(
             continue
         position = Position(partition=logged.partition, offset=logged.offset, log_at=logged.log_at)
         entry = replay.feed(event, position)
-        if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
+        if event.family is EventFamily.CONTROL:
             if entry.verdict is Verdict.APPLIED:
                 on = isinstance(event, QueuePaused | SchedulePaused)
                 switches.setdefault(target_of(event), []).append((logged.offset, on))
-            if isinstance(event, QueuePaused | QueueResumed):
+            if event.timeline is EventTimeline.QUEUE:
                 continue  # a queue's pauses are on its own timeline, never a job's
         if entity_id(event) == entity:
             stored.append((entry, logged.value))

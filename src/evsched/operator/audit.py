@@ -8,23 +8,10 @@ after every event (for the human readings), and the state as of any offset (time
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import assert_never
 
 from evsched.adapters.index.store import PartitionIndex
-from evsched.core.events import (
-    AttemptFailed,
-    KeyLimitSet,
-    PermitGranted,
-    PermitRequested,
-    QueueLimitSet,
-    QueuePaused,
-    QueuePermit,
-    QueueResumed,
-    ScheduleDeleted,
-    ScheduleFired,
-    SchedulePaused,
-    ScheduleResumed,
-    ScheduleUpserted,
-)
+from evsched.core.events import AttemptFailed, EventFamily
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 from evsched.errors import DecodeError
 from evsched.operator.readings import (
@@ -148,17 +135,18 @@ def _refold(
     except DecodeError as exc:  # not expected: the index stores only events that decoded
         return state, AuditRow(entry=entry, reading=exc.reason, refolded=Verdict.UNDECODABLE)
     event, before, after = done.event, done.before, done.after
-    if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
-        text = control_reading(entry, event, held=before is not None)
-    elif isinstance(
-        event, QueueLimitSet | KeyLimitSet | QueuePermit | PermitRequested | PermitGranted
-    ):
-        text = permit_reading(entry)
-    elif isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
-        assert not isinstance(before, JobState) and not isinstance(after, JobState)
-        text = schedule_reading(entry, event, before, after)
-    else:
-        assert not isinstance(before, ScheduleState) and not isinstance(after, ScheduleState)
-        text = job_reading(entry, event, before, after)
+    match event.family:
+        case EventFamily.JOB:
+            assert not isinstance(before, ScheduleState) and not isinstance(after, ScheduleState)
+            text = job_reading(entry, event, before, after)
+        case EventFamily.SCHEDULE:
+            assert not isinstance(before, JobState) and not isinstance(after, JobState)
+            text = schedule_reading(entry, event, before, after)
+        case EventFamily.CONTROL:
+            text = control_reading(entry, event, held=before is not None)
+        case EventFamily.LIMIT | EventFamily.PERMIT:
+            text = permit_reading(entry)
+        case _:
+            assert_never(event.family)
     traceback = event.traceback if isinstance(event, AttemptFailed) else None
     return after, AuditRow(entry=entry, reading=text, refolded=done.verdict, traceback=traceback)

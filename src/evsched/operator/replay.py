@@ -14,18 +14,12 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from evsched.adapters import avro
 from evsched.adapters.archive.history_file import LoggedEvent
 from evsched.core.controls import ControlState, target_of
-from evsched.core.events import (
-    CONTROL_EVENT_TYPES,
-    LIMIT_EVENT_TYPES,
-    SCHEDULE_EVENT_TYPES,
-    Position,
-    entity_id,
-)
+from evsched.core.events import ControlEvent, EventFamily, Position, entity_id
 from evsched.core.fold import FOLD_VERSION, fold
 from evsched.core.invariants import JobFold, Replay, Violation
 from evsched.core.permits import LimitState, limit_name
@@ -141,27 +135,36 @@ def fold_history(events: Iterable[LoggedEvent], *, fold_job: JobFold = fold) -> 
         entry = replay.feed(event, position)
         key = entity_id(event)
         head = [logged.partition, logged.offset, entry.kind, entry.verdict.value]
-        if isinstance(event, CONTROL_EVENT_TYPES):
-            target, name = target_of(event)
-            control_key = control_name(target, name, logged.partition)
-            state = replay.controls.get((logged.partition, target, name))
-            outcome.controls.setdefault(control_key, []).append(
-                [*head, None if state is None else state.paused]
-            )
-            if state is not None:
-                outcome.control_states[control_key] = state
-        elif isinstance(event, LIMIT_EVENT_TYPES):
-            _limit_row(outcome, replay, head, limit_name(event), logged.partition)
-        elif isinstance(event, SCHEDULE_EVENT_TYPES):
-            outcome.schedules.setdefault(key, []).append(
-                head + _schedule_row(replay.schedules.get(key))
-            )
-        else:
-            outcome.jobs.setdefault(key, []).append(head + _job_row(replay.jobs.get(key)))
+        match event.family:
+            case EventFamily.JOB | EventFamily.PERMIT:
+                outcome.jobs.setdefault(key, []).append(head + _job_row(replay.jobs.get(key)))
+            case EventFamily.SCHEDULE:
+                outcome.schedules.setdefault(key, []).append(
+                    head + _schedule_row(replay.schedules.get(key))
+                )
+            case EventFamily.CONTROL:
+                _control_row(outcome, replay, head, event, logged.partition)
+            case EventFamily.LIMIT:
+                _limit_row(outcome, replay, head, limit_name(event), logged.partition)
+            case _:
+                assert_never(event.family)
     outcome.job_states = replay.jobs
     outcome.schedule_states = replay.schedules
     outcome.violations = replay.finish().violations
     return outcome
+
+
+def _control_row(
+    outcome: Outcome, replay: Replay, head: list[Any], event: ControlEvent, partition: int
+) -> None:
+    target, name = target_of(event)
+    control_key = control_name(target, name, partition)
+    state = replay.controls.get((partition, target, name))
+    outcome.controls.setdefault(control_key, []).append(
+        [*head, None if state is None else state.paused]
+    )
+    if state is not None:
+        outcome.control_states[control_key] = state
 
 
 def _limit_row(

@@ -6,15 +6,10 @@ See projections/README.md for every column family's keys.
 from __future__ import annotations
 
 import struct
+from typing import assert_never
 
-from evsched.core.events import (
-    CONTROL_EVENT_TYPES,
-    LIMIT_EVENT_TYPES,
-    SCHEDULE_EVENT_TYPES,
-    QueuePaused,
-    QueuePermit,
-    QueueResumed,
-)
+from evsched.core.events import EventTimeline
+from evsched.core.routing import timeline_of_kind
 from evsched.core.state import JobState
 
 JOBS, DUE, LEASES, TIMELINE, KEYS = "jobs", "due", "leases", "timeline", "keys"
@@ -34,24 +29,24 @@ JOB_TIMELINE, SCHEDULE_TIMELINE, QUEUE_TIMELINE = b"j", b"s", b"q"
 # limit's name. Not on the queue timeline (fold version 7): a busy limit's home makes millions
 # of them a week, and the readers of pauses and settings (time travel, ``--wait``) scan that one.
 PERMIT_TIMELINE = b"p"
-_PERMIT_KIND = QueuePermit.__name__
-# A queue's pauses and its limits' settings (core.permits: a key's limit sits there too).
-_QUEUE_KINDS = frozenset(
-    cls.__name__ for cls in (QueuePaused, QueueResumed, *LIMIT_EVENT_TYPES)
-) - {_PERMIT_KIND}
-_SCHEDULE_KINDS = (
-    frozenset(cls.__name__ for cls in SCHEDULE_EVENT_TYPES + CONTROL_EVENT_TYPES) - _QUEUE_KINDS
-)
 
 
 def timeline_family(kind: str) -> bytes:
     """Under which first byte a timeline entry of event ``kind`` is keyed (job, schedule, queue,
-    a limit's permit steps)."""
-    if kind == _PERMIT_KIND:
-        return PERMIT_TIMELINE
-    if kind in _SCHEDULE_KINDS:
-        return SCHEDULE_TIMELINE
-    return QUEUE_TIMELINE if kind in _QUEUE_KINDS else JOB_TIMELINE
+    a limit's permit steps): its event class's ``timeline`` (core.routing)."""
+    timeline = timeline_of_kind(kind)
+    match timeline:
+        case EventTimeline.JOB:
+            return JOB_TIMELINE
+        case EventTimeline.SCHEDULE:
+            return SCHEDULE_TIMELINE
+        case EventTimeline.QUEUE:
+            # A queue's pauses and its limits' settings (core.permits: a key's limit sits there).
+            return QUEUE_TIMELINE
+        case EventTimeline.PERMIT:
+            return PERMIT_TIMELINE
+        case _:
+            assert_never(timeline)
 
 
 def _id(value: str) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from evsched.adapters import avro
 from evsched.adapters.index.keys import timeline_family
@@ -31,23 +32,14 @@ from evsched.core.events import (
     ControlEvent,
     Effect,
     Event,
+    EventFamily,
     JobEvent,
-    KeyLimitSet,
     LimitEvent,
     ParentResolved,
     PermitEvent,
-    PermitGranted,
-    PermitRequested,
     Position,
-    QueueLimitSet,
-    QueuePaused,
     QueuePermit,
-    QueueResumed,
-    ScheduleDeleted,
-    ScheduleFired,
-    SchedulePaused,
-    ScheduleResumed,
-    ScheduleUpserted,
+    ScheduleEvent,
 )
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.permits import (
@@ -103,23 +95,6 @@ class Folded:
     # Filled only when the projector has an ``on_commit`` hook.
     observed: list[FoldedEvent] = field(default_factory=list)
 
-
-# What _fold_one sends elsewhere: a tuple made once (a union written in the assert built one
-# per folded event).
-_NOT_JOB_EVENTS = (
-    ScheduleUpserted,
-    ScheduleDeleted,
-    ScheduleFired,
-    QueuePaused,
-    QueueResumed,
-    SchedulePaused,
-    ScheduleResumed,
-    QueueLimitSet,
-    KeyLimitSet,
-    QueuePermit,
-    PermitRequested,
-    PermitGranted,
-)
 
 # Committed job states kept decoded per partition: most events touch a job that a recent batch
 # wrote (lease, start, success follow the enqueue within moments), and reading those back from
@@ -253,20 +228,21 @@ class Projector:
             self._judged(out, FoldedEvent(entry))
             return
         out.seen_event_ids.add(event.event_id)
-        match event:
-            case ScheduleUpserted() | ScheduleDeleted() | ScheduleFired():
+        match event.family:
+            case EventFamily.JOB:
+                self._fold_job(event, position, out, raw)
+            case EventFamily.SCHEDULE:
                 self._fold_schedule(event, position, out, raw)
-            case QueuePaused() | QueueResumed() | SchedulePaused() | ScheduleResumed():
+            case EventFamily.CONTROL:
                 self._fold_control(event, position, out, raw)
-            case QueueLimitSet() | KeyLimitSet() | QueuePermit():
+            case EventFamily.LIMIT:
                 self._fold_limit(event, position, out, raw)
-            case PermitRequested() | PermitGranted():
+            case EventFamily.PERMIT:
                 self._fold_permit(event, position, out, raw)
             case _:
-                self._fold_job(event, position, out, raw)
+                assert_never(event.family)
 
-    def _fold_job(self, event: Event, position: Position, out: Folded, raw: bytes) -> None:
-        assert not isinstance(event, _NOT_JOB_EVENTS)
+    def _fold_job(self, event: JobEvent, position: Position, out: Folded, raw: bytes) -> None:
         before = self.job(event.job_id, out)
         after, entry = fold_job(before, event, position, self.paused(QUEUE, out))
         if (self.limits or out.batch.limits) and before is not None:
@@ -316,11 +292,7 @@ class Projector:
         batch.jobs.pop(job_id, None)
 
     def _fold_schedule(
-        self,
-        event: ScheduleUpserted | ScheduleDeleted | ScheduleFired,
-        position: Position,
-        out: Folded,
-        raw: bytes,
+        self, event: ScheduleEvent, position: Position, out: Folded, raw: bytes
     ) -> None:
         before = self.schedule(event.schedule_id, out)
         paused = event.schedule_id in self.paused(SCHEDULE, out)

@@ -10,29 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import assert_never
 
 from evsched.adapters import avro
 from evsched.adapters.index.store import PartitionIndex
 from evsched.core.controls import QUEUE, SCHEDULE, fold_job, fold_schedule_guarded
 from evsched.core.events import (
-    CONTROL_EVENT_TYPES,
     Event,
+    EventFamily,
+    JobEvent,
     JobLeased,
     JobPurged,
-    KeyLimitSet,
-    PermitGranted,
-    PermitRequested,
     Position,
-    QueueLimitSet,
     QueuePaused,
-    QueuePermit,
-    QueueResumed,
-    ScheduleDeleted,
     ScheduleFired,
     SchedulePaused,
-    ScheduleResumed,
-    ScheduleUpserted,
 )
+from evsched.core.routing import kinds
 from evsched.core.state import JobState, ScheduleState, TimelineEntry, Verdict
 
 State = JobState | ScheduleState
@@ -63,33 +57,42 @@ def refold(
     """
     event = avro.decode_event(raw)
     position = Position(partition=entry.partition, offset=entry.offset, log_at=entry.log_at)
-    if isinstance(event, QueuePaused | QueueResumed | SchedulePaused | ScheduleResumed):
+    match event.family:
+        case EventFamily.JOB:
+            return _refold_job(state, event, entry, position, paused)
+        case EventFamily.SCHEDULE:
+            before = state if isinstance(state, ScheduleState) else None
+            held = isinstance(event, ScheduleFired) and paused(
+                SCHEDULE, event.schedule_id, entry.offset
+            )
+            after, judged = fold_schedule_guarded(before, event, position, paused=held)
+            return Refolded(event, before, after, judged.verdict)
+        case EventFamily.CONTROL | EventFamily.LIMIT | EventFamily.PERMIT:
+            # Pauses change no job or schedule state, and permits change the limit's, not the
+            # job's (core.permits): shown as judged.
+            return Refolded(event, state, state, entry.verdict)
+        case _:
+            assert_never(event.family)
+
+
+def _refold_job(
+    state: State | None, event: JobEvent, entry: TimelineEntry, position: Position, paused: PausedAt
+) -> Refolded:
+    if _unpermitted(event, entry):
         return Refolded(event, state, state, entry.verdict)
-    if isinstance(
-        event, QueueLimitSet | KeyLimitSet | QueuePermit | PermitRequested | PermitGranted
-    ) or _unpermitted(event, entry):
-        # Permits change the queue's limit state, not the job's (core.permits): shown as judged.
-        return Refolded(event, state, state, entry.verdict)
-    if isinstance(event, ScheduleUpserted | ScheduleDeleted | ScheduleFired):
-        before_s = state if isinstance(state, ScheduleState) else None
-        held = isinstance(event, ScheduleFired) and paused(
-            SCHEDULE, event.schedule_id, entry.offset
-        )
-        after_s, judged = fold_schedule_guarded(before_s, event, position, paused=held)
-        return Refolded(event, before_s, after_s, judged.verdict)
-    before_j = state if isinstance(state, JobState) else None
-    if isinstance(event, JobPurged) and before_j is None and entry.verdict is Verdict.APPLIED:
+    before = state if isinstance(state, JobState) else None
+    if isinstance(event, JobPurged) and before is None and entry.verdict is Verdict.APPLIED:
         # A purge's own entry outlives the history it ended: there is nothing to fold it on.
         return Refolded(event, None, None, Verdict.APPLIED)
-    queue = before_j.queue if before_j is not None else ""
+    queue = before.queue if before is not None else ""
     held_queues = (
         {queue} if isinstance(event, JobLeased) and paused(QUEUE, queue, entry.offset) else set()
     )
-    after_j, judged = fold_job(before_j, event, position, held_queues)
-    return Refolded(event, before_j, after_j, judged.verdict)
+    after, judged = fold_job(before, event, position, held_queues)
+    return Refolded(event, before, after, judged.verdict)
 
 
-def _unpermitted(event: Event, entry: TimelineEntry) -> bool:
+def _unpermitted(event: JobEvent, entry: TimelineEntry) -> bool:
     """A lease the queue's limit refused (core.permits.guard_job): no job state changed."""
     return (
         isinstance(event, JobLeased)
@@ -121,4 +124,4 @@ def paused_in(index: PartitionIndex) -> PausedAt:
     return paused
 
 
-_CONTROL_KINDS = frozenset(cls.__name__ for cls in CONTROL_EVENT_TYPES)
+_CONTROL_KINDS = kinds(EventFamily.CONTROL)
