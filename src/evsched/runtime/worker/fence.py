@@ -7,7 +7,7 @@ the state the dispatch describes. As soon as the fold says the attempt's token n
 job, ``ended`` is set and ``ctx.is_current()`` turns false. When the job was cancelled, also
 ``cancelled``: ``ctx.cancelled`` turns true and an async handler is cancelled. An attempt that
 lost its lease otherwise (a frozen worker's) is left to finish, as before: its completion is
-stale. See docs/architecture.md ("Following one job") for the cost.
+stale. See docs/design/worker.md ("Following one job") for the cost.
 """
 
 from __future__ import annotations
