@@ -19,9 +19,10 @@ from tests.integration.engine import REPO, Stack, wait_for, wait_path
 from evsched.adapters import avro
 from evsched.adapters.clock import now_ms
 from evsched.client import App
-from evsched.core import cron_policy, ids
+from evsched.core import ids
 from evsched.core.events import JobEnqueued, ScheduleFired
 from evsched.core.invariants import Replay, replay
+from evsched.core.schedule import policy as cron_policy
 from evsched.core.state import ScheduleState, Status, Verdict
 
 EVERY_2S = "* * * * * */2"

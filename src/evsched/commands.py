@@ -17,7 +17,7 @@ from evsched.adapters.avro import encode_event
 from evsched.adapters.kafka.topics import Topics
 from evsched.adapters.payload import NotJson, encode_args
 from evsched.adapters.tracing import InvalidTrace, check_trace
-from evsched.core import bounds, cron, ids, unique
+from evsched.core import bounds, ids, unique
 from evsched.core.events import (
     ControlEvent,
     Event,
@@ -31,6 +31,7 @@ from evsched.core.events import (
     ScheduleUpserted,
     TraceContext,
 )
+from evsched.core.schedule import cron
 from evsched.errors import EncodeError, InvalidEnqueue, InvalidTask
 from evsched.settings import Settings
 

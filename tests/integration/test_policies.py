@@ -13,9 +13,10 @@ import pytest_asyncio
 from replay.scenario_policies import BACKFILL, CATCH_UP, SKIP, UNIQUE_TAG, policies
 from tests.integration.stacks import History, judged_run
 
-from evsched.core import cron_policy, ids
+from evsched.core import ids
 from evsched.core.events import JobEnqueued, ScheduleFired
 from evsched.core.invariants import Replay
+from evsched.core.schedule import policy as cron_policy
 from evsched.core.state import Status, Verdict
 
 pytestmark = [

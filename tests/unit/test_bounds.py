@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from evsched.core import bounds, cron
+from evsched.core import bounds
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
@@ -33,7 +33,8 @@ from evsched.core.events import (
     ScheduleUpserted,
 )
 from evsched.core.fold import fold
-from evsched.core.schedules import fold_schedule
+from evsched.core.schedule import cron
+from evsched.core.schedule.fold import fold_schedule
 from evsched.core.state import JobState, Status, TimelineEntry, Verdict
 
 T0 = 1_735_689_600_000

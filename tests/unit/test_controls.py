@@ -27,7 +27,7 @@ from evsched.core.events import (
 )
 from evsched.core.fold import fold
 from evsched.core.invariants import replay
-from evsched.core.schedules import fold_schedule
+from evsched.core.schedule.fold import fold_schedule
 from evsched.core.state import Status, Verdict
 
 AT = Position(partition=0, offset=5, log_at=1_700_000_000_000)

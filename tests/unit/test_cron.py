@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from evsched.core import cron
+from evsched.core.schedule import cron
 
 PARIS = ZoneInfo("Europe/Paris")
 UTC = ZoneInfo("UTC")

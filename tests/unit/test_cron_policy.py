@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from evsched.core import bounds, cron_policy, ids
+from evsched.core import bounds, ids
 from evsched.core.events import (
     AttemptStarted,
     AttemptSucceeded,
@@ -22,7 +22,8 @@ from evsched.core.events import (
 )
 from evsched.core.fold import fold
 from evsched.core.planner import fire, plan_fires
-from evsched.core.schedules import fold_schedule
+from evsched.core.schedule import policy as cron_policy
+from evsched.core.schedule.fold import fold_schedule
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
 
 MINUTE = 60_000

@@ -10,9 +10,10 @@ import pytest
 import typer
 
 from evsched.commands import build_schedule
-from evsched.core import cron_policy, ids
+from evsched.core import ids
 from evsched.core.events import JobEnqueued, JobTemplate, Position, ScheduleFired
-from evsched.core.schedules import fold_schedule
+from evsched.core.schedule import policy as cron_policy
+from evsched.core.schedule.fold import fold_schedule
 from evsched.errors import InvalidEnqueue
 from evsched.operator.commands.schedules import backfill_events
 from tests.unit.test_api import error_of

@@ -8,7 +8,7 @@ from dataclasses import replace
 from evsched.core import migration
 from evsched.core.events import JobTemplate, Position
 from evsched.core.fold import fold
-from evsched.core.schedules import fold_schedule
+from evsched.core.schedule.fold import fold_schedule
 from evsched.core.state import ScheduleState, Status, Verdict
 from tests.states import job_state
 

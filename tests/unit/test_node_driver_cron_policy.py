@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from evsched.core import cron_policy, ids
+from evsched.core import ids
 from evsched.core.events import JobEnqueued, ScheduleFired, SchedulePaused, ScheduleResumed
 from evsched.core.planner import PlannerBudgets
+from evsched.core.schedule import policy as cron_policy
 from evsched.core.state import Status, Verdict
 from evsched.operator.audit import audit
 from evsched.testing import NodeDriver

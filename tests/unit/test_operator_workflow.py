@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from evsched.core import events as ev
-from evsched.core.workflow_graph import GraphNode, ParentLink
+from evsched.core.workflow.graph import GraphNode, ParentLink
 from evsched.operator import register, render
 from evsched.operator.audit import audit
 from evsched.operator.workflow_render import parents_text

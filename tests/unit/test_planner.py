@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from evsched.core import cron, ids, planner
+from evsched.core import ids, planner
 from evsched.core.dispatch import external_idempotency_key
 from evsched.core.events import JobTemplate
+from evsched.core.schedule import cron
 from evsched.core.state import JobState, ScheduleState, Status
 from tests.states import job_state
 

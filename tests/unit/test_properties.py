@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evsched.adapters.avro import decode_state, encode_state
-from evsched.core import bounds, retention, workflows
+from evsched.core import bounds, retention
 from evsched.core.events import (
     JOB_EVENT_TYPES,
     AttemptCheckpointed,
@@ -40,6 +40,7 @@ from evsched.core.events import (
 from evsched.core.fold import fold
 from evsched.core.invariants import Replay, check_history, replay
 from evsched.core.state import JobState, Status, Verdict
+from evsched.core.workflow import waits as workflows
 
 T0 = 1_735_689_600_000
 JOBS = ("j0", "j1", "j2", "j3")

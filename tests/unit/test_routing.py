@@ -18,7 +18,7 @@ from evsched.core.fold import fold
 from evsched.core.invariants import Replay
 from evsched.core.permits import fold_limit, fold_permit
 from evsched.core.routing import EVENT_TYPE_OF_KIND, event_types, kinds, timeline_of_kind
-from evsched.core.schedules import fold_schedule
+from evsched.core.schedule.fold import fold_schedule
 from evsched.core.state import Verdict
 from evsched.ports import Record
 from evsched.runtime.projection.projector import Projector

@@ -15,7 +15,7 @@ from evsched.core.events import (
     ScheduleFired,
     ScheduleUpserted,
 )
-from evsched.core.schedules import fold_schedule
+from evsched.core.schedule.fold import fold_schedule
 from evsched.core.state import ScheduleState, Status, TimelineEntry, Verdict
 
 MINUTE = 60_000

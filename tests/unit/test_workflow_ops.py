@@ -7,7 +7,6 @@ import itertools
 from dataclasses import replace
 from typing import Any
 
-from evsched.core import workflow_graph as wg
 from evsched.core.events import (
     AttemptFailed,
     AttemptStarted,
@@ -23,9 +22,10 @@ from evsched.core.events import (
 )
 from evsched.core.fold import fold
 from evsched.core.invariants import replay
-from evsched.core.invariants_workflows import RELEASED_ONCE_BY_AN_ACCEPTED_END
 from evsched.core.state import JobState, Status, Verdict
-from evsched.core.workflow_ops import REQUEUE, REWAIT, cancel_plan, requeue_plan, rewait_refusal
+from evsched.core.workflow import graph as wg
+from evsched.core.workflow.invariants import RELEASED_ONCE_BY_AN_ACCEPTED_END
+from evsched.core.workflow.ops import REQUEUE, REWAIT, cancel_plan, requeue_plan, rewait_refusal
 
 T0 = 1_000_000
 _seq = itertools.count()

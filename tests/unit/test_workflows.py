@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from evsched.core import bounds, workflows
+from evsched.core import bounds
 from evsched.core.events import (
     AttemptFailed,
     AttemptStarted,
@@ -24,6 +24,7 @@ from evsched.core.events import (
 from evsched.core.fold import fold
 from evsched.core.invariants import replay
 from evsched.core.state import JobState, Resolution, Status, Verdict
+from evsched.core.workflow import waits as workflows
 
 T0 = 1_000_000
 _seq = itertools.count()

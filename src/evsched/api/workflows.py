@@ -28,14 +28,14 @@ from evsched.client.workflow_ops import cancel_events, requeue_events, tally
 from evsched.client.workflows import write_atomically
 from evsched.core.events import JobCancelled, JobRequeued
 from evsched.core.state import Verdict
-from evsched.core.workflow_graph import (
+from evsched.core.workflow.graph import (
     DEFAULT_NODE_LIMIT,
     MAX_NODE_LIMIT,
     WorkflowGraph,
     as_json,
     read_graph,
 )
-from evsched.core.workflow_ops import cancel_plan, requeue_plan
+from evsched.core.workflow.ops import cancel_plan, requeue_plan
 
 router = APIRouter(prefix="/v1/jobs", tags=["workflows"])
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from evsched.core.events import JobCancelled, JobRequeued
 from evsched.core.state import Verdict
-from evsched.core.workflow_ops import REWAIT, CancelPlan, RequeuePlan
+from evsched.core.workflow.ops import REWAIT, CancelPlan, RequeuePlan
 
 
 def cancel_events(

@@ -26,7 +26,7 @@ from evsched.core.events import (
     SchedulePaused,
 )
 from evsched.core.fold import RECENT_EVENT_IDS, fold
-from evsched.core.schedules import fold_schedule
+from evsched.core.schedule.fold import fold_schedule
 from evsched.core.state import JobState, ScheduleState, TimelineEntry, Verdict
 
 QUEUE, SCHEDULE = "queue", "schedule"

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, assert_never
 
-from evsched.core import bounds, ids, retention, retry, unique, workflow_ops, workflows
+from evsched.core import bounds, ids, retention, retry, unique
 from evsched.core.entries import judged
 from evsched.core.events import (
     AttemptCheckpointed,
@@ -40,6 +40,8 @@ from evsched.core.state import (
     TimelineEntry,
     Verdict,
 )
+from evsched.core.workflow import ops as workflow_ops
+from evsched.core.workflow import waits as workflows
 
 # Bump when a change to the fold could change any state or verdict, or the index holds something
 # an older one lacks (5: workflow rewaits; the partition's tallies, core.tallies; 6: rejected

@@ -44,7 +44,6 @@ from evsched.core.events import (
     ScheduleEvent,
 )
 from evsched.core.fold import fold
-from evsched.core.invariants_workflows import RELEASED_ONCE_BY_AN_ACCEPTED_END, Releases
 from evsched.core.permits import (
     LimitState,
     fold_limit,
@@ -54,6 +53,7 @@ from evsched.core.permits import (
     limit_names,
 )
 from evsched.core.state import JobState, ScheduleState, Status, TimelineEntry, Verdict
+from evsched.core.workflow.invariants import RELEASED_ONCE_BY_AN_ACCEPTED_END, Releases
 
 History = Iterable[tuple[Event, Position]]
 JobFold = Callable[[JobState | None, JobEvent, Position], tuple[JobState | None, TimelineEntry]]

@@ -8,9 +8,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from evsched.core import cron_policy, ids, retention
+from evsched.core import ids, retention
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import JobEnqueued, JobLeased, JobPurged, LeaseExpired, ScheduleFired
+from evsched.core.schedule import policy as cron_policy
 from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status
 
 

@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from evsched.core.state import Status
-from evsched.core.workflow_graph import GraphNode, WorkflowGraph
+from evsched.core.workflow.graph import GraphNode, WorkflowGraph
 from evsched.operator.render import status_text
 
 

@@ -20,7 +20,7 @@ from evsched.adapters.clock import now_ms
 from evsched.adapters.ids import new_id
 from evsched.client import App
 from evsched.commands import SOURCE, check_id
-from evsched.core import cron_policy, planner
+from evsched.core import planner
 from evsched.core.controls import SCHEDULE
 from evsched.core.events import (
     ControlEvent,
@@ -29,6 +29,7 @@ from evsched.core.events import (
     SchedulePaused,
     ScheduleResumed,
 )
+from evsched.core.schedule import policy as cron_policy
 from evsched.core.state import ScheduleState
 from evsched.errors import InvalidEnqueue
 from evsched.operator.commands.writing import (

@@ -21,10 +21,10 @@ from evsched.client import App
 from evsched.client.workflow_ops import Tally, cancel_events, requeue_events, tally
 from evsched.client.workflows import write_atomically
 from evsched.commands import SOURCE
-from evsched.core import workflow_graph
 from evsched.core.events import Event, JobCancelled, JobRequeued
-from evsched.core.workflow_graph import DEFAULT_NODE_LIMIT, MAX_NODE_LIMIT, WorkflowGraph
-from evsched.core.workflow_ops import RequeuePlan, cancel_plan, requeue_plan
+from evsched.core.workflow import graph as workflow_graph
+from evsched.core.workflow.graph import DEFAULT_NODE_LIMIT, MAX_NODE_LIMIT, WorkflowGraph
+from evsched.core.workflow.ops import RequeuePlan, cancel_plan, requeue_plan
 from evsched.operator.commands.writing import Reason, write
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.operator.render import emit_json, out

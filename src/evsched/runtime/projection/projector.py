@@ -16,7 +16,7 @@ from evsched.adapters.index.orphans import Orphan
 from evsched.adapters.index.purge import Purge
 from evsched.adapters.index.store import IndexBatch, PartitionIndex, control_key, keyable, limit_key
 from evsched.adapters.index.writes import PreparedWrite
-from evsched.core import retention, workflows
+from evsched.core import retention
 from evsched.core.controls import (
     QUEUE,
     SCHEDULE,
@@ -60,6 +60,7 @@ from evsched.core.state import (
     Verdict,
 )
 from evsched.core.tallies import tallied
+from evsched.core.workflow import waits as workflows
 from evsched.errors import DecodeError
 from evsched.ports import Record
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from evsched.core import workflows
 from evsched.core.events import JobRequeued, Position
 from evsched.core.state import TERMINAL_STATUSES, JobState, Resolution, Status, Verdict
-from evsched.core.workflow_graph import GraphNode, WorkflowGraph
+from evsched.core.workflow import waits as workflows
+from evsched.core.workflow.graph import GraphNode, WorkflowGraph
 
 Step = tuple[JobState | None, Verdict, str]
 Applier = Callable[..., JobState]

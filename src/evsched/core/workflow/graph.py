@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from evsched.core import workflows
 from evsched.core.state import JobState, Resolution, Status
+from evsched.core.workflow import waits as workflows
 
 # The default cap on the jobs one read returns (a group of 1,000 with its callback fits), and the
 # most a caller may ask for.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import assert_never
 
-from evsched.core import bounds, cron, cron_policy
+from evsched.core import bounds
 from evsched.core.entries import judged
 from evsched.core.events import (
     Position,
@@ -15,6 +15,8 @@ from evsched.core.events import (
     ScheduleUpserted,
 )
 from evsched.core.fold import RECENT_EVENT_IDS
+from evsched.core.schedule import cron
+from evsched.core.schedule import policy as cron_policy
 from evsched.core.state import ScheduleState, Status, TimelineEntry, Verdict
 
 Step = tuple[ScheduleState | None, Verdict, str]

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 
-from evsched.core import bounds, cron, ids
+from evsched.core import bounds, ids
 from evsched.core.events import ScheduleFired
+from evsched.core.schedule import cron
 from evsched.core.state import ScheduleState
 
 DECISIONS = bounds.FIRE_DECISIONS
