@@ -293,7 +293,7 @@ async def test_frozen_worker_completing_after_the_rerun_committed_is_stale(
     a.signal(signal.SIGCONT)  # its handler sees `go` and completes with token 1
     late = await wait_judged(stack, job_id, "AttemptSucceeded", 1)
     # An older token is stale whatever became of the job (DESIGN.md section 4,
-    # tests/unit/test_fold_table.py); nothing changes and no effect is published.
+    # tests/unit/core/test_fold_table.py); nothing changes and no effect is published.
     assert late.verdict is Verdict.STALE, late
     await stack.wait_node_past(late.partition, late.offset)
 

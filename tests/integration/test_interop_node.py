@@ -25,7 +25,7 @@ import pytest_asyncio
 from aiokafka.partitioner import murmur2
 from tests.conftest import unique_name
 from tests.integration.engine import REPO, Stack, effect_id, wait_for
-from tests.unit.test_wire_format_doc import example_event
+from tests.unit.docs.test_wire_format_doc import example_event
 
 from evsched.adapters.avro import decode_event, encode_event
 from evsched.adapters.kafka.topics import ensure_topics

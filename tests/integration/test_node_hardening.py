@@ -3,7 +3,7 @@ that hold across partitions, decisions quarantined while their partition proceed
 partition in /readyz, and starting against a missing broker or a misconfigured topic.
 
 Backpressure (max unstarted per queue) is a partition's own behaviour: it is tested through
-NodeDriver in tests/unit/test_node_driver_failures.py."""
+NodeDriver in tests/unit/runtime/driver/test_node_driver_failures.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ types. Nothing but :class:`~evsched.errors.DecodeError` escapes a decode, whatev
 fastavro is the reference. Current-schema records go first through functions compiled from their
 schemas (``avro.writer``, ``avro.reader``), several times faster; whenever one of those refuses a
 value or bytes, fastavro writes or reads them instead, so results never differ from fastavro's
-(``tests/unit/test_avro_compiled.py`` proves it byte for byte).
+(``tests/unit/adapters/avro/test_avro_compiled.py`` proves it byte for byte).
 """
 
 from __future__ import annotations
