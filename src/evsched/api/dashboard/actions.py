@@ -18,7 +18,7 @@ from evsched.api import controls as control_routes
 from evsched.api import jobs as job_routes
 from evsched.api import schedules as schedule_routes
 from evsched.api.control_models import ControlRequest
-from evsched.api.dashboard.board import View, Viewer, board_of
+from evsched.api.dashboard.board import View, Viewer, board_of, segment
 from evsched.api.dashboard.live import DeadLetters
 from evsched.api.dashboard.session import COOKIE, LOGIN_COOKIE, LOGIN_FORM_S, SESSION_S, Role
 from evsched.api.errors import ApiError
@@ -127,21 +127,21 @@ def _local(target: str) -> str:
     return target if target.startswith("/") and not target.startswith("//") else "/"
 
 
-@router.post("/jobs/{job_id}/cancel", response_model=None)
+@router.post("/jobs/{job_id:path}/cancel", response_model=None)
 async def cancel(view: View, job_id: str, csrf: Csrf = None) -> Response:
     if (refused := _allowed(view, csrf)) is not None:
         return refused
     request = CancelRequest(reason="cancelled from the dashboard")
     outcome = await _one(job_routes.cancel(view.ctx, job_id, request))
-    return _back(f"/jobs/{job_id}", f"cancel: {outcome}")
+    return _back(f"/jobs/{segment(job_id)}", f"cancel: {outcome}")
 
 
-@router.post("/jobs/{job_id}/requeue", response_model=None)
+@router.post("/jobs/{job_id:path}/requeue", response_model=None)
 async def requeue(view: View, job_id: str, csrf: Csrf = None) -> Response:
     if (refused := _allowed(view, csrf)) is not None:
         return refused
     outcome = await _one(job_routes.requeue(view.ctx, job_id, RequeueRequest(reason=REASON)))
-    return _back(f"/jobs/{job_id}", f"requeue: {outcome}")
+    return _back(f"/jobs/{segment(job_id)}", f"requeue: {outcome}")
 
 
 @router.get("/dead-letters", response_class=HTMLResponse)
@@ -227,12 +227,12 @@ def _next_job(schedule_id: str, next_fire_at: datetime | None) -> str | None:
     return job_id_for_fire(schedule_id, int(next_fire_at.timestamp() * 1000))
 
 
-@router.post("/schedules/{schedule_id}/pause", response_model=None)
+@router.post("/schedules/{schedule_id:path}/pause", response_model=None)
 async def pause_schedule(view: View, schedule_id: str, csrf: Csrf = None) -> Response:
     return await _switch(view, schedule_id, csrf, pause=True)
 
 
-@router.post("/schedules/{schedule_id}/resume", response_model=None)
+@router.post("/schedules/{schedule_id:path}/resume", response_model=None)
 async def resume_schedule(view: View, schedule_id: str, csrf: Csrf = None) -> Response:
     return await _switch(view, schedule_id, csrf, pause=False)
 
@@ -254,7 +254,7 @@ async def _switch(view: Viewer, schedule_id: str, csrf: str | None, *, pause: bo
     return _back("/schedules", f"{verb} {schedule_id}: {outcome}")
 
 
-@router.post("/schedules/{schedule_id}/delete", response_model=None)
+@router.post("/schedules/{schedule_id:path}/delete", response_model=None)
 async def delete_schedule(view: View, schedule_id: str, csrf: Csrf = None) -> Response:
     if (refused := _allowed(view, csrf)) is not None:
         return refused

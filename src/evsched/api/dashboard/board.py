@@ -34,10 +34,17 @@ def _as_json(value: Any) -> Markup:
     return Markup(text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026"))  # noqa: S704
 
 
+def segment(value: str) -> str:
+    """An id as one path segment: ``/``, ``%``, ``?``, ``#`` and the rest escaped, so a browser
+    neither resolves a ``..`` inside it nor cuts it, and the route gets the whole id back."""
+    return quote(value, safe="")
+
+
 def templates() -> Jinja2Templates:
     found = Jinja2Templates(directory=HERE / "templates")
     found.env.filters["when"] = _when
     found.env.filters["as_json"] = _as_json
+    found.env.filters["segment"] = segment
     return found
 
 
@@ -103,5 +110,8 @@ View = Annotated[Viewer, Depends(viewer)]
 
 
 async def to_login(request: Request, _: Exception) -> RedirectResponse:
-    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    # The path as the browser sent it: decoded, an escaped id's ``/`` would come back as one.
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1") if raw else quote(request.url.path)
+    target = path + (f"?{request.url.query}" if request.url.query else "")
     return RedirectResponse(f"/login?next={quote(target)}", status_code=303)

@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
 
 from evsched.adapters.clock import monotonic_s, now_ms
 from evsched.api import reader
-from evsched.api.dashboard.board import View
+from evsched.api.dashboard.board import View, segment
 from evsched.api.dashboard.history import picture, state_as_of
 from evsched.api.dashboard.overview import snapshot
 from evsched.api.errors import ApiError
@@ -123,7 +123,7 @@ async def jobs(
     if find:
         found = _find(view, find.strip(), (find_queue or "default").strip())
         if found is not None:
-            return RedirectResponse(f"/jobs/{found.job_id}", status_code=303)
+            return RedirectResponse(f"/jobs/{segment(found.job_id)}", status_code=303)
     keep = _keep(
         status=status or None,
         queue=queue or None,
@@ -171,7 +171,7 @@ def _find(view: View, needle: str, queue: str) -> JobState | None:
     return state
 
 
-@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+@router.get("/jobs/{job_id:path}", response_class=HTMLResponse)
 async def job(
     view: View, job_id: str, as_of: Annotated[int | None, Query(ge=0)] = None
 ) -> HTMLResponse:
