@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from evsched.api.auth import Tokens
+from evsched.api.dashboard import session
+from evsched.api.dashboard.session import COOKIE, Role, Sessions
 from evsched.core.events import JobEnqueued, JobTemplate, ScheduleUpserted
 from tests.unit.api.test_api_twin import TOKEN, Harness
 from tests.unit.api.test_dashboard import csrf_of, kill, login
@@ -199,3 +201,50 @@ async def test_an_id_of_dots_alone_reaches_no_other_object(board: Harness, dots:
         assert refused.status_code in {404, 405}
     assert live_schedules(board) == {"victim", dots}
     assert (status_of(board, dots), status_of(board, "victim")) == ("scheduled", "scheduled")
+
+
+# --- finding 2: a logout ends the session on the server ------------------------------------------
+
+
+async def test_a_copied_cookie_is_dead_after_the_logout(tmp_path: Path) -> None:
+    async with Harness(tmp_path, tokens=Tokens(write=TOKEN, auth_reads=True)) as h:
+        await foreign_job(h, "j1")
+        await login(h)
+        copied = h.http.cookies[COOKIE]
+        page = await h.http.get("/jobs/j1")
+        assert page.status_code == 200
+        out = await h.http.post("/logout", data={"csrf": csrf_of(page.text)})
+        assert out.status_code == 303 and out.headers["location"] == "/login"
+        assert f'{COOKIE}=""' in out.headers["set-cookie"]  # the browser's copy is cleared too
+        h.http.cookies.set(COOKIE, copied)  # replayed, e.g. from a stolen copy
+        replayed = await h.http.get("/jobs/j1")
+        assert replayed.status_code == 303 and replayed.headers["location"].startswith("/login")
+        write = await h.http.post("/jobs/j1/cancel", data={"csrf": csrf_of(page.text)})
+        assert write.status_code == 303 and write.headers["location"].startswith("/login")
+        assert status_of(h, "j1") == "scheduled"
+
+
+def test_revocations_are_bounded_and_never_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    sessions = Sessions(Tokens(write=TOKEN), max_revoked=3)
+    now = [1_000_000_000]
+    monkeypatch.setattr(session, "now_ms", lambda: now[0])
+    kept = sessions.cookie(Role.WRITE)
+    out = [sessions.cookie(Role.WRITE) for _ in range(3)]
+    for cookie in out:
+        sessions.revoke(cookie)
+    assert [sessions.role(c) for c in out] == [Role.NONE] * 3
+    assert sessions.role(kept) is Role.WRITE
+    # A fourth revocation while all three are live: every session ends, none is forgotten.
+    sessions.revoke(kept)
+    assert len(sessions.revoked) == 0
+    assert {sessions.role(c) for c in [kept, *out]} == {Role.NONE}
+    # Revocations of expired sessions make room instead.
+    old = [sessions.cookie(Role.READ) for _ in range(3)]
+    for cookie in old:
+        sessions.revoke(cookie)
+    now[0] += (session.SESSION_S + 1) * 1000
+    fresh = sessions.cookie(Role.READ)
+    live = sessions.cookie(Role.READ)
+    sessions.revoke(fresh)
+    assert len(sessions.revoked) == 1
+    assert (sessions.role(fresh), sessions.role(live)) == (Role.NONE, Role.READ)

@@ -117,6 +117,7 @@ async def login(
 async def logout(view: View, csrf: Csrf = None) -> Response:
     if not view.board.sessions.csrf_ok(view.cookie, csrf):
         return view.page("refused.html", status_code=403, why="the form is stale: reload the page")
+    view.board.sessions.revoke(view.cookie)  # a copy of the cookie must not outlive the logout
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
     return response
