@@ -150,6 +150,12 @@ async def page(browser: Any, dash: Dash) -> AsyncIterator[Any]:
     context = await browser.new_context(base_url=dash.url, viewport={"width": 1400, "height": 1000})
     opened = await context.new_page()
     opened.set_default_timeout(30_000)
+    # Anything the pages' Content-Security-Policy blocks is a bug of the pages (or the policy).
+    blocked: list[str] = []
+    opened.on(
+        "console",
+        lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None,
+    )
     await opened.goto("/login")
     await opened.fill("input[name=token]", TOKEN)
     await opened.click("button[type=submit]")
@@ -158,3 +164,4 @@ async def page(browser: Any, dash: Dash) -> AsyncIterator[Any]:
         yield opened
     finally:
         await context.close()
+    assert blocked == [], blocked

@@ -82,6 +82,10 @@ async def test_jobs_list_job_timeline_and_time_travel(page: Any, dash: Dash) -> 
         " return c.data.datasets.map((d) => d.data.length); })()"
     )
     assert chart == [2, 2, events]  # two leases, two attempts, every event a point
+    height = await page.evaluate(
+        "document.getElementById('chart-timeline').parentElement.style.height"
+    )
+    assert height == f"{70 + 36 * 3}px"  # set by dashboard.js: a row each for the job, 2 tokens
     await shot(page, dash, "dashboard-job-timeline")
     # Time travel: the option of the first AttemptFailed, where the job waits for its retry.
     option = page.locator("#as-of option", has_text="AttemptFailed")

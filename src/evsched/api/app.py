@@ -26,6 +26,7 @@ from evsched.api import (
 from evsched.api.auth import Tokens
 from evsched.api.context import ApiContext, Reads
 from evsched.api.errors import BodyLimit, install_error_handlers
+from evsched.api.headers import SecurityHeaders
 from evsched.api.models import Accepted
 from evsched.api.reader import ReplicaView
 from evsched.api.writes import NotYetApplied, Writer
@@ -121,6 +122,7 @@ def create_app(
     )
     api.state.evsched = ctx
     api.add_middleware(BodyLimit, limit=max_body_bytes)
+    api.add_middleware(SecurityHeaders)  # outside BodyLimit: its 413s get the headers too
     install_error_handlers(api)
     api.add_exception_handler(NotYetApplied, _accepted)
     # Read routes declare (in OpenAPI too) the token they need only when reads are guarded.

@@ -117,7 +117,10 @@ function overview() {
 function timeline() {
   const data = readJson("timeline-data");
   const points = data.points.map((p) => ({ ...p, x: p.x, y: p.y }));
-  new Chart(document.getElementById("chart-timeline"), {
+  const canvas = document.getElementById("chart-timeline");
+  // A row per token; set through the CSSOM, as the page's CSP allows no inline style attribute.
+  canvas.parentElement.style.height = `${70 + 36 * data.rows.length}px`;
+  new Chart(canvas, {
     data: {
       datasets: [
         { type: "bar", label: "leased", data: data.leased, backgroundColor: "#fde68a",
