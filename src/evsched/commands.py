@@ -268,12 +268,20 @@ def checked_trace(trace: TraceContext | None) -> TraceContext | None:
 
 
 def check_id(what: str, value: object) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_KEY_CHARS:
-        raise InvalidEnqueue(what, f"must be a non-empty string of at most {MAX_KEY_CHARS} chars")
+    """A job or schedule id: every one the fold takes (bounds.MAX_ID_BYTES UTF-8 bytes)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidEnqueue(what, "must be a non-empty string")
     refusal = bounds.id_refusal(what, value)
     if refusal is not None:
         raise InvalidEnqueue(what, refusal)
     return value
+
+
+def check_key(value: object) -> str:
+    """An idempotency key: an id's bounds, and the Idempotency-Key header's characters."""
+    if isinstance(value, str) and len(value) > MAX_KEY_CHARS:
+        raise InvalidEnqueue("idempotency_key", f"must have at most {MAX_KEY_CHARS} characters")
+    return check_id("idempotency_key", value)
 
 
 def check_limits(event: EventT) -> EventT:
@@ -304,7 +312,7 @@ def build_enqueue(
         raise InvalidEnqueue("priority", f"must be an integer, not {priority!r}")
     key = options.idempotency_key
     if key is not None:
-        check_id("idempotency_key", key)
+        check_key(key)
     scoped = (
         _unique_fields(options.unique, InvalidEnqueue)
         if options.unique is not None

@@ -22,10 +22,10 @@ from evsched.api.control_models import (
     Switch,
 )
 from evsched.api.errors import ApiError
+from evsched.api.id_fields import ScheduleId
 from evsched.api.responses import READ, WRITE, error
 from evsched.api.writes import SOURCE, NotYetApplied
 from evsched.client.controls import control_event
-from evsched.commands import MAX_KEY_CHARS
 from evsched.core.controls import QUEUE, SCHEDULE
 from evsched.core.events import (
     ControlEvent,
@@ -38,7 +38,6 @@ from evsched.core.state import Verdict
 
 router = APIRouter(tags=["controls"])
 QueueName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
-ScheduleId = Annotated[str, Path(min_length=1, max_length=MAX_KEY_CHARS)]
 
 
 @router.post(

@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi import APIRouter, Header, Query, Response
 
 from evsched.adapters.clock import monotonic_s
 from evsched.api import reader
 from evsched.api.context import Ctx, Writes
 from evsched.api.errors import ApiError
+from evsched.api.id_fields import JobId
 from evsched.api.listing import Cursor, page
 from evsched.api.models import (
     CancelRequest,
@@ -30,7 +31,6 @@ from evsched.core.state import TERMINAL_STATUSES, JobState, Status, TimelineEntr
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-JobId = Annotated[str, Path(min_length=1, max_length=MAX_KEY_CHARS)]
 # The longest long poll of GET /v1/jobs/{id}?wait=; each wait step re-reads the job.
 MAX_WAIT_S = 60.0
 WAIT_STEP_S = 1.0

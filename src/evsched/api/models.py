@@ -21,6 +21,7 @@ from pydantic import (
 )
 
 from evsched.adapters.payload import MAX_JSON_DEPTH, NotJson, decode_args, decode_json, deeper_than
+from evsched.api.id_fields import JobIdField
 from evsched.commands import MAX_AHEAD, MAX_KEY_CHARS
 from evsched.core.bounds import MAX_DURATION_MS, MAX_PARENTS
 from evsched.core.events import RetryPolicy
@@ -135,7 +136,7 @@ class EnqueueRequest(_Request):
         "unique_period_s from its enqueue. Default: the task's.",
     )
     unique_period_s: Delay | None = Field(None, description='The period of unique "period".')
-    after: Annotated[list[Name], Field(max_length=MAX_PARENTS)] | None = Field(
+    after: Annotated[list[JobIdField], Field(max_length=MAX_PARENTS)] | None = Field(
         None,
         description="Job ids this job waits on (status waiting): it is released, or cancelled, "
         "by their ends according to after_rule. Written with one ChildRegistered per parent in "

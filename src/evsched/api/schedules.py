@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Query, Response
 
 from evsched.api import reader
 from evsched.api.context import Ctx, Writes
 from evsched.api.errors import ApiError
+from evsched.api.id_fields import ScheduleId
 from evsched.api.listing import Cursor, page
 from evsched.api.models import Schedule, SchedulePage, ScheduleRequest, Timeline, TimelineEvent
 from evsched.api.queues import require_declared
 from evsched.api.responses import READ, WRITE, Responses, error
 from evsched.api.writes import delete_schedule_event, schedule_event
-from evsched.commands import MAX_KEY_CHARS
 from evsched.core.state import ScheduleState, Verdict
 
 router = APIRouter(prefix="/v1/schedules", tags=["schedules"])
 
-ScheduleId = Annotated[str, Path(min_length=1, max_length=MAX_KEY_CHARS)]
 FOUND: Responses = {404: error("No such schedule (or it was deleted).")}
 
 

@@ -13,7 +13,8 @@ from evsched.adapters.ids import new_id
 from evsched.api import reader
 from evsched.api.context import Ctx, Writes
 from evsched.api.errors import ApiError
-from evsched.api.jobs import FOUND, JobId
+from evsched.api.id_fields import JobId
+from evsched.api.jobs import FOUND
 from evsched.api.responses import READ, WRITE, error
 from evsched.api.workflow_models import (
     WorkflowCancel,

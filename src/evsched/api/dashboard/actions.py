@@ -22,6 +22,7 @@ from evsched.api.dashboard.board import View, Viewer, board_of, segment
 from evsched.api.dashboard.live import DeadLetters
 from evsched.api.dashboard.session import COOKIE, LOGIN_COOKIE, LOGIN_FORM_S, SESSION_S, Role
 from evsched.api.errors import ApiError
+from evsched.api.id_fields import JobId, ScheduleId
 from evsched.api.models import CancelRequest, RequeueRequest
 from evsched.api.writes import NotYetApplied
 from evsched.core.ids import job_id_for_fire
@@ -129,7 +130,7 @@ def _local(target: str) -> str:
 
 
 @router.post("/jobs/{job_id:path}/cancel", response_model=None)
-async def cancel(view: View, job_id: str, csrf: Csrf = None) -> Response:
+async def cancel(view: View, job_id: JobId, csrf: Csrf = None) -> Response:
     if (refused := _allowed(view, csrf)) is not None:
         return refused
     request = CancelRequest(reason="cancelled from the dashboard")
@@ -138,7 +139,7 @@ async def cancel(view: View, job_id: str, csrf: Csrf = None) -> Response:
 
 
 @router.post("/jobs/{job_id:path}/requeue", response_model=None)
-async def requeue(view: View, job_id: str, csrf: Csrf = None) -> Response:
+async def requeue(view: View, job_id: JobId, csrf: Csrf = None) -> Response:
     if (refused := _allowed(view, csrf)) is not None:
         return refused
     outcome = await _one(job_routes.requeue(view.ctx, job_id, RequeueRequest(reason=REASON)))
@@ -229,12 +230,12 @@ def _next_job(schedule_id: str, next_fire_at: datetime | None) -> str | None:
 
 
 @router.post("/schedules/{schedule_id:path}/pause", response_model=None)
-async def pause_schedule(view: View, schedule_id: str, csrf: Csrf = None) -> Response:
+async def pause_schedule(view: View, schedule_id: ScheduleId, csrf: Csrf = None) -> Response:
     return await _switch(view, schedule_id, csrf, pause=True)
 
 
 @router.post("/schedules/{schedule_id:path}/resume", response_model=None)
-async def resume_schedule(view: View, schedule_id: str, csrf: Csrf = None) -> Response:
+async def resume_schedule(view: View, schedule_id: ScheduleId, csrf: Csrf = None) -> Response:
     return await _switch(view, schedule_id, csrf, pause=False)
 
 
@@ -256,7 +257,7 @@ async def _switch(view: Viewer, schedule_id: str, csrf: str | None, *, pause: bo
 
 
 @router.post("/schedules/{schedule_id:path}/delete", response_model=None)
-async def delete_schedule(view: View, schedule_id: str, csrf: Csrf = None) -> Response:
+async def delete_schedule(view: View, schedule_id: ScheduleId, csrf: Csrf = None) -> Response:
     if (refused := _allowed(view, csrf)) is not None:
         return refused
     outcome = await _one(schedule_routes.delete_schedule(view.ctx, schedule_id))

@@ -16,8 +16,10 @@ from evsched.api.dashboard.board import View, segment
 from evsched.api.dashboard.history import picture, state_as_of
 from evsched.api.dashboard.overview import snapshot
 from evsched.api.errors import ApiError
+from evsched.api.id_fields import JobId
 from evsched.api.listing import Cursor, page
 from evsched.api.models import Job
+from evsched.core.bounds import MAX_ID_BYTES, id_refusal
 from evsched.core.ids import job_id_for_key
 from evsched.core.state import JobState, Status
 
@@ -113,7 +115,7 @@ async def jobs(
     label: Text = None,
     since: Text = None,
     until: Text = None,
-    find: Text = None,
+    find: Annotated[str | None, Query(max_length=MAX_ID_BYTES)] = None,  # an id, or a key
     find_queue: Text = None,
     cursor: Annotated[str | None, Query(max_length=2_000)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -165,7 +167,7 @@ async def jobs(
 
 def _find(view: View, needle: str, queue: str) -> JobState | None:
     """A job by its id, else by (queue, idempotency key)."""
-    state = reader.job(view.ctx.replica, needle) if len(needle) <= 200 else None
+    state = reader.job(view.ctx.replica, needle) if id_refusal("id", needle) is None else None
     if state is None:
         state = reader.job(view.ctx.replica, job_id_for_key(queue, needle))
     return state
@@ -173,7 +175,7 @@ def _find(view: View, needle: str, queue: str) -> JobState | None:
 
 @router.get("/jobs/{job_id:path}", response_class=HTMLResponse)
 async def job(
-    view: View, job_id: str, as_of: Annotated[int | None, Query(ge=0)] = None
+    view: View, job_id: JobId, as_of: Annotated[int | None, Query(ge=0)] = None
 ) -> HTMLResponse:
     """The job now (or as of an offset of its history) and its timeline drawn as a picture."""
     replica = view.ctx.replica
