@@ -33,6 +33,7 @@ from evsched.settings import Settings
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(600)]
 
 WAIT_S = 3.0
+TOKEN = "frozen-broker-write-token"
 
 
 @pytest.fixture
@@ -82,11 +83,11 @@ async def test_writes_during_a_broker_freeze_answer_unconfirmed_within_the_bound
         settings,
         replica=replica,
         app=client,
-        token="t",
+        token=TOKEN,
         wait_timeout_s=WAIT_S,
         queues=FixedQueues(["default"]),
     )
-    auth = {"Authorization": "Bearer t"}
+    auth = {"Authorization": f"Bearer {TOKEN}"}
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://api")
     try:
         warm = await http.post("/v1/jobs", json={"task": "t"}, headers=auth)

@@ -51,6 +51,7 @@ FAIL_FAST_BOUND_S = 10.0
 # start and the CLI's imports (31 s of the 49 s measured on the loaded box; then the producer's
 # start, the failed append within FAIL_FAST_BOUND_S, and a close that drops the refused record).
 CLI_BOUND_S = 120.0
+API_TOKEN = "cluster-faults-write-token"
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +276,7 @@ async def _api_enqueue(run: Loaded) -> tuple[int, dict[str, object], float]:
             run.stack.settings,
             replica=await run.stack.replica(),
             app=client,
-            token="t",
+            token=API_TOKEN,
             wait_timeout_s=10.0,
             queues=FixedQueues(["default"]),
         )
@@ -284,7 +285,9 @@ async def _api_enqueue(run: Loaded) -> tuple[int, dict[str, object], float]:
             called = time.monotonic()
             answer = await asyncio.wait_for(
                 http.post(
-                    "/v1/jobs", json={"task": "s.noop"}, headers={"Authorization": "Bearer t"}
+                    "/v1/jobs",
+                    json={"task": "s.noop"},
+                    headers={"Authorization": f"Bearer {API_TOKEN}"},
                 ),
                 timeout=30,
             )

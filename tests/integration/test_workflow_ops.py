@@ -35,7 +35,7 @@ pytestmark = [
 APP = "tests.integration.workflow_ops_app:app"
 # Generous: on a loaded machine a node takes tens of seconds to start and rebalance.
 WAIT_S = 240.0
-TOKEN = "wfops-token"
+TOKEN = "wfops-write-token-0001"
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -15,7 +15,7 @@ from evsched.api.auth import AuthConfigError, Tokens, load_tokens
 from evsched.settings import Settings
 from tests.unit.api.test_api_twin import TOKEN, Harness
 
-READ_TOKEN = "read-only-token"
+READ_TOKEN = "read-only-token-for-tests"
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_a_token_in_env_and_a_file_is_ambiguous(tmp_path: Path) -> None:
 
 
 def test_secrets_never_show_in_a_repr() -> None:
-    tokens = Tokens(write="w-secret", read="r-secret")
+    tokens = Tokens(write="w-secret-for-a-repr", read="r-secret-for-a-repr")
     assert "secret" not in repr(tokens)
     settings = Settings.from_env(
         {

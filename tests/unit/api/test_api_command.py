@@ -56,7 +56,7 @@ def test_options_reach_uvicorn_and_the_app(served: dict[str, Any], tmp_path: Pat
     result = CliRunner().invoke(
         cli(),
         ["api", "--port", "9999", "--data-dir", str(tmp_path), "--log-console"],
-        env={"EVSCHED_API_TOKEN": "from-env", "EVSCHED_NAMESPACE": "cmdtest"},
+        env={"EVSCHED_API_TOKEN": "from-env-write-token", "EVSCHED_NAMESPACE": "cmdtest"},
     )
     assert result.exit_code == 0, result.output
     assert served["options"]["host"] == "127.0.0.1"
@@ -64,7 +64,7 @@ def test_options_reach_uvicorn_and_the_app(served: dict[str, Any], tmp_path: Pat
     assert served["logging"] == {"json": False}
     ctx = served["app"].state.evsched
     assert isinstance(ctx, ApiContext)
-    assert ctx.tokens.write == "from-env"
+    assert ctx.tokens.write == "from-env-write-token"
     assert ctx.settings.namespace == "cmdtest"
     assert isinstance(ctx.replica, Replica)
     assert ctx.replica.data_dir == tmp_path
@@ -118,15 +118,19 @@ def test_no_auth_with_a_token_is_a_contradiction(served: dict[str, Any], tmp_pat
 def test_tokens_come_from_files_and_reads_can_be_guarded(
     served: dict[str, Any], tmp_path: Path
 ) -> None:
-    (tmp_path / "w").write_text("write-secret\n")
-    (tmp_path / "r").write_text("read-secret\n")
+    (tmp_path / "w").write_text("write-secret-from-a-file\n")
+    (tmp_path / "r").write_text("read-secret-from-a-file\n")
     args = ["api", "--data-dir", str(tmp_path / "d"), "--token-file", str(tmp_path / "w")]
     result = CliRunner().invoke(
         cli(), [*args, "--read-token-file", str(tmp_path / "r")], env={"EVSCHED_API_TOKEN": ""}
     )
     assert result.exit_code == 0, result.output
     tokens = served["app"].state.evsched.tokens
-    assert (tokens.write, tokens.read, tokens.guard_reads) == ("write-secret", "read-secret", True)
+    assert (tokens.write, tokens.read, tokens.guard_reads) == (
+        "write-secret-from-a-file",
+        "read-secret-from-a-file",
+        True,
+    )
     assert "secret" not in repr(tokens)
     assert "secret" not in repr(served["app"].state.evsched)
 

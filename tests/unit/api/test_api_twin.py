@@ -30,7 +30,7 @@ from evsched.settings import Settings
 from evsched.testing import MemoryLog
 
 SETTINGS = Settings(namespace="apitest", event_partitions=1)
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-for-unit-tests"
 # The queues the API's unit tests may name (declared: their dispatch topics would exist).
 QUEUES = ("default", "mail", "q", "q1", "q2")
 

@@ -17,7 +17,7 @@ from evsched.core.events import AttemptFailed, AttemptStarted, JobCancelled, Job
 from tests.unit.api.test_api_twin import TOKEN, Harness
 
 STATIC = Path(__file__).resolve().parents[3] / "src/evsched/api/dashboard/static"
-READ_TOKEN = "read-only-token"
+READ_TOKEN = "read-only-token-for-tests"
 
 
 @pytest.fixture
