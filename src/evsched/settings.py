@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,8 +35,9 @@ BOOLEANS = {
     **dict.fromkeys(("1", "true", "yes", "on"), True),
     **dict.fromkeys(("0", "false", "no", "off"), False),
 }
-# Options whose values never appear in a repr or a log line.
-_SECRET_OPTIONS = frozenset({"sasl_plain_password", "sasl_oauth_token_provider"})
+# Options whose values never appear in a repr or a log line: the SASL password, a TLS key's
+# password, a token provider, anything a library user names like a secret.
+_SECRET_OPTION = re.compile(r"password|passwd|secret|token|credential|private", re.IGNORECASE)
 
 
 _Default = TypeVar("_Default", int, None)
@@ -78,25 +80,24 @@ class Settings:
     # A session below the broker's group.min.session.timeout.ms (6 s by default) is refused by it.
     session_timeout_ms: int | None = None
     heartbeat_interval_ms: int | None = None
-    # Shown redacted by __repr__: it may hold the SASL password.
+    # A KafkaOptions (any mapping given is copied into one): its repr hides the secrets.
     kafka_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.kafka_options, KafkaOptions):
+            object.__setattr__(self, "kafka_options", KafkaOptions(self.kafka_options))
         # Every topic name starts with the namespace: one too long or odd would fail at the broker,
         # late and for some queues only.
         if (refusal := namespace_refusal(self.namespace)) is not None:
             raise SettingsError(f"EVSCHED_NAMESPACE={self.namespace[:60]!r}: {refusal}")
 
     def __repr__(self) -> str:
-        options = {
-            name: "***" if name in _SECRET_OPTIONS else value
-            for name, value in sorted(self.kafka_options.items())
-        }
         return (
             f"Settings(bootstrap={self.bootstrap!r}, namespace={self.namespace!r}, "
             f"event_partitions={self.event_partitions!r}, "
             f"dispatch_partitions={self.dispatch_partitions!r}, "
-            f"replication_factor={self.replication_factor!r}, kafka_options={options!r})"
+            f"replication_factor={self.replication_factor!r}, "
+            f"kafka_options={self.kafka_options!r})"
         )
 
     @classmethod
@@ -145,6 +146,32 @@ class Settings:
             ),
             kafka_options=kafka_options(env),
         )
+
+
+class KafkaOptions(Mapping[str, Any]):
+    """The Kafka client's options, read-only, passed on with ``**``; the repr (and so the str,
+    a log line, a traceback's locals) shows ``***`` for every secret's value."""
+
+    __slots__ = ("_options",)
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        self._options = dict(options or {})
+
+    def __getitem__(self, name: str) -> Any:
+        return self._options[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._options)
+
+    def __len__(self) -> int:
+        return len(self._options)
+
+    def __repr__(self) -> str:
+        shown = {
+            name: "***" if _SECRET_OPTION.search(name) else value
+            for name, value in sorted(self._options.items())
+        }
+        return f"KafkaOptions({shown!r})"
 
 
 def kafka_options(env: Mapping[str, str]) -> dict[str, Any]:
