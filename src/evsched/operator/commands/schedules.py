@@ -252,7 +252,8 @@ def schedules_resume(
     timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
     as_json: Json = False,
 ) -> None:
-    """Resume a paused schedule; of the slots missed while paused, at most the latest fires."""
+    """Resume a paused schedule: of the slots missed while paused, the newest fires, or, with a
+    catch-up window, each one within the window, oldest first (older ones are skipped)."""
     _schedule_control(
         checked_control(ScheduleResumed, schedule_id, reason),
         wait=wait,
