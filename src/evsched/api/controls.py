@@ -98,7 +98,8 @@ async def pause_schedule(
 async def resume_schedule(
     ctx: Ctx, schedule_id: ScheduleId, body: ControlRequest
 ) -> ScheduleControl:
-    """Slots fire again; of the slots missed while paused, at most the latest fires."""
+    """Slots fire again. Of the slots missed while paused, the newest fires; with a catch-up
+    window, each one within the window fires, oldest first, and older ones are skipped."""
     return await _schedule_control(ctx, ScheduleResumed, schedule_id, body.reason)
 
 

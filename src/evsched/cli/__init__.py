@@ -9,6 +9,7 @@ from evsched.cli.dev import dev_command
 from evsched.cli.kafka import kafka_app
 from evsched.cli.node import node_command
 from evsched.cli.worker import worker_command
+from evsched.logging import configure_logging
 from evsched.operator import register as register_operator_commands
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="evsched: event-sourced jobs.")
@@ -22,4 +23,7 @@ app.command("dev")(dev_command)
 
 
 def main() -> None:
+    # Unconfigured, structlog prints to stdout, where a command's results go (`--json | jq`):
+    # every command's log lines go to stderr. Process commands set their renderer on top.
+    configure_logging()
     app()

@@ -373,7 +373,8 @@ class App:
         )
 
     async def resume_schedule(self, schedule_id: str, *, reason: str = "") -> Appended:
-        """Slots fire again; of the slots missed while paused, at most the latest fires."""
+        """Slots fire again. Of the slots missed while paused, the newest fires; with a catch-up
+        window, each one within the window fires, oldest first, and older ones are skipped."""
         now = self.clock.now_ms()
         return await self.publish(
             control_event(ScheduleResumed, schedule_id, reason=reason, now_ms=now)

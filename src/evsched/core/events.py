@@ -437,7 +437,8 @@ class SchedulePaused:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleResumed:
-    """Slots fire again; of those missed while paused, at most the latest fires."""
+    """Slots fire again. Of those missed while paused, the newest fires; with a catch-up window,
+    each one within the window fires, oldest first, and older ones are skipped."""
 
     family: ClassVar[Literal[EventFamily.CONTROL]] = EventFamily.CONTROL
     timeline: ClassVar[Literal[EventTimeline.SCHEDULE]] = EventTimeline.SCHEDULE

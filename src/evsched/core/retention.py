@@ -68,8 +68,9 @@ def purge_reason(state: JobState, partition: int) -> str:
 def mark_until(state: JobState, log_at: int) -> int:
     """Until when the purge's own timeline entry stays in the index, for audits.
 
-    As long as the job was kept: the index then holds at most two retention periods of finished
-    jobs, whatever the age of the deployment (flat in steady state).
+    As long as the job was kept: of jobs whose id is not used again, the index then holds at most
+    two retention periods, whatever the age of the deployment. An id that gets a new run keeps
+    its earlier runs' timelines until it is purged, which waits for its latest run.
     """
     return log_at + retention_ms(state)
 

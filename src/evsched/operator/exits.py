@@ -20,7 +20,8 @@ class ExitCode(enum.IntEnum):
     # Kafka or the local index could not be reached, read or written in time.
     UNAVAILABLE = 4
     # A write was acknowledged by the broker, but the fold did not apply it (rejected, stale,
-    # conflict); the verdict and its reason are printed.
+    # conflict); the verdict and its reason are printed. Also a write left unwritten because
+    # the fold would refuse it: a backfill of a paused schedule.
     REFUSED = 5
     # A fault of evsched's own (a bug, or a record it could not handle): one line on stderr;
     # EVSCHED_DEBUG=1 lets the traceback through. 70 is sysexits' EX_SOFTWARE.

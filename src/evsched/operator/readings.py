@@ -415,7 +415,7 @@ def control_reading(entry: TimelineEntry, event: ControlEvent, *, held: bool = T
         return f"schedule paused by {event.source}: no slot fires until it is resumed{why}"
     if isinstance(event, ScheduleResumed):
         return (
-            f"schedule resumed by {event.source}: of the slots missed while paused, at most "
-            f"the latest fires{why}"
+            f"schedule resumed by {event.source}: of the slots missed while paused, the newest "
+            f"fires, or each one within its catch-up window{why}"
         )
     return f"queue resumed by {event.source}: its due jobs are leased again{why}"

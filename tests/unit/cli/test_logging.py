@@ -41,3 +41,30 @@ def test_a_dependency_warning_is_one_json_line_with_time_level_and_logger() -> N
     assert ours["event"] == "partition_phase"
     assert ours["partition"] == 3
     assert "timestamp" in ours
+
+
+CLI_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import structlog
+    from evsched import cli
+
+    @cli.app.command("log-probe")
+    def log_probe() -> None:
+        structlog.get_logger().info("probe_logged", partition=3)
+        print(json.dumps({"result": True}))
+
+    sys.argv = ["evsched", "log-probe"]
+    cli.main()
+    """
+)
+
+
+def test_the_command_line_logs_to_stderr_and_keeps_stdout_for_results() -> None:
+    # Unconfigured, structlog prints to stdout: `evsched jobs --json | jq` read log lines.
+    command = [sys.executable, "-c", CLI_CHILD]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"result": True}
+    (line,) = [json.loads(text) for text in done.stderr.splitlines()]
+    assert (line["event"], line["partition"], line["level"]) == ("probe_logged", 3, "info")

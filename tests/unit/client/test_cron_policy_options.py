@@ -11,11 +11,11 @@ import typer
 
 from evsched.commands import build_schedule
 from evsched.core import ids
-from evsched.core.events import JobEnqueued, JobTemplate, Position, ScheduleFired
+from evsched.core.events import JobTemplate, Position
 from evsched.core.schedule import policy as cron_policy
 from evsched.core.schedule.fold import fold_schedule
 from evsched.errors import InvalidEnqueue
-from evsched.operator.commands.schedules import backfill_events
+from evsched.operator.commands.schedule_backfill import backfill_fires
 from tests.unit.api.test_api import error_of
 from tests.unit.api.test_api_twin import Harness
 
@@ -53,17 +53,15 @@ def test_a_backfill_writes_each_slot_s_fire_and_job_with_the_node_s_ids() -> Non
     assert schedule is not None
     start = 1_767_225_600_000  # 2026-01-01T00:00Z, a slot
 
-    events = backfill_events(schedule, start, start + 30 * MINUTE, now=start + 99 * MINUTE)
+    pairs = backfill_fires(schedule, start, start + 30 * MINUTE, now=start + 99 * MINUTE)
 
-    fires = [e for _, e in events if isinstance(e, ScheduleFired)]
-    jobs = [e for _, e in events if isinstance(e, JobEnqueued)]
+    fires = [fire for fire, _ in pairs]
+    jobs = [job for _, job in pairs]
     slots = [start + n * 10 * MINUTE for n in range(4)]
     assert [f.fire_at for f in fires] == [j.fire_at for j in jobs] == slots
     assert {f.decision for f in fires} == {cron_policy.BACKFILLED}
     assert [j.job_id for j in jobs] == [ids.job_id_for_fire("s", slot) for slot in slots]
-    assert [key for key, _ in events] == [
-        k for s in slots for k in ("s", ids.job_id_for_fire("s", s))
-    ]
+    assert [f.job_id for f in fires] == [j.job_id for j in jobs]
 
 
 def test_a_backfill_of_an_empty_or_too_long_range_is_a_usage_error() -> None:
@@ -71,7 +69,7 @@ def test_a_backfill_of_an_empty_or_too_long_range_is_a_usage_error() -> None:
     yearly, _ = fold_schedule(None, upserted, Position(partition=0, offset=0, log_at=0))
     assert yearly is not None
     with pytest.raises(typer.BadParameter, match="no slot of"):
-        backfill_events(yearly, 1_000, 2_000, now=3_000)
+        backfill_fires(yearly, 1_000, 2_000, now=3_000)
     every, _ = fold_schedule(
         None,
         build_schedule("m", "* * * * *", "UTC", TEMPLATE, now_ms=0, event_id="e"),
@@ -79,4 +77,4 @@ def test_a_backfill_of_an_empty_or_too_long_range_is_a_usage_error() -> None:
     )
     assert every is not None
     with pytest.raises(typer.BadParameter, match="more than 1000 slots"):
-        backfill_events(every, 0, 2_000 * MINUTE, now=3_000 * MINUTE)
+        backfill_fires(every, 0, 2_000 * MINUTE, now=3_000 * MINUTE)

@@ -5,9 +5,10 @@ own timeline entry (what audits read: when, where, and where the history still i
 ``mark_until``. Those marks expire deterministically from the log: each applied purge, at log time
 T, first deletes every mark whose time is at most T. So the index after any offset is the same
 however the records were batched, and in steady state it holds no more than two retention periods
-of finished jobs. The batch's orphans (``index_orphans``) are judged in the same pass, in log
-order with the purges: they follow a job's kept purge mark, or get a mark of their own (as do a
-limit's permit steps and an unknown schedule's rejected events).
+of finished jobs whose id is not used again (a reused id keeps every run's timeline until its
+purge, which waits for its latest run). The batch's orphans (``index_orphans``) are judged in the
+same pass, in log order with the purges: they follow a job's kept purge mark, or get a mark of
+their own (as do a limit's permit steps and an unknown schedule's rejected events).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""``evsched schedules list|upsert|delete|pause|resume|backfill``: cron schedules, read from the
-caught-up local replica or written, with the fold's verdicts.
-
-``backfill ID --from --to`` fires a schedule's past slots on request: each slot in the range
-becomes a ``ScheduleFired`` (decision ``backfilled``) and its job's ``JobEnqueued``, with the ids a
-node would give that slot, so a slot that already fired (or was backfilled before) makes no second
-job: its enqueue is a ``duplicate``. The schedule's fold judges every backfilled fire (a past slot
-of the expression, before its next due slot) and does not move the schedule. The range is bounded
-(``cron_policy.MAX_BACKFILL_SLOTS``).
+"""``evsched schedules list|show|upsert|delete|pause|resume``: cron schedules, read from the
+caught-up local replica or written, with the fold's verdicts (``backfill``: schedule_backfill.py).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Annotated
 
 import typer
@@ -20,18 +12,15 @@ from evsched.adapters.clock import now_ms
 from evsched.adapters.ids import new_id
 from evsched.client import App
 from evsched.commands import SOURCE, check_id
-from evsched.core import planner
 from evsched.core.controls import SCHEDULE
 from evsched.core.events import (
     ControlEvent,
-    Event,
     ScheduleDeleted,
     SchedulePaused,
     ScheduleResumed,
 )
-from evsched.core.schedule import policy as cron_policy
-from evsched.core.state import ScheduleState
 from evsched.errors import InvalidEnqueue
+from evsched.operator.commands.schedule_backfill import schedules_backfill
 from evsched.operator.commands.writing import (
     AppRef,
     ArgsJson,
@@ -66,7 +55,6 @@ from evsched.operator.writes import (
     bad,
     checked_control,
     parse_args,
-    parse_run_at,
     resolve_spec,
     schedule_event,
     template_for,
@@ -264,7 +252,8 @@ def schedules_resume(
     timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
     as_json: Json = False,
 ) -> None:
-    """Resume a paused schedule; of the slots missed while paused, at most the latest fires."""
+    """Resume a paused schedule: of the slots missed while paused, the newest fires, or, with a
+    catch-up window, each one within the window, oldest first (older ones are skipped)."""
     _schedule_control(
         checked_control(ScheduleResumed, schedule_id, reason),
         wait=wait,
@@ -283,73 +272,3 @@ def _schedule_control(
         return report(judged, as_json)
 
     run(main)
-
-
-def schedules_backfill(
-    *,
-    schedule_id: ScheduleId,
-    start: Annotated[str, typer.Option("--from", help="First time of the range (ISO 8601).")],
-    end: Annotated[str, typer.Option("--to", help="Last time of the range, included.")],
-    wait: Wait = True,
-    data_dir: DataDir = DEFAULT_DATA_DIR,
-    timeout_s: TimeoutS = DEFAULT_TIMEOUT_S,
-    as_json: Json = False,
-) -> None:
-    """Fire every slot of a schedule from --from to --to (past slots only, at most 1000)."""
-    try:
-        check_id("schedule_id", schedule_id)
-    except InvalidEnqueue as exc:
-        raise bad(exc.field, exc.reason) from None
-    first, last = _ms(start, "--from"), _ms(end, "--to")
-    if last < first:
-        raise typer.BadParameter("must not be before --from", param_hint="--to")
-    options = ReplicaOptions(data_dir=data_dir, timeout_s=timeout_s, quiet=as_json)
-
-    async def main() -> ExitCode:
-        async with replica(options) as local:
-            schedule = local.index_of(schedule_id).schedule(schedule_id)
-        events = backfill_events(_live(schedule, schedule_id), first, last, now_ms())
-        app = App(Settings.from_env(), name="operator")
-        judged = await write(app, events, options, wait=wait)
-        return report(judged, as_json)
-
-    run(main)
-
-
-def backfill_events(
-    schedule: ScheduleState, first: int, last: int, now: int
-) -> list[tuple[str, Event]]:
-    """The fires and enqueues of the slots in ``[first, last]``; a usage error when none is
-    there, or more than the bound."""
-    slots = cron_policy.backfill_slots(schedule, first, last)
-    if not slots:
-        raise typer.BadParameter(f"no slot of {schedule.cron!r} in the range", param_hint="--to")
-    if len(slots) > cron_policy.MAX_BACKFILL_SLOTS:
-        raise typer.BadParameter(
-            f"the range holds more than {cron_policy.MAX_BACKFILL_SLOTS} slots: split it",
-            param_hint="--to",
-        )
-    events: list[tuple[str, Event]] = []
-    for slot in slots:
-        fired, job = planner.fire(
-            schedule, slot, now=now, source=SOURCE, decision=cron_policy.BACKFILLED
-        )
-        events.append((schedule.schedule_id, fired))
-        if job is not None:
-            events.append((job.job_id, job))
-    return events
-
-
-def _live(schedule: ScheduleState | None, schedule_id: str) -> ScheduleState:
-    if schedule is None or schedule.deleted:
-        raise OperatorError(ExitCode.NOT_FOUND, f"no schedule {schedule_id} in the replica")
-    return schedule
-
-
-def _ms(text: str, option: str) -> int:
-    try:
-        moment = parse_run_at(text)
-    except typer.BadParameter as exc:
-        raise typer.BadParameter(exc.message, param_hint=option) from None
-    assert moment is not None
-    return math.floor(moment.timestamp() * 1000)
