@@ -12,8 +12,7 @@ import httpx
 import pytest
 
 from evsched.core.bounds import MAX_ID_BYTES
-from evsched.core.events import JobEnqueued
-from tests.unit.api.test_api_twin import Harness
+from tests.unit.api.test_api_twin import Harness, foreign_job
 
 LONGEST = "x" * MAX_ID_BYTES
 LONGEST_UTF8 = "é" * (MAX_ID_BYTES // 2)  # 512 characters, 1,024 bytes
@@ -35,22 +34,6 @@ async def api(tmp_path: Path) -> AsyncIterator[Harness]:
 def test_the_ids_sit_on_the_bound() -> None:
     assert {len(i.encode()) for i in FITTING} == {MAX_ID_BYTES}
     assert {len(i.encode()) for i in TOO_LONG} == {MAX_ID_BYTES + 1}
-
-
-async def foreign_job(h: Harness, job_id: str) -> None:
-    """Enqueued by another producer, as the API never makes such an id itself."""
-    await h.replica.append(
-        JobEnqueued(
-            event_id=f"e{len(job_id)}",
-            job_id=job_id,
-            emitted_at=h.replica.clock.now_ms(),
-            source="foreign",
-            task="t",
-            queue="default",
-            args=b'{"args":[],"kwargs":{}}',
-        )
-    )
-    h.replica.sync()
 
 
 async def job_routes(h: Harness, job_id: str) -> dict[str, httpx.Response]:

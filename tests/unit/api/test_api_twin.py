@@ -8,6 +8,7 @@ fold's verdicts without a broker. The tests at the end check the twin itself.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from evsched.adapters.kafka.queues import FixedQueues
 from evsched.adapters.kafka.topics import Topics
 from evsched.api import create_app
 from evsched.client import App
-from evsched.core.events import Event, entity_id
+from evsched.core.events import Event, JobEnqueued, entity_id
 from evsched.metrics import Metrics
 from evsched.ports import Clock, Record
 from evsched.runtime.projection.projector import CommitHook, Projector
@@ -159,3 +160,20 @@ async def test_a_paused_twin_times_out_waiting(api: Harness) -> None:
     api.replica.paused = True
     with pytest.raises(TimeoutError):
         await api.replica.wait_for(0, 0)
+
+
+async def foreign_job(h: Harness, job_id: str) -> None:
+    """A job whose id another producer chose (the API only makes ids of its own), folded."""
+    digest = hashlib.sha256(job_id.encode()).hexdigest()[:16]  # an event id of any id's bound
+    await h.replica.append(
+        JobEnqueued(
+            event_id=f"foreign-{digest}",
+            job_id=job_id,
+            emitted_at=h.replica.clock.now_ms(),
+            source="foreign",
+            task="t",
+            queue="default",
+            args=b'{"args":[],"kwargs":{}}',
+        )
+    )
+    h.replica.sync()

@@ -13,8 +13,8 @@ import pytest
 from evsched.api.auth import Tokens
 from evsched.api.dashboard import session
 from evsched.api.dashboard.session import COOKIE, Role, Sessions
-from evsched.core.events import JobEnqueued, JobTemplate, ScheduleUpserted
-from tests.unit.api.test_api_twin import TOKEN, Harness
+from evsched.core.events import JobTemplate, ScheduleUpserted
+from tests.unit.api.test_api_twin import TOKEN, Harness, foreign_job
 from tests.unit.api.test_dashboard import csrf_of, kill, login
 
 # Ids a browser would cut, resolve or decode if they were put in a path as they are.
@@ -100,22 +100,6 @@ async def test_pause_resume_delete_take_the_whole_id(board: Harness, schedule_id
     assert [e.kind for e in board.replica.index(0).timeline("victim", schedule=True)] == [
         "ScheduleUpserted"
     ]
-
-
-async def foreign_job(h: Harness, job_id: str) -> None:
-    """A job whose id another producer chose (the API only makes ids of its own)."""
-    await h.replica.append(
-        JobEnqueued(
-            event_id=f"e-{job_id}",
-            job_id=job_id,
-            emitted_at=h.replica.clock.now_ms(),
-            source="foreign",
-            task="t",
-            queue="default",
-            args=b'{"args":[],"kwargs":{}}',
-        )
-    )
-    h.replica.sync()
 
 
 def link_to(job_id: str, page: str) -> str:
