@@ -346,8 +346,8 @@ def _attempt_refusal(entry: TimelineEntry, event: JobEvent, before: JobState) ->
 def _lease_refusal(entry: TimelineEntry, event: JobLeased, before: JobState) -> str:
     if before.status is not Status.SCHEDULED:
         return f"job is {before.status} (a late or duplicate proposal)"
-    if event.token <= before.token:
-        return f"token {event.token} does not exceed the current token {before.token}"
+    if event.token != before.token + 1:
+        return f"it proposes token {event.token}, the next is {before.token + 1}"
     if entry.log_at < before.run_at:
         return f"the job is not due for another {span(before.run_at - entry.log_at)}"
     if event.attempt != before.attempt + 1:
