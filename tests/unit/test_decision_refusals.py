@@ -90,7 +90,7 @@ async def test_a_job_at_the_last_token_is_never_leased_and_its_refusals_back_off
     assert driver.decisions() == [] and driver.dispatched() == []
     refused = lines(logs, "decision_refused")
     assert [line["retry_in_s"] for line in refused] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
-    assert {(line["entity"], line["kind"]) for line in refused} == {("last", "JobLeased")}
+    assert {(line["job_id"], line["kind"]) for line in refused} == {("last", "JobLeased")}
     assert refused[0]["reason"] == f"rejected: token {MAX_TOKEN + 1} is outside [1, {MAX_TOKEN}]"
     state = driver.job("last")
     assert state is not None and (state.status, state.token) == (Status.SCHEDULED, MAX_TOKEN)
@@ -156,7 +156,7 @@ async def test_decisions_rejected_as_early_are_proposed_again_after_a_doubling_b
     leases = [line for line in rejected if line["kind"] == "JobLeased"]
     # Proposed at about 0, 1, 3, 7 s (rejected) and 15 s (applied): 5 leases, not 200.
     assert [line["retry_in_s"] for line in leases] == [1.0, 2.0, 4.0, 8.0]
-    assert {(line["entity"], line["verdict"], line["reason"]) for line in leases} == {
+    assert {(line["job_id"], line["verdict"], line["reason"]) for line in leases} == {
         ("early", "rejected", "lease granted before the job's run_at")
     }
     assert len(skewed.decisions(JobLeased)) == 5 and len(skewed.dispatched()) == 5
@@ -226,14 +226,16 @@ def test_only_our_decisions_that_were_not_applied_are_held_and_they_are_counted(
     instruments = NodeInstruments(registry).partition(0)
     quarantine = Quarantine(0, FrozenClock(), instruments)
     refusals = Refusals(0, quarantine)
-    ours = {"lease-a": ("a", 0.0), "lease-b": ("b", 0.0)}
+    ours = {"lease-a": ("a", 0.0), "lease-b": ("b", 0.0), "fire-s": ("s", 0.0)}
     timeline = [
         ("a", rejected_entry("a", "lease-a"), b""),
         ("b", rejected_entry("b", "lease-b", Verdict.APPLIED), b""),
         ("c", rejected_entry("c", "forged-c"), b""),  # not ours: a forger's, nothing to hold
+        ("s", rejected_entry("s", "fire-s", Verdict.DUPLICATE), b""),  # another node's went first
     ]
     refusals.observe(timeline, ours)
-    assert quarantine.holds("a") and not quarantine.holds("b") and not quarantine.holds("c")
+    assert quarantine.holds("a")
+    assert not any(quarantine.holds(entity) for entity in "bcs")
     refusals.vet("d", "JobPurged", "rejected: too early")
     samples = parse(generate_latest(registry).decode())
     quarantined = "evsched_node_decisions_quarantined_total"

@@ -2,9 +2,10 @@
 
 A node's decision is a proposal, judged by the fold. It can be refused two ways: the node's dry
 run (``core.proposals``) says the fold would not apply it, so it is never sent; or it went out
-and came back not applied (a node clock ahead of the log's makes a lease early, a state moved
-in between). Planned again from the same state, it would be refused again, and each round is a
-record in the log, the index and the changelog. So the entity (a job, or a schedule for a fire)
+and came back refused (a node clock ahead of the log's makes a lease early, a state moved in
+between; a ``duplicate`` is no refusal: the decision took effect before). Planned again from the
+same state, it would be refused again, and each round is a record in the log, the index and the
+changelog. So the entity (a job, or a schedule for a fire)
 is held back in the partition's ``Quarantine`` (skipped by the scans, woken when the hold ends)
 for a back-off that doubles with each refusal of the same state: REFUSAL_BACKOFF_S, twice that,
 and so on up to REFUSAL_BACKOFF_MAX_S. Any applied event of the entity means its state changed:
@@ -62,7 +63,7 @@ class Refusals:
         log.warning(
             "decision_refused",
             partition=self.partition,
-            entity=entity,
+            **_named(kind, entity),
             kind=kind,
             reason=refusal,
             retry_in_s=hold_s,
@@ -75,20 +76,20 @@ class Refusals:
         ours: Mapping[str, tuple[str, float]],
     ) -> None:
         """Read a folded batch's verdicts in log order: an applied event forgets its entity's
-        refusals; a decision of ours (pending, by event id) that was not applied holds back
-        the entity it was pending for."""
+        refusals; a decision of ours (pending, by event id) that came back refused (any verdict
+        but applied or duplicate) holds back the entity it was pending for."""
         if not ours and not self._counts:
             return  # nothing of ours to judge, nothing to forget: the usual idle step
         for entity, entry, _ in timeline:
             if entry.verdict is Verdict.APPLIED:
                 self.forget(entity)
-            elif entry.event_id in ours:
+            elif entry.verdict is not Verdict.DUPLICATE and entry.event_id in ours:
                 held = ours[entry.event_id][0]
                 hold_s = self._hold(held, REJECTED, entry.reason)
                 log.warning(
                     "decision_rejected",
                     partition=self.partition,
-                    entity=held,
+                    **_named(entry.kind, held),
                     kind=entry.kind,
                     offset=entry.offset,
                     verdict=entry.verdict.value,
@@ -118,3 +119,8 @@ class Refusals:
 
     def __len__(self) -> int:
         return len(self._counts)
+
+
+def _named(kind: str, entity: str) -> dict[str, str]:
+    """The log line's id field: a fire's schedule, else the job the decision is about."""
+    return {"schedule_id" if kind == "ScheduleFired" else "job_id": entity}
