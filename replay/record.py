@@ -40,6 +40,7 @@ from evsched.operator.replica_dir import LocalIndex, catch_up  # noqa: E402
 from replay import (  # noqa: E402
     poison_check,
     scenario_controls,
+    scenario_leases,
     scenario_limits,
     scenario_orphans,
     scenario_poison,
@@ -206,6 +207,13 @@ SCENARIOS = {
             "the partition changes owner; every index keeps only the newest 1,000 of each kind "
             "at or below its offset, while verdicts and tallies count them all.",
             scenario_poison.poison,
+        ),
+        Scenario(
+            "forged_leases",
+            "A lease applies only at the job's token + 1 (fold version 8, issue 32): a job due "
+            "while no node runs, a forger's leases of it at 2^53 - 1 and at its token + 2, each "
+            "rejected naming token 1; then the node leases it at token 1 and a worker runs it.",
+            scenario_leases.forged_leases,
         ),
     )
 }

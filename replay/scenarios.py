@@ -395,11 +395,15 @@ async def _run_at(stack: Stack, job_id: str) -> int:
 
 
 def _forged_preleases(job_id: str, run_at: int) -> list[tuple[bytes, bytes]]:
-    """A hostile producer's pre-leases of a job due in an hour: too far ahead, wrong run_at."""
-    meta = {"emitted_at": 0, "source": "forger", "attempt": 1, "lease_ms": 1_000}
+    """A hostile producer's pre-leases of a job due in an hour: too far ahead, wrong run_at.
+
+    Both at the job's next token (it was never leased), so the pre-lease checks judge them: the
+    recorded history has tokens 7 and 8, refused for their token first since fold version 8.
+    """
+    meta = {"emitted_at": 0, "source": "forger", "attempt": 1, "lease_ms": 1_000, "token": 1}
     events = [
-        JobLeased(event_id="pre-1", job_id=job_id, token=7, not_before=run_at, **meta),
-        JobLeased(event_id="pre-2", job_id=job_id, token=8, not_before=run_at - 1, **meta),
+        JobLeased(event_id="pre-1", job_id=job_id, not_before=run_at, **meta),
+        JobLeased(event_id="pre-2", job_id=job_id, not_before=run_at - 1, **meta),
     ]
     return [(e.job_id.encode(), avro.encode_event(e)) for e in events]
 

@@ -82,7 +82,7 @@ class EnqueueOptions:
     key_window: Delay | None = None
     # "queued", "active", or a period (timedelta or seconds); None: the task's.
     unique: Unique | None = None
-    # Job ids this job waits on, and the rule that releases it (core.workflows); the client
+    # Job ids this job waits on, and the rule that releases it (core.workflow.waits); the client
     # writes a ChildRegistered per parent in the enqueue's transaction (client.workflows).
     after: Sequence[str] | None = None
     after_rule: str | None = None
@@ -380,7 +380,7 @@ def build_schedule(
     """A ScheduleUpserted, after checking the cron expression and the time zone on their own.
 
     ``catchup_window`` and ``max_jitter`` (timedelta or seconds) and ``overlap`` (allow, skip or
-    buffer) are its cron policies (``core.cron_policy``); None keeps the original rules.
+    buffer) are its cron policies (``core.schedule.policy``); None keeps the original rules.
     """
     if overlap is not None and overlap not in bounds.OVERLAPS:
         raise InvalidEnqueue("overlap", f"must be one of {', '.join(bounds.OVERLAPS)}")

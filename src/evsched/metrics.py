@@ -301,7 +301,8 @@ class PartitionInstruments:
     effects: Any
     inbox: Any
     # Decisions held back (``quarantined(stage).inc()``): encode, topic, undeclared
-    # (its queue has no dispatch topic yet; counted each time it is held again) or send.
+    # (its queue has no dispatch topic yet; counted each time it is held again), send, fold
+    # (the node's dry run of the fold refused it) or rejected (the fold did not apply it).
     quarantined: Any
 
 
@@ -362,8 +363,9 @@ class NodeInstruments:
         self.quarantined = PromCounter(
             "evsched_node_decisions_quarantined",
             "Decisions held back because they could not be encoded (encode), their queue is not "
-            "declared (undeclared), their dispatch topic is misconfigured (topic) or a record "
-            "was refused (send).",
+            "declared (undeclared), their dispatch topic is misconfigured (topic), a record "
+            "was refused (send), the fold would refuse them (fold: never sent) or did not apply "
+            "them (rejected).",
             ["partition", "stage"],
             registry=registry,
         )

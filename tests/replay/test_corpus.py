@@ -11,7 +11,7 @@ import pytest
 
 from evsched.adapters.archive.history_file import read_history
 from evsched.core import retry
-from evsched.core.events import EVENT_TYPES, AttemptSucceeded, JobEvent, Position
+from evsched.core.events import EVENT_TYPES, AttemptSucceeded, JobEvent, JobLeased, Position
 from evsched.core.fold import fold
 from evsched.core.state import JobState, Status, TimelineEntry, Verdict
 from evsched.operator.commands.replay import check, load_expected
@@ -109,3 +109,25 @@ def test_a_fold_that_ignores_a_paused_queue_is_caught(monkeypatch: pytest.Monkey
     monkeypatch.setattr(invariants, "fold_job", unguarded)
     first = compare(expected, refold("controls")).first
     assert first is not None and first.kind == "JobLeased" and first.field == "verdict"
+
+
+def takes_any_higher_token(
+    state: JobState | None, event: JobEvent, position: Position
+) -> tuple[JobState | None, TimelineEntry]:
+    """Fold version 7's lease rule: any token above the current one (a forged jump applies)."""
+    if isinstance(event, JobLeased) and state is not None and event.token > state.token + 1:
+        new, entry = fold(replace(state, token=event.token - 1), event, position)
+        return (new, entry) if entry.verdict is Verdict.APPLIED else (state, entry)
+    return fold(state, event, position)
+
+
+def test_a_fold_that_takes_a_forged_token_jump_is_caught() -> None:
+    expected = load_expected(CORPUS / "forged_leases.expected.json")
+    first = compare(expected, refold("forged_leases", fold_job=takes_any_higher_token)).first
+    assert first is not None
+    assert (first.kind, first.field, first.expected, first.actual) == (
+        "JobLeased",
+        "verdict",
+        "rejected",
+        "applied",
+    )

@@ -1,4 +1,4 @@
-"""The HTTP shapes of workflows: the graph (``core.workflow_graph``'s JSON) and the answers of a
+"""The HTTP shapes of workflows: the graph (``core.workflow.graph``'s JSON) and the answers of a
 whole workflow's cancel and requeue."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cancel or requeue a whole workflow: the events of a plan (``core.workflow_ops``), written in one
+"""Cancel or requeue a whole workflow: the events of a plan (``core.workflow.ops``), written in one
 Kafka transaction, and the tally of the verdicts the fold gave them.
 
 The HTTP API and ``evsched workflow`` both read the graph from their replica, plan with the core,

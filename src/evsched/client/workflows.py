@@ -1,7 +1,7 @@
 """Workflows for the client: ``chain``, ``group`` (with a callback) and ``after=``, on the log.
 
 A workflow is planned into jobs that wait on one another (``JobEnqueued.after``, see
-``core.workflows``) and written in one Kafka transaction: every job's enqueue and, after its
+``core.workflow.waits``) and written in one Kafka transaction: every job's enqueue and, after its
 parents' enqueues, one ``ChildRegistered`` per parent. Results travel in the log: a chain step
 gets the previous step's result appended to its positional args, a group's callback one more
 positional arg, the list of the members' results in member order. Under a ``key`` every job's id

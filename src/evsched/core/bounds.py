@@ -67,9 +67,9 @@ MAX_TIME_MS = 253_402_300_799_999
 # Durations (lease_ms, timeout_ms, backoffs): at most 3,653 days, so an instant plus a duration
 # stays far inside a signed 64-bit long (and the index's unsigned 8-byte time keys).
 MAX_DURATION_MS = 3653 * 86_400_000
-# A ScheduleFired's decisions besides an ordinary fire (core.cron_policy).
+# A ScheduleFired's decisions besides an ordinary fire (core.schedule.policy).
 FIRE_DECISIONS = ("caught_up", "missed", "backfilled")
-# A schedule's overlap policies (core.cron_policy); None is "allow".
+# A schedule's overlap policies (core.schedule.policy); None is "allow".
 OVERLAPS = ("allow", "skip", "buffer")
 # Tokens: the next lease's `token + 1` must still be exact in a signed 64-bit long and in a
 # double (JSON readers in any language); attempts match the API's bound.
@@ -81,7 +81,7 @@ MAX_MULTIPLIER = 1000.0
 # that long, so the bound keeps a zombie or a foreign producer from parking jobs for hours.
 MAX_PRELEASE_MS = 60_000
 
-# Workflows (core.workflows): parents a job may wait on, children a job may have waiting on it
+# Workflows (core.workflow.waits): parents a job may wait on, children a job may have waiting on it
 # (both lists live in the job's state), the rules, result placements and parent outcomes.
 MAX_PARENTS = 1_000
 MAX_CHILDREN = 1_000

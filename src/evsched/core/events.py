@@ -17,7 +17,7 @@ class EventFamily(Enum):
     """The fold that judges an event; a family's kinds are the members of its union below."""
 
     JOB = "job"  # JobEvent: the job fold (core.fold)
-    SCHEDULE = "schedule"  # ScheduleEvent: the schedule fold (core.schedules)
+    SCHEDULE = "schedule"  # ScheduleEvent: the schedule fold (core.schedule.fold)
     CONTROL = "control"  # ControlEvent: pauses and resumes (core.controls)
     LIMIT = "limit"  # LimitEvent: a limit's settings and permit steps at its home (core.permits)
     PERMIT = "permit"  # PermitEvent: a job's permit asked for and granted (core.permits)
@@ -106,7 +106,7 @@ class JobEnqueued:
     # Fold version 4: a uniqueness scope ("queued", "active" or "period", see core.unique).
     unique: str | None = None
     unique_period_ms: int | None = None
-    # Added in fold version 4 (core.workflows): the parents this job waits on, the rule that
+    # Added in fold version 4 (core.workflow.waits): the parents this job waits on, the rule that
     # releases it, and where their results go in its args ("none", "append" or "list").
     after: tuple[str, ...] = ()
     after_rule: str = "all_succeeded"
@@ -257,7 +257,7 @@ class JobRequeued:
     run_at: int | None = None
     trace: TraceContext | None = None
     rerun: bool = False
-    # Fold version 5 (core.workflow_ops): a workflow's dead or cancelled child waits again on
+    # Fold version 5 (core.workflow.ops): a workflow's dead or cancelled child waits again on
     # the parents whose resolution was a failure, instead of being scheduled.
     rewait: bool = False
 
@@ -277,7 +277,7 @@ class JobPurged:
     trace: TraceContext | None = None
 
 
-# --- workflow events (core.workflows) -------------------------------------------------------
+# --- workflow events (core.workflow.waits) -------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -351,7 +351,7 @@ class ScheduleUpserted:
     timezone: str
     template: JobTemplate
     trace: TraceContext | None = None
-    # Fold version 4 (core.cron_policy): None keeps the original rules.
+    # Fold version 4 (core.schedule.policy): None keeps the original rules.
     catchup_window_ms: int | None = None
     max_jitter_ms: int | None = None
     overlap: str | None = None
@@ -383,7 +383,7 @@ class ScheduleFired:
     fire_at: int
     job_id: str
     trace: TraceContext | None = None
-    # Fold version 4 (core.cron_policy): None for an ordinary fire, else caught_up, missed (no
+    # Fold version 4 (core.schedule.policy): None for an ordinary fire, else caught_up, missed (no
     # job) or backfilled; and the job's jittered run_at (None: the slot).
     decision: str | None = None
     run_at: int | None = None

@@ -51,8 +51,10 @@ from evsched.core.workflow import waits as workflows
 # schedules it does not hold expire like those of unknown jobs, where version 6 keeps them and
 # marks an unknown job's by its id alone; the permit steps are keyed under a timeline family
 # of their own, where version 6 keys them with the queue's pauses and limit settings, which
-# time travel reads whole): indexes then rebuild.
-FOLD_VERSION = 7
+# time travel reads whole; 8: a lease is applied only at the job's token + 1, where version 7
+# took any higher token, so one forged lease near bounds.MAX_TOKEN left the job unleasable and
+# its node proposing an impossible lease for ever): indexes then rebuild.
+FOLD_VERSION = 8
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
 # transition rules (they are rejected or stale), so a short window keeps state small.
@@ -271,8 +273,10 @@ def _leased(state: JobState | None, event: JobLeased, position: Position) -> Ste
     if state.status is not Status.SCHEDULED:
         return state, Verdict.REJECTED, f"cannot lease: job is {state.status}"
     token, attempt = event.token, event.attempt
-    if token <= state.token:
-        why = f"lease token {token} does not exceed current token {state.token}"
+    if token != state.token + 1:
+        # A node only ever proposes the next token: one that jumps ahead is forged, and would
+        # leave the job at a token whose next lease breaks bounds.MAX_TOKEN (fold version 8).
+        why = f"lease token {token}, expected token {state.token + 1}"
         return state, Verdict.REJECTED, why
     if (too_early := _lease_too_early(state, event, position)) is not None:
         return state, Verdict.REJECTED, too_early

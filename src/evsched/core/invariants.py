@@ -59,7 +59,7 @@ History = Iterable[tuple[Event, Position]]
 JobFold = Callable[[JobState | None, JobEvent, Position], tuple[JobState | None, TimelineEntry]]
 
 # I8, every child released at most once per parent and only by an accepted end, is checked by
-# core.invariants_workflows at the end of ``feed_all``.
+# core.workflow.invariants at the end of ``feed_all``.
 NO_DOUBLE_SUCCESS = "I1"
 NO_EARLY_START = "I6"
 TOKENS_INCREASE = "I7"
@@ -107,7 +107,7 @@ class Replay:
     _accounts: dict[str, _Account] = field(default_factory=dict)
     # The names paused by (partition, target), kept with ``controls`` (every event reads them).
     _paused: dict[tuple[int, str], set[str]] = field(default_factory=dict)
-    # I8 (core.invariants_workflows): checked once the whole history is in.
+    # I8 (core.workflow.invariants): checked once the whole history is in.
     releases: Releases = field(default_factory=Releases)
 
     def feed_all(self, history: History) -> Replay:

@@ -38,8 +38,12 @@ class PlannerBudgets:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Lease:
+    """A lease to propose, its dispatch record, and the job's state it was planned from (what
+    the node's dry run folds it against, ``core.proposals``)."""
+
     event: JobLeased
     dispatch: Dispatch
+    state: JobState
 
 
 class Plannable(Protocol):
@@ -170,7 +174,7 @@ def _lease(
         trace=state.trace,
         events_offset=at,
     )
-    return Lease(event=event, dispatch=dispatch)
+    return Lease(event=event, dispatch=dispatch, state=state)
 
 
 def plan_expiries(candidates: Iterable[JobState], *, now: int, source: str) -> list[LeaseExpired]:

@@ -15,7 +15,7 @@ class Status(enum.StrEnum):
     SUCCEEDED = "succeeded"
     DEAD = "dead"
     CANCELLED = "cancelled"
-    WAITING = "waiting"  # on its parents (core.workflows); last, as in the Avro enum
+    WAITING = "waiting"  # on its parents (core.workflow.waits); last, as in the Avro enum
 
 
 TERMINAL_STATUSES = frozenset({Status.SUCCEEDED, Status.DEAD, Status.CANCELLED})
@@ -100,7 +100,7 @@ class JobState:
     unique: str | None = None
     unique_period_ms: int | None = None
     unique_held_at: int | None = None
-    # Workflows (core.workflows): the parents this job waits on, its rule, where their results
+    # Workflows (core.workflow.waits): the parents this job waits on, its rule, where their results
     # go, how each resolved so far; and the children waiting on this job.
     after: tuple[str, ...] = ()
     after_rule: str = "all_succeeded"
@@ -124,7 +124,7 @@ class ScheduleState:
     last_job_id: str | None = None
     deleted: bool = False
     recent_event_ids: tuple[str, ...] = ()
-    # Cron policies (core.cron_policy), from the upsert.
+    # Cron policies (core.schedule.policy), from the upsert.
     catchup_window_ms: int | None = None
     max_jitter_ms: int | None = None
     overlap: str | None = None

@@ -346,8 +346,8 @@ def _attempt_refusal(entry: TimelineEntry, event: JobEvent, before: JobState) ->
 def _lease_refusal(entry: TimelineEntry, event: JobLeased, before: JobState) -> str:
     if before.status is not Status.SCHEDULED:
         return f"job is {before.status} (a late or duplicate proposal)"
-    if event.token <= before.token:
-        return f"token {event.token} does not exceed the current token {before.token}"
+    if event.token != before.token + 1:
+        return f"it proposes token {event.token}, the next is {before.token + 1}"
     if entry.log_at < before.run_at:
         return f"the job is not due for another {span(before.run_at - entry.log_at)}"
     if event.attempt != before.attempt + 1:
@@ -377,7 +377,7 @@ def schedule_reading(
         case ScheduleDeleted() if applied:
             return f"schedule deleted by {event.source}"
         case ScheduleFired() if applied and (event.decision or event.run_at or _overlaps(after)):
-            # A cron policy's decision (core.cron_policy): the fold's own reading names it.
+            # A cron policy's decision (core.schedule.policy): the fold's own reading names it.
             return f"{event.source} at slot {iso(event.fire_at)}: {entry.reason}"
         case ScheduleFired() if applied:
             return f"{event.source} fired slot {iso(event.fire_at)} as job {event.job_id}"

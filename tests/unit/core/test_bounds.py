@@ -248,6 +248,8 @@ def test_limits_at_their_bounds_are_applied() -> None:
     )
     assert entry.verdict is Verdict.APPLIED, entry.reason
     assert isinstance(state, JobState)
+    # Leases go one token at a time (fold version 8): the job's last lease was the one before.
+    state = replace(state, token=bounds.MAX_TOKEN - 1)
     lease = JobLeased(**_meta(), token=bounds.MAX_TOKEN, attempt=1, lease_ms=bounds.MAX_DURATION_MS)
     leased, entry = fold(state, lease, replace(AT, log_at=bounds.MAX_TIME_MS))
     assert entry.verdict is Verdict.APPLIED, entry.reason

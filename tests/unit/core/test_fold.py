@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evsched.core import ids, retry
+from evsched.core import bounds, ids, retry
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
@@ -212,15 +212,21 @@ def test_a_cancelled_pre_lease_rejects_its_start() -> None:
     assert late.verdict is Verdict.REJECTED and job.current.status is Status.CANCELLED
 
 
-def test_lease_token_must_strictly_increase() -> None:
+def test_a_lease_is_applied_only_at_the_next_token() -> None:
     job = Job()
-    job.run(enqueue(), lease(5, 1), start(5), fail(5))
+    job.run(enqueue(), lease(1, 1))
+    job.now += LEASE_MS
+    job.run(expire(1), lease(2, 1), start(2), fail(2))  # an unstarted lease spends no attempt
     job.now = job.current.run_at
-    for token in (1, 4, 5):
+    # Older, current, or ahead of the next (what a forger sends): each rejected, naming the next.
+    for token in (1, 2, 4, 9, bounds.MAX_TOKEN):
         entry = job.apply(lease(token, 2))
-        assert entry.verdict is Verdict.REJECTED
-        assert "does not exceed current token 5" in entry.reason
-    assert job.apply(lease(6, 2)).verdict is Verdict.APPLIED
+        assert (entry.verdict, entry.reason) == (
+            Verdict.REJECTED,
+            f"lease token {token}, expected token 3",
+        )
+    assert job.current.token == 2
+    assert job.apply(lease(3, 2)).verdict is Verdict.APPLIED
 
 
 def test_lease_for_the_wrong_attempt_number_is_rejected() -> None:
@@ -334,19 +340,22 @@ def test_a_forged_body_digest_does_not_pass_for_another_body() -> None:
 
 def test_requeue_resets_attempts_but_never_the_token() -> None:
     job = Job()
-    job.run(enqueue(max_attempts=1), lease(7, 1), start(7), fail(7))
+    job.run(enqueue(max_attempts=1), lease(1, 1))
+    job.now += LEASE_MS
+    job.run(expire(1), lease(2, 1), start(2), fail(2))
     assert job.current.status is Status.DEAD
     job.now = T0 + 60_000
     state = job.run(requeue(run_at=T0 + 90_000))
     assert (state.status, state.attempt, state.token, state.run_at) == (
         Status.SCHEDULED,
         0,
-        7,
+        2,
         T0 + 90_000,
     )
     job.now = T0 + 90_000
-    assert job.apply(lease(7, 1)).verdict is Verdict.REJECTED
-    assert job.run(lease(8, 1)).attempt == 1
+    assert job.apply(lease(1, 1)).verdict is Verdict.REJECTED
+    assert job.apply(lease(2, 1)).verdict is Verdict.REJECTED
+    assert job.run(lease(3, 1)).attempt == 1
 
 
 def test_requeue_of_a_cancelled_job_is_due_at_its_log_time() -> None:
@@ -393,14 +402,16 @@ def test_checkpoint_is_kept_across_retries() -> None:
 
 def test_timeline_entry_records_position_kind_token_and_status() -> None:
     job = Job()
-    job.run(enqueue(), lease(4, 1))
+    job.run(enqueue(), lease(1, 1))
+    job.now += LEASE_MS
+    job.run(expire(1), lease(2, 1))
     entry = job.entries[-1]
     assert (entry.partition, entry.offset, entry.log_at, entry.kind, entry.token) == (
         3,
-        1,
-        T0,
+        3,
+        T0 + LEASE_MS,
         "JobLeased",
-        4,
+        2,
     )
     assert (entry.source, entry.status_after) == ("t", Status.LEASED)
     assert job.entries[0].token is None

@@ -229,9 +229,10 @@ def test_i6_tracks_run_at_through_lease_expiry() -> None:
     log = Log().add(enqueue("j"), lease("j", 1, 1), start("j", 1))
     log.add(LeaseExpired(**_meta("j"), token=1), at=T0 + 2 * LEASE)
     log.add(lease("j", 2, 2), at=T0 + 2 * LEASE)
-    log.add(lease("j", 3, 2), at=T0 + 2 * LEASE + 3_000)
+    log.add(lease("j", 2, 2), at=T0 + 2 * LEASE + 3_000)  # the same lease once it is due
     result = replay(log.items)
     assert result.violations == []
+    assert result.job_timelines["j"][-2].verdict is Verdict.REJECTED  # before the backoff ended
     assert result.job_timelines["j"][-1].verdict is Verdict.APPLIED
 
 
@@ -285,12 +286,12 @@ def test_i6_catches_an_attempt_of_a_job_never_enqueued() -> None:
 
 
 def test_i7_catches_a_fold_that_reuses_a_token() -> None:
-    log = Log().add(enqueue("j"), lease("j", 5, 1), start("j", 5), fail("j", 5))
-    log.add(lease("j", 5, 2), at=T0 + 10**6)
+    log = Log().add(enqueue("j"), lease("j", 1, 1), start("j", 1), fail("j", 1))
+    log.add(lease("j", 1, 2), at=T0 + 10**6)
     assert check_history(log.items) == []
     found = _only(check_history(log.items, fold_job=_reuses_tokens))
     assert (found.invariant, found.offset) == ("I7", 4)
-    assert "lease token 5 does not exceed previous token 5" in found.detail
+    assert "lease token 1 does not exceed previous token 1" in found.detail
 
 
 def test_i1_catches_a_second_applied_success() -> None:

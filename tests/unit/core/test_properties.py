@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from hypothesis import given, settings
@@ -48,7 +48,7 @@ GHOST = "ghost"  # never enqueued by the plausible driver
 PARTITION = {"j0": 0, "j1": 1, "j2": 0, "j3": 1, GHOST: 2}
 JUMPS = (0, 0, 1, 7, 250, 1_000, 30_000, 400_000)
 # Some enqueues of j3 wait on j0 and j1 (on two partitions): the driver registers it with them
-# and sends what their node would when they end (core.workflows), as a node does.
+# and sends what their node would when they end (core.workflow.waits), as a node does.
 WAITER, PARENTS = "j3", ("j0", "j1")
 ARGS = b'{"args":[],"kwargs":{}}'
 
@@ -278,12 +278,50 @@ def test_refused_events_leave_the_state_identical_and_tokens_only_grow(ops: list
             continue
         assert before is None or after.token >= before.token
         if isinstance(event, JobLeased):
+            assert before is not None and event.token == before.token + 1  # fold version 8
             assert after.token == event.token
             assert position.log_at >= after.run_at
             lease_tokens.setdefault(event.job_id, []).append(event.token)
         states[event.job_id] = after
     for tokens in lease_tokens.values():
         assert tokens == sorted(set(tokens))
+
+
+# Leases a forger may send: tokens near the job's own, and anywhere up to the bound and past it.
+NEAR = st.lists(st.integers(-2, 3), min_size=1, max_size=4)
+ANYWHERE = st.lists(st.integers(0, bounds.MAX_TOKEN + 1), max_size=3)
+
+
+@SETTINGS
+@given(OPS, NEAR, ANYWHERE)
+def test_a_lease_applies_only_at_the_token_after_the_current_one(
+    ops: list[Op], near: list[int], anywhere: list[int]
+) -> None:
+    """Every scheduled state the history reaches, offered leases at other tokens: only the
+    next token applies, whatever else the lease gets right (fold version 8)."""
+    states: dict[str, JobState | None] = {}
+    forged_ids = itertools.count()
+    for event, position in build(ops):
+        assert isinstance(event, JobEvent)
+        state, _ = fold(states.get(event.job_id), event, position)
+        states[event.job_id] = state
+        if state is None or state.status is not Status.SCHEDULED:
+            continue
+        due = replace(position, log_at=max(position.log_at, state.run_at))
+        for token in [state.token + delta for delta in near] + anywhere:
+            forged = JobLeased(
+                event_id=f"forged-{next(forged_ids)}",
+                job_id=state.job_id,
+                emitted_at=0,
+                source="forger",
+                token=token,
+                attempt=state.attempt + 1,
+                lease_ms=1_000,
+            )
+            after, entry = fold(state, forged, due)
+            assert (entry.verdict is Verdict.APPLIED) == (token == state.token + 1), entry
+            if entry.verdict is not Verdict.APPLIED:
+                assert after is state
 
 
 @SETTINGS

@@ -91,17 +91,20 @@ def index_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def zombie_story() -> Story:
-    """Token 4 starts on worker-3, expires, token 5 reruns; worker-3's late success is stale."""
+    """Token 1 expires unstarted; token 2 starts on worker-3, expires, token 3 reruns; worker-3's
+    late success is stale. Tokens run one ahead of attempts, so a reading cannot mix them up."""
     story = Story()
     story.add(enq("job"))
-    story.add(lease("job", 4, 1))
-    story.add(start("job", 4))
-    story.add(expire("job", 4), after_ms=2_500)
-    story.add(lease("job", 5, 2), after_ms=1_500)
-    story.add(start("job", 5, worker="worker-7"))
-    story.add(ok("job", 4))
-    story.add(ok("job", 5, worker="worker-7"))
-    story.add(ok("job", 5, worker="worker-7"))  # the current token, but the job is done
+    story.add(lease("job", 1, 1))
+    story.add(expire("job", 1), after_ms=5_000)  # no worker came: no attempt spent
+    story.add(lease("job", 2, 1))
+    story.add(start("job", 2))
+    story.add(expire("job", 2), after_ms=2_500)
+    story.add(lease("job", 3, 2), after_ms=1_500)
+    story.add(start("job", 3, worker="worker-7"))
+    story.add(ok("job", 2))
+    story.add(ok("job", 3, worker="worker-7"))
+    story.add(ok("job", 3, worker="worker-7"))  # the current token, but the job is done
     return story
 
 
@@ -112,21 +115,21 @@ def test_a_zombie_completion_reads_as_stale_naming_both_tokens(index_dir: Path) 
 
     assert found is not None
     readings = [(row.entry.kind, row.entry.verdict, row.reading) for row in found.rows]
-    assert readings[6] == (
+    assert readings[8] == (
         "AttemptSucceeded",
         Verdict.STALE,
-        "completion from worker-3 rejected: token 4 is stale, current is 5",
+        "completion from worker-3 rejected: token 2 is stale, current is 3",
     )
-    assert readings[8][1:] == (
+    assert readings[10][1:] == (
         Verdict.REJECTED,
         "completion from worker-7 rejected: job is already succeeded",
     )
-    assert readings[3][2] == (
-        "token 4's lease expired (no heartbeat from worker-3), noted by node-1; "
+    assert readings[5][2] == (
+        "token 2's lease expired (no heartbeat from worker-3), noted by node-1; "
         "retry in 924 ms (attempt 2 of 3)"  # the default policy: 1 s, less its jitter
     )
-    assert readings[1][2] == "node-1 leased attempt 1 as token 4; a worker must start within 5 s"
-    assert readings[7][2] == "attempt 2 succeeded on worker-7 (token 5); 1 effect committed"
+    assert readings[3][2] == "node-1 leased attempt 1 as token 2; a worker must start within 5 s"
+    assert readings[9][2] == "attempt 2 succeeded on worker-7 (token 3); 1 effect committed"
     assert not found.drifted
     assert isinstance(found.state, JobState) and found.state.status is Status.SUCCEEDED
 
@@ -134,25 +137,25 @@ def test_a_zombie_completion_reads_as_stale_naming_both_tokens(index_dir: Path) 
 def test_as_of_an_offset_folds_the_stored_events_up_to_it(index_dir: Path) -> None:
     index = zombie_story().index(index_dir)
     try:
-        running = audit(index, "job", as_of=5)
-        before = audit(index, "job", as_of=2)
+        running = audit(index, "job", as_of=7)
+        before = audit(index, "job", as_of=4)
         now = audit(index, "job")
         stored = index.job("job")
     finally:
         index.close()
 
     assert running is not None and before is not None and now is not None
-    assert [row.entry.offset for row in running.rows] == [0, 1, 2, 3, 4, 5]
+    assert [row.entry.offset for row in running.rows] == [0, 1, 2, 3, 4, 5, 6, 7]
     assert isinstance(running.state, JobState)
     assert (running.state.status, running.state.token, running.state.attempt) == (
         Status.RUNNING,
-        5,
+        3,
         2,
     )
     assert isinstance(before.state, JobState)
     assert (before.state.status, before.state.token, before.state.worker_id) == (
         Status.RUNNING,
-        4,
+        2,
         "worker-3",
     )
     assert now.state == stored  # the refold ends where the index is
@@ -195,6 +198,29 @@ def test_refusals_duplicates_and_conflicts_are_read_out(index_dir: Path) -> None
     )
     assert readings[9] == "cancel from client rejected: job is already dead"
     assert len(readings) == 10  # the undecodable record is no event of the job
+
+
+def test_a_lease_off_the_next_token_reads_out_the_next_one(index_dir: Path) -> None:
+    story = Story()
+    story.add(enq("f"))
+    story.add(lease("f", 2**53 - 1, 1))  # forged: the largest token there is
+    story.add(lease("f", 6, 1))  # forged: ahead of the next
+    story.add(lease("f", 1, 1))
+    story.add(expire("f", 1), after_ms=5_000)  # unstarted: scheduled again, at token 1
+    story.add(lease("f", 1, 1))  # a replay of the old lease
+    index = story.index(index_dir)
+    found = audit(index, "f")
+    index.close()
+
+    assert found is not None
+    readings = [row.reading for row in found.rows]
+    assert (
+        readings[1]
+        == "lease from node-1 rejected: it proposes token 9007199254740991, the next is 1"
+    )
+    assert readings[2] == "lease from node-1 rejected: it proposes token 6, the next is 1"
+    assert readings[3] == "node-1 leased attempt 1 as token 1; a worker must start within 5 s"
+    assert readings[5] == "lease from node-1 rejected: it proposes token 1, the next is 2"
 
 
 def test_a_schedule_id_audits_like_a_job(index_dir: Path) -> None:

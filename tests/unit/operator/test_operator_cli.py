@@ -92,17 +92,17 @@ def test_audit_offline_shows_every_event_with_its_reading(cli: typer.Typer, data
     assert code == 0
     assert [e["verdict"] for e in document["events"]].count("stale") == 1
     stale = next(e for e in document["events"] if e["verdict"] == "stale")
-    assert stale["reading"] == "completion from worker-3 rejected: token 4 is stale, current is 5"
+    assert stale["reading"] == "completion from worker-3 rejected: token 2 is stale, current is 3"
     assert document["state"]["status"] == "succeeded" and document["drifted_offsets"] == []
 
 
 def test_audit_as_of_shows_the_state_then(cli: typer.Typer, data_dir: Path) -> None:
-    args = ["audit", "job", "--offline", "--data-dir", str(data_dir), "--as-of", "2", "--json"]
+    args = ["audit", "job", "--offline", "--data-dir", str(data_dir), "--as-of", "4", "--json"]
     code, output = invoke(cli, *args)
     document = json.loads(output)
     assert code == 0
-    assert [e["offset"] for e in document["events"]] == [0, 1, 2]
-    assert (document["state"]["status"], document["state"]["token"]) == ("running", 4)
+    assert [e["offset"] for e in document["events"]] == [0, 1, 2, 3, 4]
+    assert (document["state"]["status"], document["state"]["token"]) == ("running", 2)
 
 
 def test_reads_of_unknown_things_exit_3(cli: typer.Typer, data_dir: Path, tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ def test_reads_of_unknown_things_exit_3(cli: typer.Typer, data_dir: Path, tmp_pa
 
 def test_job_and_jobs_offline(cli: typer.Typer, data_dir: Path) -> None:
     code, output = invoke(cli, "job", "job", "--offline", "--data-dir", str(data_dir), "--json")
-    assert code == 0 and json.loads(output)["token"] == 5
+    assert code == 0 and json.loads(output)["token"] == 3
     args = ["jobs", "--status", "succeeded", "--offline", "--data-dir", str(data_dir), "--json"]
     code, output = invoke(cli, *args)
     assert code == 0 and [j["job_id"] for j in json.loads(output)] == ["job"]
@@ -129,7 +129,7 @@ def test_export_of_one_job_from_the_index_is_reproducible(
         args = ["export", "--job", "job", "-o", str(path), "--offline", "--data-dir", str(data_dir)]
         code, output = invoke(cli, *args)
         assert code == 0, output
-        assert "exported 9 events" in output
+        assert "exported 11 events" in output
     assert paths[0].read_bytes() == paths[1].read_bytes()
     assert not list(tmp_path.glob(".*.partial"))
 
@@ -148,12 +148,12 @@ def test_replay_exits_0_when_identical_and_1_when_diverged(
     assert invoke(cli, "replay", str(history))[0] == 0
     assert invoke(cli, "replay", str(tmp_path))[0] == 0  # a folder: every history in it
 
-    document["jobs"]["job"]["events"][6][3] = "applied"  # as if the zombie had been accepted
+    document["jobs"]["job"]["events"][8][3] = "applied"  # as if the zombie had been accepted
     expected.write_text(dump_expected(document))
     code, output = invoke(cli, "replay", str(history))
     assert code == 1
     assert (
-        "first divergence: job at p0@6 (AttemptSucceeded): verdict expected 'applied', got 'stale'"
+        "first divergence: job at p0@8 (AttemptSucceeded): verdict expected 'applied', got 'stale'"
         in (output.replace("\n", ""))
     )
     code, output = invoke(cli, "replay", str(history), "--json")

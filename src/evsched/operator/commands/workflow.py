@@ -1,8 +1,8 @@
 """``evsched workflow ID``: a workflow's graph from the caught-up local replica; ``workflow cancel``
 and ``workflow requeue`` act on every job of it, in one transaction, and report the verdicts.
 
-The graph is read by ``core.workflow_graph`` and the jobs to touch are chosen by
-``core.workflow_ops``: the same code the HTTP API's ``/v1/jobs/{id}/workflow`` routes run.
+The graph is read by ``core.workflow.graph`` and the jobs to touch are chosen by
+``core.workflow.ops``: the same code the HTTP API's ``/v1/jobs/{id}/workflow`` routes run.
 """
 
 from __future__ import annotations

@@ -23,7 +23,16 @@ from evsched.adapters.kafka.topics import Topics
 from evsched.adapters.signing import DispatchKey
 from evsched.core import planner, retention
 from evsched.core.controls import QUEUE, SCHEDULE
-from evsched.core.events import Event, JobEnqueued, entity_id
+from evsched.core.events import (
+    Event,
+    JobEnqueued,
+    JobEvent,
+    JobPurged,
+    LeaseExpired,
+    Position,
+    entity_id,
+)
+from evsched.core.proposals import fire_refusal, job_refusal
 from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.partition.budget import QueueBudget, QueueLoad
@@ -36,6 +45,7 @@ from evsched.runtime.partition.lease_plan import (
 from evsched.runtime.partition.pending import Pending
 from evsched.runtime.partition.permit_plan import PermitPlanner
 from evsched.runtime.partition.quarantine import EnsureQueues, Quarantine, hold_unusable
+from evsched.runtime.partition.refusals import Refusals
 from evsched.runtime.projection.changelog import ChangelogWriter
 from evsched.runtime.projection.fold_chunks import fold_chunked, refold_chunked
 from evsched.runtime.projection.projector import AcceptedEffect, CommitHook, Folded, Projector
@@ -117,6 +127,8 @@ class OwnedPartition:
         self.stats: Counter[str] = Counter()
         self.log = log.bind(partition=partition)
         self.quarantine = Quarantine(partition, clock, instruments)
+        # Decisions the fold refused or would refuse, held back until their job's state changes.
+        self.refusals = Refusals(partition, self.quarantine)
         # The node's per-queue budgets are shared by all its partitions (None: this one alone).
         self.budget = budget
         self.woken = False  # another partition made room since the last step
@@ -186,6 +198,7 @@ class OwnedPartition:
             self.log.debug(
                 "records_folded", first=fresh[0].offset, last=fresh[-1].offset, count=len(fresh)
             )
+        self.refusals.observe(folded.batch.timeline, self.pending.by_event)
         self.pending.settle(folded.seen_event_ids, self.clock.monotonic_s())
         # Folded completions and starts free room that other partitions may be waiting for.
         freed = self.budget is not None and self._held() < held
@@ -270,29 +283,58 @@ class OwnedPartition:
 
     def _plan(self, folded: Folded, now: int) -> list[Outgoing]:
         deadline = self.clock.monotonic_s() + PENDING_TIMEOUT_S
+        # Where a decision would land, as closely as known: the next offset, the node's clock.
+        at = Position(partition=self.partition, offset=self.projector.next_offset, log_at=now)
         out: list[Outgoing] = []
         for lease in self._plan_leases(folded, now):
             job_id = lease.event.job_id
+            if not self._fits(job_id, lease.state, lease.event, at):
+                continue
             if records := self._encode(job_id, self._lease_records, lease):
                 out += records
                 self.pending.add(lease.event.event_id, job_id, lease.dispatch.queue, deadline)
         expiring = self._jobs(self.index.expired_lease_ids(now, self.scan_limit), folded)
-        for expiry in planner.plan_expiries(expiring, now=now, source=self.source):
-            if records := self._encode(expiry.job_id, self._events, expiry):
-                out += records
-                self.pending.add(expiry.event_id, expiry.job_id, None, deadline)
+        expiries = planner.plan_expiries(expiring, now=now, source=self.source)
+        out += self._decide(expiring, expiries, at, deadline)
         out += self._permit_records(now, deadline, folded)
-        schedules = self._due_schedules(folded, now)
-        for fired, enqueued in planner.plan_fires(schedules, now=now, source=self.source):
+        schedules = {s.schedule_id: s for s in self._due_schedules(folded, now)}
+        for fired, enqueued in planner.plan_fires(
+            [*schedules.values()], now=now, source=self.source
+        ):
+            sid = fired.schedule_id
+            if not self.refusals.vet(sid, "ScheduleFired", fire_refusal(schedules[sid], fired, at)):
+                continue
             both = (fired,) if enqueued is None else (fired, enqueued)  # a missed slot: no job
-            if records := self._encode(fired.schedule_id, self._events, *both):
+            if records := self._encode(sid, self._events, *both):
                 out += records
-                self.pending.add(fired.event_id, fired.schedule_id, None, deadline)
-        for purge in planner.plan_purges(self._ended(folded, now), now=now, source=self.source):
-            if records := self._encode(purge.job_id, self._events, purge):
+                self.pending.add(fired.event_id, sid, None, deadline)
+        ended = self._ended(folded, now)
+        purges = planner.plan_purges(ended, now=now, source=self.source)
+        return out + self._decide(ended, purges, at, deadline)
+
+    def _decide(
+        self,
+        states: list[JobState],
+        events: Sequence[LeaseExpired | JobPurged],
+        at: Position,
+        deadline: float,
+    ) -> list[Outgoing]:
+        """The records of the expiries or purges the dry run lets through, each made pending."""
+        planned_from = {s.job_id: s for s in states} if events else {}
+        out: list[Outgoing] = []
+        for event in events:
+            job_id = event.job_id
+            if not self._fits(job_id, planned_from[job_id], event, at):
+                continue
+            if records := self._encode(job_id, self._events, event):
                 out += records
-                self.pending.add(purge.event_id, purge.job_id, None, deadline)
+                self.pending.add(event.event_id, job_id, None, deadline)
         return out
+
+    def _fits(self, job_id: str, state: JobState, event: JobEvent, at: Position) -> bool:
+        """Whether the fold would apply ``event`` to the state it was planned from; if not, it is
+        not sent and the job is held back (``runtime.partition.refusals``)."""
+        return self.refusals.vet(job_id, type(event).__name__, job_refusal(state, event, at))
 
     def _permit_records(self, now: int, deadline: float, folded: Folded) -> list[Outgoing]:
         """Permit requests made while planning leases, and this partition's homes' grants."""

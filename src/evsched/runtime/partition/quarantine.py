@@ -3,7 +3,9 @@
 A decision (a lease with its dispatch record, an expiry, a cron fire) that cannot be encoded or
 sent is one job's problem, never the partition's: it is quarantined with a logged reason and a
 metric, the step goes out without it, and it is planned again after ``QUARANTINE_S``. Effects are
-never held back: a step whose effects cannot be sent fails and is retried whole.
+never held back: a step whose effects cannot be sent fails and is retried whole. Decisions the fold
+refused, or would refuse, are held here too, for a back-off of their own
+(``runtime.partition.refusals``).
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ class Quarantine:
             )
         if self.instruments is not None:
             self.instruments.quarantined(stage).inc()
+
+    def release(self, entity: str) -> None:
+        """Plan ``entity``'s decisions again from now on (what held it back is gone)."""
+        self._until.pop(entity, None)
 
     def first_release_ms(self, now: int) -> int | None:
         """When the first held decision may be planned again, as an epoch-ms time."""

@@ -1,4 +1,4 @@
-"""core.workflow_graph and core.workflow_ops: the graph read from job states, the cancel and
+"""core.workflow.graph and core.workflow.ops: the graph read from job states, the cancel and
 requeue plans over it, and the fold's rewait (a child requeued to wait again on its parents)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""core.workflows: registrations, resolutions, rules and result placement, as pure functions."""
+"""core.workflow.waits: registrations, resolutions, rules and result placement, as functions."""
 
 from __future__ import annotations
 
