@@ -55,22 +55,23 @@ class KafkaQueues:
         topic = _dispatch_topic(self._topics, queue)
         if topic is None:
             return False
-        if topic in self._known:
-            return True
-        async with self._lock:
-            due = self._listed_at is None or monotonic_s() - self._listed_at >= self._refresh_s
-            if topic not in self._known and due:
-                self._known = await self._list()
-                self._listed_at = monotonic_s()
+        if topic not in self._known:
+            await self._refresh(unless=topic)
         return topic in self._known
 
     async def names(self) -> list[str]:
-        async with self._lock:
-            if self._listed_at is None or monotonic_s() - self._listed_at >= self._refresh_s:
-                self._known = await self._list()
-                self._listed_at = monotonic_s()
+        await self._refresh()
         prefix = self._topics.dispatch_prefix
         return sorted(t[len(prefix) :] for t in self._known if t.startswith(prefix))
+
+    async def _refresh(self, *, unless: str | None = None) -> None:
+        """List the topics again if the last listing is ``refresh_s`` old (or there was none),
+        unless ``unless`` became known while this waited for the lock."""
+        async with self._lock:
+            due = self._listed_at is None or monotonic_s() - self._listed_at >= self._refresh_s
+            if due and (unless is None or unless not in self._known):
+                self._known = await self._list()
+                self._listed_at = monotonic_s()
 
     async def _list(self) -> set[str]:
         admin = AIOKafkaAdminClient(
