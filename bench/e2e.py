@@ -61,6 +61,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from evsched.adapters.avro import decode_event
 from evsched.adapters.avro.registry import HEADER_SIZE, MAGIC, SchemaRegistry
 from evsched.adapters.kafka.topics import Topics, ensure_topics
+from evsched.adapters.proofs import generate_key as generate_node_key
 from evsched.adapters.signing import DispatchKey
 from evsched.client import App, Task
 from evsched.core.events import (
@@ -169,6 +170,7 @@ class Cluster:
     counting: asyncio.Task[None] | None = None
     owned: dict[str, set[int]] = field(default_factory=dict)
     dispatch_key: str = field(default_factory=DispatchKey.generate, repr=False)
+    node_key: str = field(default_factory=generate_node_key, repr=False)
 
     @property
     def settings(self) -> Settings:
@@ -188,6 +190,7 @@ class Cluster:
             "EVSCHED_NAMESPACE": self.namespace,
             "EVSCHED_EVENT_PARTITIONS": str(self.args.partitions),
             "EVSCHED_DISPATCH_KEY": self.dispatch_key,
+            "EVSCHED_NODE_KEY": self.node_key,
         }
 
     @property

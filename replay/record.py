@@ -32,7 +32,9 @@ from evsched.adapters import avro  # noqa: E402
 from evsched.adapters.archive.history_file import HistoryWriter, read_history  # noqa: E402
 from evsched.adapters.index.store import PartitionIndex, keyable  # noqa: E402
 from evsched.adapters.kafka.topics import ensure_topics  # noqa: E402
+from evsched.adapters.proofs import KEY_ENV  # noqa: E402
 from evsched.core.events import CONTROL_EVENT_TYPES, LIMIT_EVENT_TYPES, entity_id  # noqa: E402
+from evsched.operator.commands.replay import KEY_SUFFIX, keyring_for  # noqa: E402
 from evsched.operator.export import LogRange, export_range  # noqa: E402
 from evsched.operator.live_index import ReadOnlyIndex  # noqa: E402
 from evsched.operator.replay import dump_expected, expected_document, fold_history  # noqa: E402
@@ -45,6 +47,7 @@ from replay import (  # noqa: E402
     scenario_orphans,
     scenario_poison,
     scenario_policies,
+    scenario_proofs,
     scenario_workflow_ops,
     scenario_workflow_results,
     scenario_workflows,
@@ -215,6 +218,17 @@ SCENARIOS = {
             "rejected naming token 1; then the node leases it at token 1 and a worker runs it.",
             scenario_leases.forged_leases,
         ),
+        Scenario(
+            "forged_facts",
+            "Proofs of role (fold version 9, issue 32): a node's and a worker's facts need their "
+            "role's proof once a partition has seen one; a forger's completion with the live "
+            "token and an effect, an expiry, a lease at 2^53 - 1 and one of ten years, a "
+            "parent's resolution (a release and a dead), a permit grant and a permit release, "
+            "each without a valid proof, are rejected as unproven; the worker's proven attempt "
+            "succeeds and releases the child.",
+            scenario_proofs.forged_facts,
+            all_terminal=False,  # the parked job is due in an hour
+        ),
     )
 }
 
@@ -223,6 +237,11 @@ async def record(scenario: Scenario, bootstrap: str, home: Path) -> None:
     namespace = f"corpus{scenario.name}{os.urandom(3).hex()}"
     await ensure_topics(bootstrap, namespace, event_partitions=3, queues=["default"])
     stack = Stack(bootstrap, namespace, home)
+    # The recording's throwaway node keys: its nodes prove their facts with them, the replica and
+    # the checks below judge the proofs with them, and the corpus keeps them beside the history
+    # (evsched replay reads <name>.node-key) so a replay judges them the same way.
+    os.environ[KEY_ENV] = stack.node_key
+    (CORPUS / f"{scenario.name}{KEY_SUFFIX}").write_text(stack.node_key + "\n", encoding="utf-8")
     try:
         await scenario.run(stack)
         await stack.check(all_terminal=scenario.all_terminal)
@@ -257,7 +276,7 @@ async def export(stack: Stack, scenario: Scenario, history: Path) -> None:
 
 def verified_outcome(history: Path, local: LocalIndex, scenario: Scenario) -> dict[str, object]:
     """The expected outcome, after checking it is what the engine's replica recorded."""
-    outcome = fold_history(read_history(history).events)
+    outcome = fold_history(read_history(history).events, keyring=keyring_for(history))
     assert not outcome.violations, outcome.violations
     for schedule, judged in ((False, outcome.jobs), (True, outcome.schedules)):
         for key, rows in judged.items():
@@ -340,7 +359,7 @@ def kept(got: list[tuple[int, str]], rows: list[list[object]]) -> bool:
 
 def check_nodes(history: Path, home: Path) -> int:
     """Every node's index (a prefix of the log per partition it held) agrees with the fold."""
-    outcome = fold_history(read_history(history).events)
+    outcome = fold_history(read_history(history).events, keyring=keyring_for(history))
     rows = [(False, k, v) for k, v in outcome.jobs.items()]
     rows += [(True, k, v) for k, v in outcome.schedules.items()]
     checked = 0

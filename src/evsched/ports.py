@@ -72,7 +72,9 @@ class EventLog(Protocol):
 
     async def close(self) -> None: ...
 
-    async def append(self, topic: str, key: str, value: bytes) -> Appended: ...
+    async def append(
+        self, topic: str, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> Appended: ...
 
     async def append_many(
         self, topic: str, records: Sequence[Outbound]

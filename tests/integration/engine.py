@@ -27,6 +27,8 @@ from typer.testing import CliRunner
 from evsched.adapters import avro
 from evsched.adapters.kafka import clients as kafka
 from evsched.adapters.kafka.topics import Topics, ensure_topics, partition_count
+from evsched.adapters.proofs import LogProofs, NodeKeyring, proof_of
+from evsched.adapters.proofs import generate_key as generate_node_key
 from evsched.adapters.signing import DispatchKey
 from evsched.client import App
 from evsched.core.events import AttemptSucceeded, Event, Position
@@ -120,6 +122,8 @@ class Stack:
     procs: list[Proc] = field(default_factory=list)
     # The namespace's dispatch key, handed to nodes and workers through their environment.
     dispatch_key: str = field(default_factory=DispatchKey.generate, repr=False)
+    # The node keys (adapters.proofs): nodes prove their facts, and the API checks proofs.
+    node_key: str = field(default_factory=generate_node_key, repr=False)
     _replica: Replica | None = None
 
     @property
@@ -127,6 +131,11 @@ class Stack:
         return Settings(
             bootstrap=self.bootstrap, namespace=self.namespace, event_partitions=self.partitions
         )
+
+    @property
+    def keyring(self) -> NodeKeyring:
+        """The stack's node keys: its replica and ``history`` check proofs as its nodes do."""
+        return NodeKeyring(self.node_key)
 
     @property
     def topics(self) -> Topics:
@@ -139,6 +148,7 @@ class Stack:
             EVSCHED_NAMESPACE=self.namespace,
             EVSCHED_EVENT_PARTITIONS=str(self.partitions),
             EVSCHED_DISPATCH_KEY=self.dispatch_key,
+            EVSCHED_NODE_KEY=self.node_key,
             # This checkout's code first: the venv's editable install may point at another one.
             PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO)]),
         )
@@ -200,7 +210,7 @@ class Stack:
 
     async def replica(self) -> Replica:
         if self._replica is None:
-            self._replica = Replica(self.settings, self.tmp / "replica")
+            self._replica = Replica(self.settings, self.tmp / "replica", keyring=self.keyring)
             await self._replica.start()
         return self._replica
 
@@ -300,6 +310,7 @@ class Stack:
         """The decoded events with positions, in log order per partition; and undecodable ones."""
         events: list[tuple[Event, Position]] = []
         bad: list[kafka.Record] = []
+        proofs = LogProofs(self.keyring)
         for record in sorted(
             await self.read_topic(self.topics.events), key=lambda r: (r.partition, r.offset)
         ):
@@ -308,14 +319,15 @@ class Stack:
             except DecodeError:
                 bad.append(record)
                 continue
-            events.append(
-                (
-                    event,
-                    Position(
-                        partition=record.partition, offset=record.offset, log_at=record.log_at
-                    ),
-                )
+            position = proofs.position(
+                partition=record.partition,
+                offset=record.offset,
+                log_at=record.log_at,
+                event=event,
+                value=record.value or b"",
+                proof=proof_of(record.headers),
             )
+            events.append((event, position))
         return events, bad
 
     async def check(self, *, all_terminal: bool = True) -> Replay:

@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import _in_ci, unique_name
 from tests.integration.engine import REPO
 
+from evsched.adapters.proofs import generate_key as generate_node_key
 from evsched.adapters.signing import DispatchKey
 from evsched.devstack.acls import ROLES, role_acls
 from evsched.devstack.errors import DevstackError
@@ -77,10 +78,12 @@ class SecureStack:
     namespace: str = ""
     partitions: int = 2
     dispatch_key: str = ""
+    node_key: str = ""
 
     def __post_init__(self) -> None:
         self.namespace = self.namespace or unique_name("sec")
         self.dispatch_key = self.dispatch_key or DispatchKey.generate()
+        self.node_key = self.node_key or generate_node_key()
         self.procs: list[asyncio.subprocess.Process] = []
 
     def add_acls(self) -> int:
@@ -97,6 +100,8 @@ class SecureStack:
         )
         if user in {"node", "worker"}:
             env["EVSCHED_DISPATCH_KEY"] = self.dispatch_key
+        if user in {"node", "api"}:  # nodes prove their facts; the API checks proofs
+            env["EVSCHED_NODE_KEY"] = self.node_key
         env.update(overrides)
         return env
 

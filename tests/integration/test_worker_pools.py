@@ -22,6 +22,7 @@ from evsched.adapters.avro import encode_dispatch
 from evsched.adapters.clock import now_ms
 from evsched.adapters.kafka.clients import producer
 from evsched.adapters.kafka.topics import ensure_topics
+from evsched.adapters.proofs import generate_key as generate_node_key
 from evsched.adapters.signing import DispatchKey
 from evsched.client import App, Context
 from evsched.core.dispatch import Dispatch
@@ -254,6 +255,7 @@ async def test_a_misconfigured_topic_stops_the_worker_with_one_line(
         "EVSCHED_KAFKA_BOOTSTRAP": kafka_bootstrap,
         "EVSCHED_NAMESPACE": fresh_namespace,
         "EVSCHED_DISPATCH_KEY": DispatchKey.generate(),
+        "EVSCHED_NODE_KEY": generate_node_key(),
         "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
     }
     done = await asyncio.create_subprocess_exec(

@@ -14,7 +14,7 @@ from evsched.core import retry
 from evsched.core.events import EVENT_TYPES, AttemptSucceeded, JobEvent, JobLeased, Position
 from evsched.core.fold import fold
 from evsched.core.state import JobState, Status, TimelineEntry, Verdict
-from evsched.operator.commands.replay import check, load_expected
+from evsched.operator.commands.replay import check, keyring_for, load_expected
 from evsched.operator.replay import Outcome, expected_path, fold_history
 from evsched.operator.replay_check import compare
 
@@ -127,6 +127,24 @@ def test_a_fold_that_takes_a_forged_token_jump_is_caught() -> None:
     assert first is not None
     assert (first.kind, first.field, first.expected, first.actual) == (
         "JobLeased",
+        "verdict",
+        "rejected",
+        "applied",
+    )
+
+
+def test_a_fold_without_the_recordings_keys_takes_the_forged_facts() -> None:
+    """``forged_facts`` is judged with the keys kept beside it (``<name>.node-key``); folded
+    without them, nothing is required and the forger's completion with the live token is
+    applied: the recorded rejection has teeth."""
+    history = CORPUS / "forged_facts.history.avro"
+    expected = load_expected(CORPUS / "forged_facts.expected.json")
+    assert keyring_for(history) is not None
+    assert compare(expected, refold("forged_facts", keyring=keyring_for(history))).identical
+    first = compare(expected, refold("forged_facts")).first
+    assert first is not None
+    assert (first.kind, first.field, first.expected, first.actual) == (
+        "AttemptSucceeded",
         "verdict",
         "rejected",
         "applied",

@@ -18,7 +18,7 @@ UNSIGNED_ENV = "EVSCHED_INSECURE_UNSIGNED_DISPATCH"
 MIN_KEY_CHARS = 32
 # Bumped if what is signed ever changes, so an old signature can never verify a new layout.
 _DOMAIN = b"evsched-dispatch-v1\x00"
-_TRUE = frozenset({"1", "true", "yes", "on"})
+TRUE_VALUES = frozenset({"1", "true", "yes", "on"})
 
 
 class MissingDispatchKey(EvschedError):
@@ -78,7 +78,7 @@ def dispatch_key_from_env(environ: Mapping[str, str] | None = None) -> DispatchK
         return DispatchKey(secret)
     if secret := env.get(KEY_ENV, "").strip():
         return DispatchKey(secret)
-    if env.get(UNSIGNED_ENV, "").strip().lower() in _TRUE:
+    if env.get(UNSIGNED_ENV, "").strip().lower() in TRUE_VALUES:
         return None
     raise MissingDispatchKey(
         f"no dispatch key: set {KEY_FILE_ENV} (a file holding the key) or {KEY_ENV}, the same "

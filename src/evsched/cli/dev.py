@@ -19,6 +19,9 @@ from typing import Annotated
 import typer
 
 from evsched.adapters.kafka.topics import ensure_topics
+from evsched.adapters.proofs import KEY_ENV as NODE_KEY_ENV
+from evsched.adapters.proofs import KEY_FILE_ENV as NODE_KEY_FILE_ENV
+from evsched.adapters.proofs import generate_key as generate_node_key
 from evsched.adapters.signing import KEY_ENV, KEY_FILE_ENV, DispatchKey
 from evsched.devstack.broker import LocalBroker
 from evsched.settings import DEFAULT_EVENT_PARTITIONS, DEFAULT_NAMESPACE, Settings
@@ -36,6 +39,7 @@ class DevStack:
     started_broker: LocalBroker | None = None
     demo_process: subprocess.Popen[bytes] | None = None
     dispatch_key: str = field(default_factory=DispatchKey.generate, repr=False)
+    node_key: str = field(default_factory=generate_node_key, repr=False)
 
     def env(self, bootstrap: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -47,6 +51,9 @@ class DevStack:
         if not (env.get(KEY_ENV) or env.get(KEY_FILE_ENV)):
             # The dev stack's node and worker share a key made for this run (docs/security.md).
             env[KEY_ENV] = self.dispatch_key
+        if not (env.get(NODE_KEY_ENV) or env.get(NODE_KEY_FILE_ENV)):
+            # And the node keys, which the API needs too to judge proofs as the node does.
+            env[NODE_KEY_ENV] = self.node_key
         cwd = os.getcwd()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH", "")) if p)
         return env

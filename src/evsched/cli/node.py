@@ -11,7 +11,7 @@ import typer
 
 from evsched.adapters.kafka.topics import TopicMisconfigured, TopicRefused
 from evsched.cli.options import LogJson, MetricsAddr, metrics_port_option
-from evsched.cli.worker import load_dispatch_key
+from evsched.cli.worker import load_dispatch_key, load_node_keyring
 from evsched.core.bounds import MAX_PRELEASE_MS
 from evsched.core.planner import PlannerBudgets
 from evsched.errors import BrokerAccessRefused
@@ -110,6 +110,7 @@ def node_command(
         raise typer.Exit(2)
     configure_logging(json=log_json)
     dispatch_key = load_dispatch_key("node")
+    node_keyring = load_node_keyring("node")
     try:
         settings = Settings.from_env()
     except SettingsError as exc:
@@ -130,6 +131,7 @@ def node_command(
         metrics_port=metrics_port,
         metrics_addr=metrics_addr,
         dispatch_key=dispatch_key,
+        node_keyring=node_keyring,
         standby=standby,
         standby_partitions=only,
     )

@@ -11,7 +11,10 @@ import structlog
 import typer
 
 from evsched.adapters.kafka.dispatch_feed import START_LOOKBACK_MS
-from evsched.adapters.signing import UNSIGNED_ENV, DispatchKey, dispatch_key_from_env
+from evsched.adapters.proofs import KEY_ENV as NODE_KEY_ENV
+from evsched.adapters.proofs import KEY_FILE_ENV as NODE_KEY_FILE_ENV
+from evsched.adapters.proofs import NodeKeyring, node_keyring_from_env
+from evsched.adapters.signing import TRUE_VALUES, UNSIGNED_ENV, DispatchKey, dispatch_key_from_env
 from evsched.cli.options import LogJson, MetricsAddr, metrics_port_option
 from evsched.client.loader import load_app
 from evsched.errors import EvschedError
@@ -88,6 +91,30 @@ def worker_command(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def load_node_keyring(process: str) -> NodeKeyring | None:
+    """The node keys from the environment, or exit 2 with one line saying what is missing.
+
+    A node needs them (its facts carry their proof, docs/security.md) unless the same explicit
+    opt-out as unsigned dispatch records is set; the API and the command line take them when
+    given, to judge proofs as the nodes do.
+    """
+    try:
+        keyring = node_keyring_from_env()
+    except EvschedError as exc:
+        typer.echo(f"evsched {process}: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if keyring is None and process == "node":
+        if os.environ.get(UNSIGNED_ENV, "").strip().lower() not in TRUE_VALUES:
+            typer.echo(
+                f"evsched node: no node key: set {NODE_KEY_FILE_ENV} or {NODE_KEY_ENV} "
+                f"(docs/security.md), or {UNSIGNED_ENV}=1 to run without proofs",
+                err=True,
+            )
+            raise typer.Exit(2)
+        log.warning("node_unproven", process=process, reason=f"{UNSIGNED_ENV} is set")
+    return keyring
 
 
 def load_dispatch_key(process: str) -> DispatchKey | None:

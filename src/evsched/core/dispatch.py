@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from evsched.core.events import TraceContext
 
@@ -36,6 +36,9 @@ class Dispatch:
     # The node's position in the events partition when it leased: the lease and everything
     # after it about the job lie at or past it (None from nodes before it was added).
     events_offset: int | None = None
+    # The lease's key (adapters.proofs): the worker proves its attempt's events with it. None
+    # from a node without node keys, or before it was added. Never shown in a repr.
+    lease_key: bytes | None = field(default=None, repr=False)
 
 
 # How much earlier than its start deadline a worker stops starting a dispatch: its AttemptStarted

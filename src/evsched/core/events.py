@@ -34,6 +34,15 @@ class EventTimeline(Enum):
     PERMIT = "permit"
 
 
+class Role(Enum):
+    """Who states facts on the log (core.roles says which kinds each may state)."""
+
+    PRODUCER = "producer"  # services, the API, the command line: they ask for work
+    NODE = "node"  # evsched nodes: they decide (leases, expiries, fires, purges, permits)
+    WORKER = "worker"  # evsched workers: they report the attempts they were leased
+    OPERATOR = "operator"  # the command line's administration (pauses, limits, backfills)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TraceContext:
     """W3C trace context carried from enqueue to the worker."""
@@ -67,11 +76,19 @@ class Effect:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Position:
-    """Where an event sits in the log; ``log_at`` is the broker's LogAppendTime in epoch ms."""
+    """Where an event sits in the log; ``log_at`` is the broker's LogAppendTime in epoch ms.
+
+    ``proven`` is the role the record's proof proves (None: no proof, or one that does not
+    verify), and ``proofs_required`` whether its partition requires proofs of node and worker
+    facts at that offset (core.roles): both read by the process that folds from the record's
+    headers and its partition's history, like ``log_at`` from the broker.
+    """
 
     partition: int
     offset: int
     log_at: int
+    proven: Role | None = None
+    proofs_required: bool = False
 
 
 # --- job events -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, assert_never
 
-from evsched.core import bounds, ids, retention, retry, unique
+from evsched.core import bounds, ids, retention, retry, roles, unique
 from evsched.core.entries import judged
 from evsched.core.events import (
     AttemptCheckpointed,
@@ -53,8 +53,11 @@ from evsched.core.workflow import waits as workflows
 # of their own, where version 6 keys them with the queue's pauses and limit settings, which
 # time travel reads whole; 8: a lease is applied only at the job's token + 1, where version 7
 # took any higher token, so one forged lease near bounds.MAX_TOKEN left the job unleasable and
-# its node proposing an impossible lease for ever): indexes then rebuild.
-FOLD_VERSION = 8
+# its node proposing an impossible lease for ever; 9: from a partition's first record that
+# carries a valid proof on, a node's or a worker's fact without its role's proof is rejected,
+# core.roles, where version 8 took them from anyone who could write the log): indexes then
+# rebuild.
+FOLD_VERSION = 9
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
 # transition rules (they are rejected or stale), so a short window keeps state small.
@@ -80,7 +83,7 @@ def fold(
 ) -> tuple[JobState | None, TimelineEntry]:
     """Apply ``event`` at ``position``; the state changes only when the verdict is applied."""
     new: JobState | None
-    refusal = bounds.refusal(event)
+    refusal = bounds.refusal(event) or roles.refusal(event, position)
     if refusal is not None:
         new, verdict, reason = state, Verdict.REJECTED, refusal
     elif state is not None and event.event_id in state.recent_event_ids:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from evsched.core import bounds, ids
+from evsched.core import bounds, ids, roles
 from evsched.core.entries import judged
 from evsched.core.events import (
     KEY_PREFIX,
@@ -138,7 +138,7 @@ def _marked(state: LimitState, event: Event, position: Position, **changes: Any)
 def _judged(
     state: LimitState | None, event: Event, position: Position, step: Callable[[], Step]
 ) -> Folded:
-    refusal = bounds.refusal(event)
+    refusal = bounds.refusal(event) or roles.refusal(event, position)
     if refusal is not None:
         return state, judged(event, position, Verdict.REJECTED, refusal), None
     if state is not None and event.event_id in state.recent_event_ids:
@@ -277,8 +277,11 @@ def fold_permit(
 
 
 def _unused(state: LimitState | None, event: PermitGranted, entry: TimelineEntry) -> bool:
-    """Whether a refused grant belongs to no ask of this partition (nobody can use it)."""
-    return entry.verdict is Verdict.REJECTED and (state is None or state.ask(event.job_id) is None)
+    """Whether a refused grant belongs to no ask of this partition (nobody can use it); an
+    unproven one granted nothing (core.roles): no home holds it, so nothing is given back."""
+    if entry.verdict is not Verdict.REJECTED or roles.is_unproven(entry.reason):
+        return False
+    return state is None or state.ask(event.job_id) is None
 
 
 def _release_unused(event: PermitGranted, position: Position) -> QueuePermit:

@@ -7,6 +7,7 @@ observers of the fold (the dashboard, the metrics) ask the same question of the 
 
 from __future__ import annotations
 
+from evsched.core import roles
 from evsched.core.state import FoldedEvent, JobState, Status, Verdict
 
 RETRIES = "retries"  # an accepted failure that put the job back to scheduled for another try
@@ -16,10 +17,14 @@ LEASE_EXPIRATIONS = "lease_expirations"  # an accepted LeaseExpired
 SUCCEEDED = "succeeded"  # an accepted AttemptSucceeded
 CANCELLED = "cancelled"  # a job entering cancelled
 UNDECODABLE = "undecodable"  # a record that did not decode
+UNPROVEN = "unproven"  # a node's or worker's fact refused for want of its proof (core.roles)
+# Not a count but a switch: 1 once the partition requires proofs (adapters.proofs).
+PROOFS_REQUIRED = "proofs_required"
 
 # Every tally, in the order the overview shows them.
 NAMES = (
     RETRIES, DEAD_LETTERS, STALE_COMPLETIONS, LEASE_EXPIRATIONS, SUCCEEDED, CANCELLED, UNDECODABLE,
+    UNPROVEN,
 )  # fmt: skip
 COMPLETIONS = frozenset({"AttemptSucceeded", "AttemptFailed"})
 _NONE: tuple[str, ...] = ()
@@ -32,6 +37,8 @@ def tallied(folded: FoldedEvent) -> tuple[str, ...]:
         return (UNDECODABLE,)
     if entry.verdict is Verdict.STALE:
         return (STALE_COMPLETIONS,) if entry.kind in COMPLETIONS else _NONE
+    if entry.verdict is Verdict.REJECTED and roles.is_unproven(entry.reason):
+        return (UNPROVEN,)
     after = folded.after
     if entry.verdict is not Verdict.APPLIED or after is None:
         return _NONE  # refused, or a purge (which lowers no tally)

@@ -19,11 +19,11 @@ from evsched.adapters.archive.history_file import LoggedEvent
 from evsched.adapters.archive.partition_log import ArchivePartitionLog
 from evsched.adapters.kafka.partition_log import KafkaPartitionLog, partition_for
 from evsched.adapters.kafka.topics import Topics, partition_count
+from evsched.adapters.proofs import LogProofs, NodeKeyring, node_keyring_from_env
 from evsched.core.controls import target_of
 from evsched.core.events import (
     EventFamily,
     EventTimeline,
-    Position,
     QueuePaused,
     SchedulePaused,
     entity_id,
@@ -192,7 +192,8 @@ async def audit_from_archive(
     if settings is not None:
         tail, logged = await _log_tail(settings, partition, bounds[1], entity.encode())
         sources = Sources(partition=partition, archived=bounds, logged=logged)
-    stored, paused = _timeline(_chain(partition_events(root, partition), tail), entity)
+    history = _chain(partition_events(root, partition), tail)
+    stored, paused = _timeline(history, entity, node_keyring_from_env())
     found = audit_of(entity, partition, sources.last_offset, stored, as_of=as_of, paused=paused)
     return found, sources
 
@@ -244,7 +245,7 @@ def _concerns(logged: LoggedEvent, needle: bytes) -> bool:
 
 
 def _timeline(
-    history: Iterable[LoggedEvent], entity: str
+    history: Iterable[LoggedEvent], entity: str, keyring: NodeKeyring | None = None
 ) -> tuple[list[tuple[TimelineEntry, bytes]], PausedAt]:
     """``entity``'s timeline folded from ``history`` as the projector would, and when its queue
     or it (a schedule) was paused."""
@@ -252,14 +253,26 @@ def _timeline(
     stored: list[tuple[TimelineEntry, bytes]] = []
     switches: dict[tuple[str, str], list[tuple[int, bool]]] = {}
     needle = entity.encode()
+    proofs = LogProofs(keyring)
     for logged in history:
-        if not _concerns(logged, needle):
+        # A partition requires proofs from its first proven record on, whoever it concerns.
+        proving = logged.proof is not None and not proofs.required(logged.partition)
+        if not proving and not _concerns(logged, needle):
             continue
         try:
             event = avro.decode_event(logged.value)
         except DecodeError:
             continue
-        position = Position(partition=logged.partition, offset=logged.offset, log_at=logged.log_at)
+        position = proofs.position(
+            partition=logged.partition,
+            offset=logged.offset,
+            log_at=logged.log_at,
+            event=event,
+            value=logged.value,
+            proof=logged.proof,
+        )
+        if not _concerns(logged, needle):
+            continue
         entry = replay.feed(event, position)
         if event.family is EventFamily.CONTROL:
             if entry.verdict is Verdict.APPLIED:

@@ -18,8 +18,9 @@ from typing import Any, assert_never
 
 from evsched.adapters import avro
 from evsched.adapters.archive.history_file import LoggedEvent
+from evsched.adapters.proofs import LogProofs, NodeKeyring
 from evsched.core.controls import ControlState, target_of
-from evsched.core.events import ControlEvent, EventFamily, Position, entity_id
+from evsched.core.events import ControlEvent, EventFamily, entity_id
 from evsched.core.fold import FOLD_VERSION, fold
 from evsched.core.invariants import JobFold, Replay, Violation
 from evsched.core.permits import LimitState, limit_name
@@ -120,9 +121,18 @@ def _schedule_final(state: ScheduleState) -> dict[str, Any]:
     }
 
 
-def fold_history(events: Iterable[LoggedEvent], *, fold_job: JobFold = fold) -> Outcome:
-    """Fold a history (any order; folded by partition and offset) with ``fold_job``."""
+def fold_history(
+    events: Iterable[LoggedEvent],
+    *,
+    fold_job: JobFold = fold,
+    keyring: NodeKeyring | None = None,
+) -> Outcome:
+    """Fold a history (any order; folded by partition and offset) with ``fold_job``.
+
+    Proofs of role (core.roles) are checked with ``keyring``; without it none is required.
+    """
     replay = Replay(fold_job=fold_job)
+    proofs = LogProofs(keyring)
     outcome = Outcome()
     for logged in sorted(events, key=lambda e: (e.partition, e.offset)):
         outcome.events += 1
@@ -131,7 +141,14 @@ def fold_history(events: Iterable[LoggedEvent], *, fold_job: JobFold = fold) -> 
         except DecodeError:
             outcome.undecodable.append([logged.partition, logged.offset])
             continue
-        position = Position(partition=logged.partition, offset=logged.offset, log_at=logged.log_at)
+        position = proofs.position(
+            partition=logged.partition,
+            offset=logged.offset,
+            log_at=logged.log_at,
+            event=event,
+            value=logged.value,
+            proof=logged.proof,
+        )
         entry = replay.feed(event, position)
         key = entity_id(event)
         head = [logged.partition, logged.offset, entry.kind, entry.verdict.value]

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import math
 from pathlib import Path
+from typing import Literal
 
 import structlog
 
@@ -18,6 +19,7 @@ from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.partition_log import KafkaPartitionLog, partition_for
 from evsched.adapters.kafka.topics import Topics, partition_count
+from evsched.adapters.proofs import NodeKeyring
 from evsched.core.state import JobState, TimelineEntry
 from evsched.errors import BrokerUnavailable, EvschedError
 from evsched.ports import PartitionLog
@@ -47,6 +49,7 @@ class Replica:
         *,
         client_id: str = "evsched-replica",
         on_commit: CommitHook | None = None,
+        keyring: NodeKeyring | Literal["env"] | None = "env",
     ):
         self.settings = settings
         self.topic = Topics(settings.namespace).events
@@ -54,6 +57,8 @@ class Replica:
         self.client_id = client_id
         # Told what every committed batch folded (e.g. metrics), after it is in the index.
         self.on_commit = on_commit
+        # The node keys proofs are checked with (adapters.proofs): by default the environment's.
+        self.keyring = keyring
         self.projectors: dict[int, Projector] = {}
         self._log: PartitionLog | None = None
         self._changed = asyncio.Condition()
@@ -76,7 +81,9 @@ class Replica:
         await log.start()
         for partition in range(count):
             index = PartitionIndex(index_path(self.data_dir, partition), partition)
-            self.projectors[partition] = Projector(index, on_commit=self.on_commit)
+            self.projectors[partition] = Projector(
+                index, on_commit=self.on_commit, keyring=self.keyring
+            )
         self._task = self.follow(log)
         for partition, reason in prepared.refused.items():
             # Never folded from the log's start: it stays out, failing, until an operator acts.

@@ -16,6 +16,7 @@ from typing import Any, TypeVar, overload
 from evsched.adapters import avro
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.topics import Topics
+from evsched.adapters.proofs import NodeKeyring
 from evsched.adapters.signing import DispatchKey
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import Event, entity_id
@@ -60,6 +61,7 @@ class NodeDriver:
         budget: QueueBudget | None = None,
         dispatch_key: DispatchKey | None = None,
         node_id: str = "driver",
+        keyring: NodeKeyring | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.partition = partition
@@ -72,6 +74,7 @@ class NodeDriver:
         self.ensure_queues = ensure_queues
         self.budget = budget
         self.dispatch_key = dispatch_key
+        self.keyring = keyring  # the node keys: None, this node proves and checks nothing
         self.node_id = node_id
         self.group_id = Topics(namespace).node_group
         self.transactional_id = f"{namespace}.node.p{partition}"
@@ -86,9 +89,17 @@ class NodeDriver:
         """Put ``events`` on the partition's log as a client would (Avro, keyed by entity id)."""
         return [self.append_raw(avro.encode_event(e), key=entity_id(e).encode()) for e in events]
 
-    def append_raw(self, value: bytes | None, *, key: bytes | None = None) -> Record:
+    def append_raw(
+        self,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: tuple[tuple[str, bytes], ...] = (),
+    ) -> Record:
         """Put any bytes on the partition's log (hostile records included)."""
-        return self.broker.append(self.topics.events, value, key=key, partition=self.partition)
+        return self.broker.append(
+            self.topics.events, value, key=key, partition=self.partition, headers=headers
+        )
 
     def log(self) -> list[Record]:
         return self.broker.records(self.topics.events, self.partition)
@@ -123,6 +134,7 @@ class NodeDriver:
             budget=self.budget,
             dispatch_key=self.dispatch_key,
             changelog=ChangelogWriter(self.topics.state, self.partition),
+            keyring=self.keyring,
         )
         self._fetched_to = self._owner.resume_offset
         return self._owner

@@ -45,6 +45,7 @@ class Written:
     value: bytes
     offset: int
     log_at: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def event(self) -> Event:
@@ -102,7 +103,9 @@ class MemoryLog:
     async def close(self) -> None:
         self.closed += 1
 
-    async def append(self, topic: str, key: str, value: bytes) -> Appended:
+    async def append(
+        self, topic: str, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> Appended:
         await asyncio.sleep(0)  # like a real ack, let other tasks run meanwhile
         with self._lock:
             if self._failures:
@@ -111,7 +114,7 @@ class MemoryLog:
             log_at = self.log_at
             if log_at is None and self._clock is not None:
                 log_at = self._clock.now_ms()
-            self._records.append(Written(topic, key, value, offset, log_at))
+            self._records.append(Written(topic, key, value, offset, log_at, tuple(headers)))
         self._waiters.notify()
         return Appended(topic, 0, offset, log_at)
 

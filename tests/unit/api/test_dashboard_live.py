@@ -138,3 +138,21 @@ def test_the_picture_has_a_bar_per_token_and_marks_refused_writes() -> None:
     assert chart["running"] == [{"y": "token 1", "x": [1.5, 4.0], "o": "LeaseExpired"}]
     stale = [p for p in chart["points"] if p["verdict"] == "stale"]
     assert [(p["y"], p["x"]) for p in stale] == [("token 1", 6.0)]
+
+
+def test_a_refused_decision_does_not_name_the_last_decider() -> None:
+    live = Live(lambda: {})
+    live.observe_commit(
+        [folded("JobLeased", RUN_AT, Status.SCHEDULED, Status.LEASED, source="node-n1", token=1)]
+    )
+    forged = folded(
+        "JobLeased",
+        RUN_AT + 5,
+        Status.LEASED,
+        Status.LEASED,
+        source="node-forger",
+        token=2,
+        verdict=Verdict.REJECTED,
+    )
+    live.observe_commit([forged])
+    assert live.deciders == {0: ("node-n1", RUN_AT)}

@@ -19,6 +19,7 @@ from fastavro.write import Writer
 
 from evsched.adapters import avro
 from evsched.adapters.contract import load_schema_files
+from evsched.adapters.proofs import proof_of
 from evsched.errors import ContractError, DecodeError, EvschedError
 from evsched.ports import Record
 
@@ -44,6 +45,8 @@ class LoggedEvent:
     key: bytes | None
     value: bytes
     kind: str
+    # The record's proof header (adapters.proofs), None when it had none.
+    proof: bytes | None = None
 
     @classmethod
     def from_record(cls, record: Record) -> LoggedEvent:
@@ -55,6 +58,7 @@ class LoggedEvent:
             key=record.key,
             value=value,
             kind=kind_of(value),
+            proof=proof_of(record.headers) if record.headers else None,
         )
 
     @property
@@ -120,6 +124,7 @@ class HistoryWriter:
                 "key": event.key,
                 "value": event.value,
                 "kind": event.kind,
+                "proof": event.proof,
             }
         )
         self.count += 1
@@ -186,6 +191,7 @@ def _logged(record: Any) -> LoggedEvent:
         key=record["key"],
         value=record["value"],
         kind=record["kind"],
+        proof=record.get("proof"),
     )
 
 

@@ -72,13 +72,15 @@ class KafkaEventLog:
         if old is not None:
             await stop_producer(old, 0.0 if self._refused else STOP_TIMEOUT_S)
 
-    async def append(self, topic: str, key: str, value: bytes) -> Appended:
+    async def append(
+        self, topic: str, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> Appended:
         for attempt in (1, 2):
             current = await self._current()
             try:
                 # The send is inside the bound too: while a partition cannot take writes, a
                 # send waits for room behind the record before it (30 s, then KafkaTimeoutError).
-                sent = _sent(current, topic, value, key)
+                sent = _sent(current, topic, value, key, headers)
                 metadata = await self._acknowledged(current, sent, topic, key)
             except KafkaError as exc:
                 # A fatal error poisons this producer only; the event carries its own event_id,
@@ -167,7 +169,12 @@ class KafkaEventLog:
         await stop_producer(broken)
 
 
-async def _sent(producer: Any, topic: str, value: bytes, key: str) -> Any:
+async def _sent(
+    producer: Any, topic: str, value: bytes, key: str, headers: Sequence[tuple[str, bytes]] = ()
+) -> Any:
     """The record's metadata once the producer took it and the broker acknowledged it."""
-    future = await producer.send(topic, value, key=key.encode())
+    if headers:  # a worker's proof (adapters.proofs); most records carry none
+        future = await producer.send(topic, value, key=key.encode(), headers=list(headers))
+    else:
+        future = await producer.send(topic, value, key=key.encode())
     return await future

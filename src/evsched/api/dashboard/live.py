@@ -109,7 +109,8 @@ class Live:
     def _observe(self, folded: FoldedEvent) -> None:
         entry, after = folded.entry, folded.after
         self.last_log_at = max(self.last_log_at, entry.log_at)
-        if entry.kind in DECISIONS:
+        if entry.kind in DECISIONS and entry.verdict is Verdict.APPLIED:
+            # A refused decision (a forger's, or a zombie node's) decided nothing.
             self.deciders[entry.partition] = (entry.source, entry.log_at)
         if entry.kind in WORKER_EVENTS and entry.verdict is Verdict.APPLIED:
             self.workers[entry.source] = entry.log_at

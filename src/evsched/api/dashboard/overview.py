@@ -108,7 +108,8 @@ def totals(ctx: ApiContext) -> dict[str, int]:
     found = dict.fromkeys(tallies.NAMES, 0)
     for p in reader.partitions(ctx.replica):
         for name, count in ctx.replica.index(p).tallies().items():
-            found[name] = found.get(name, 0) + count
+            if name in found:  # a switch such as proofs_required is no count
+                found[name] += count
     return found
 
 

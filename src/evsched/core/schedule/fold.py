@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import assert_never
 
-from evsched.core import bounds
+from evsched.core import bounds, roles
 from evsched.core.entries import judged
 from evsched.core.events import (
     Position,
@@ -27,7 +27,7 @@ def fold_schedule(
 ) -> tuple[ScheduleState | None, TimelineEntry]:
     """Apply a schedule event; like ``fold``, pure and total, state changes only when applied."""
     new: ScheduleState | None
-    refusal = bounds.refusal(event)
+    refusal = bounds.refusal(event) or roles.refusal(event, position)
     if refusal is not None:
         new, verdict, reason = state, Verdict.REJECTED, refusal
     elif state is not None and event.event_id in state.recent_event_ids:

@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from evsched.adapters.archive.files import ArchiveError
 from evsched.adapters.archive.history_file import HistoryFileError, read_history
+from evsched.adapters.proofs import KEY_FILE_ENV, NodeKeyring, node_keyring_from_env
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.archive_history import archive_history
 from evsched.operator.exits import ExitCode, OperatorError
@@ -27,6 +28,7 @@ from evsched.operator.replay_check import Comparison, compare
 from evsched.operator.session import Json
 
 HISTORY_SUFFIX = ".history.avro"
+KEY_SUFFIX = ".node-key"
 SHOWN = 5
 
 
@@ -86,10 +88,20 @@ def load_expected(path: Path) -> dict[str, Any]:
     return document
 
 
+def keyring_for(history: Path) -> NodeKeyring | None:
+    """The node keys to check a history's proofs with (core.roles): ``EVSCHED_NODE_KEY``'s, or
+    those of ``<name>.node-key`` beside it (a test recording's throwaway keys), or none."""
+    beside = history.with_name(history.name.removesuffix(HISTORY_SUFFIX) + KEY_SUFFIX)
+    env = node_keyring_from_env()
+    if env is not None or not beside.is_file():
+        return env
+    return node_keyring_from_env({KEY_FILE_ENV: str(beside)})
+
+
 def check(history: Path, expected: Path | None = None) -> Checked:
     """Replay ``history`` and compare it with its recorded outcome."""
     recorded = load_expected(expected or expected_path(history))
-    outcome = fold_history(read_history(history).events)
+    outcome = fold_history(read_history(history).events, keyring=keyring_for(history))
     return Checked(
         history=history,
         outcome=outcome,
@@ -106,7 +118,9 @@ def update(history: Path, expected: Path | None = None) -> Path:
     if target.exists():
         description = load_expected(target).get("description", description)
     document = expected_document(
-        fold_history(file.events), history=history.name, description=description
+        fold_history(file.events, keyring=keyring_for(history)),
+        history=history.name,
+        description=description,
     )
     target.write_text(dump_expected(document), encoding="utf-8")
     return target
@@ -114,7 +128,7 @@ def update(history: Path, expected: Path | None = None) -> Path:
 
 def check_archive(archive: Path, expected: Path, *, update_expected: bool) -> Checked | None:
     """Replay every record of an archive directory against ``expected`` (or rewrite it)."""
-    outcome = fold_history(archive_history(archive))
+    outcome = fold_history(archive_history(archive), keyring=node_keyring_from_env())
     if update_expected:
         document = expected_document(outcome, history=archive.name, description="an archive")
         expected.write_text(dump_expected(document), encoding="utf-8")

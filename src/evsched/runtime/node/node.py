@@ -24,6 +24,7 @@ from evsched.adapters.kafka.groups import GroupOwners
 from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
 from evsched.adapters.kafka.partition_outbox import KafkaOutbox
 from evsched.adapters.kafka.topics import Topics
+from evsched.adapters.proofs import NodeKeyring
 from evsched.adapters.signing import DispatchKey
 from evsched.core.planner import PlannerBudgets
 from evsched.errors import BrokerUnavailable, PartitionRevoked
@@ -68,6 +69,8 @@ class NodeConfig:
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
     dispatch_key: DispatchKey | None = None  # None: dispatch records go out unsigned
+    # None: this node's facts go out unproven, and it requires no proofs (adapters.proofs).
+    node_keyring: NodeKeyring | None = field(default=None, repr=False)
     standby: bool = False  # keep warm indexes of the partitions this node does not own
     standby_partitions: frozenset[int] | None = None  # of those, only these (None: all)
 
@@ -365,6 +368,7 @@ class Node:
             budget=self.budget,
             dispatch_key=self.config.dispatch_key,
             changelog=ChangelogWriter(self.topics.state, index.partition),
+            keyring=self.config.node_keyring,
         )
 
     async def _drop(self, runner: PartitionRunner) -> None:

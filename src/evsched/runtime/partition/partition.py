@@ -20,6 +20,7 @@ import structlog
 from evsched.adapters import avro
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.topics import Topics
+from evsched.adapters.proofs import NodeKeyring
 from evsched.adapters.signing import DispatchKey
 from evsched.core import planner, retention
 from evsched.core.controls import QUEUE, SCHEDULE
@@ -30,9 +31,11 @@ from evsched.core.events import (
     JobPurged,
     LeaseExpired,
     Position,
+    Role,
     entity_id,
 )
 from evsched.core.proposals import fire_refusal, job_refusal
+from evsched.core.roles import proof_role
 from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.partition.budget import QueueBudget, QueueLoad
@@ -86,10 +89,13 @@ class OwnedPartition:
         dispatch_key: DispatchKey | None = None,
         budget: QueueBudget | None = None,
         changelog: ChangelogWriter | None = None,
+        keyring: NodeKeyring | None = None,
     ) -> None:
         partition = index.partition
         self.changelog = changelog  # None: this partition's index changes go to no changelog
         self.dispatch_key = dispatch_key
+        # The node keys: this node's facts carry its proof, its dispatches their lease's key.
+        self.keyring = keyring
         self.partition = partition
         self.topics = topics
         self.outbox = outbox
@@ -100,7 +106,9 @@ class OwnedPartition:
         self.ensure_queues = ensure_queues
         self.scan_limit = scan_limit
         self.index = index
-        self.projector = Projector(self.index, on_commit=on_commit, source=self.source)
+        self.projector = Projector(
+            self.index, on_commit=on_commit, source=self.source, keyring=keyring
+        )
         self.instruments = instruments
         # Records below the committed offset were folded and their outputs sent before a crash.
         self.replay_until = committed if committed is not None else 0
@@ -472,23 +480,31 @@ class OwnedPartition:
         return list(found.values())
 
     def _event(self, event: Event, *, own_partition: bool = True) -> Outgoing:
+        value = avro.encode_event(event)
+        keyring = self.keyring
+        proven = keyring is not None and proof_role(event) is Role.NODE
         return Outgoing(
             topic=self.topics.events,
             key=entity_id(event).encode(),
-            value=avro.encode_event(event),
+            value=value,
             partition=self.partition if own_partition else None,
+            headers=(keyring.header(value),) if proven and keyring is not None else (),
         )
 
     def _dispatch(self, lease: planner.Lease) -> Outgoing:
-        topic = self.topics.dispatch(lease.dispatch.queue)
-        value = avro.encode_dispatch(lease.dispatch)
+        dispatch = lease.dispatch
+        topic = self.topics.dispatch(dispatch.queue)
+        if self.keyring is not None:
+            lease_key = self.keyring.lease_key(dispatch.job_id, dispatch.token)
+            dispatch = replace(dispatch, lease_key=lease_key)
+        value = avro.encode_dispatch(dispatch)
         key = self.dispatch_key  # workers holding the key run only what a node signed
         return Outgoing(
             topic=topic,
-            key=lease.dispatch.job_id.encode(),
+            key=dispatch.job_id.encode(),
             value=value,
             headers=() if key is None else (key.header(topic, value),),
-            queue=lease.dispatch.queue,
+            queue=dispatch.queue,
         )
 
     def close(self) -> None:

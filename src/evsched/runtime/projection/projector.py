@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import assert_never
+from typing import Literal, assert_never
 
 from evsched.adapters import avro
 from evsched.adapters.index.keys import timeline_family
@@ -16,6 +16,7 @@ from evsched.adapters.index.orphans import Orphan
 from evsched.adapters.index.purge import Purge
 from evsched.adapters.index.store import IndexBatch, PartitionIndex, control_key, keyable, limit_key
 from evsched.adapters.index.writes import PreparedWrite
+from evsched.adapters.proofs import NodeKeyring, PartitionProofs, node_keyring_from_env, proof_of
 from evsched.core import retention
 from evsched.core.controls import (
     QUEUE,
@@ -59,7 +60,7 @@ from evsched.core.state import (
     TimelineEntry,
     Verdict,
 )
-from evsched.core.tallies import tallied
+from evsched.core.tallies import PROOFS_REQUIRED, tallied
 from evsched.core.workflow import waits as workflows
 from evsched.errors import DecodeError
 from evsched.ports import Record
@@ -113,8 +114,15 @@ class Projector:
         cache_size: int = STATE_CACHE_SIZE,
         on_commit: CommitHook | None = None,
         source: str = "node",
+        keyring: NodeKeyring | Literal["env"] | None = "env",
     ) -> None:
         self.index = index
+        # What records prove (core.roles), checked with the node keys when this process has
+        # them: by default those of its environment (EVSCHED_NODE_KEY...), as every process
+        # that folds the same log must use the same keys to reach the same index.
+        keys = node_keyring_from_env() if keyring == "env" else keyring
+        required = index.tallies().get(PROOFS_REQUIRED, 0) > 0
+        self.proofs = PartitionProofs(keys, required=required)
         self.source = source  # who the resolutions it makes are from
         # Told what each committed batch folded (metrics count verdicts without a second fold).
         self.on_commit = on_commit
@@ -218,16 +226,29 @@ class Projector:
         return self.index.schedule(schedule_id)
 
     def _fold_one(self, record: Record, out: Folded) -> None:
-        position = Position(partition=record.partition, offset=record.offset, log_at=record.log_at)
         raw = record.value or b""
         try:
             event = avro.decode_event(raw)
         except DecodeError as exc:
+            position = Position(
+                partition=record.partition, offset=record.offset, log_at=record.log_at
+            )
             entry = _undecodable(position, exc.reason)
             out.batch.undecodable.append((entry, raw))
             out.verdicts.append(("undecodable", Verdict.UNDECODABLE))
             self._judged(out, FoldedEvent(entry))
             return
+        required = self.proofs.required
+        position = self.proofs.position(
+            partition=record.partition,
+            offset=record.offset,
+            log_at=record.log_at,
+            event=event,
+            value=raw,
+            proof=proof_of(record.headers) if record.headers else None,
+        )
+        if position.proofs_required and not required:  # from this record on (core.roles)
+            out.batch.tallies[PROOFS_REQUIRED] = 1
         out.seen_event_ids.add(event.event_id)
         match event.family:
             case EventFamily.JOB:

@@ -14,6 +14,7 @@ from typing import assert_never
 
 from evsched.adapters import avro
 from evsched.adapters.index.store import PartitionIndex
+from evsched.core import roles
 from evsched.core.controls import QUEUE, SCHEDULE, fold_job, fold_schedule_guarded
 from evsched.core.events import (
     Event,
@@ -56,6 +57,9 @@ def refold(
     A pause or resume changes no job or schedule state: it is shown with its stored verdict.
     """
     event = avro.decode_event(raw)
+    if entry.verdict is Verdict.REJECTED and roles.is_unproven(entry.reason):
+        # Its proof was judged from the record's headers, which the index does not keep.
+        return Refolded(event, state, state, entry.verdict)
     position = Position(partition=entry.partition, offset=entry.offset, log_at=entry.log_at)
     match event.family:
         case EventFamily.JOB:

@@ -14,6 +14,7 @@ from typing import Any
 from evsched.adapters.avro import encode_event
 from evsched.adapters.ids import new_id
 from evsched.adapters.payload import NotJson, canonical_json, decode_args
+from evsched.adapters.proofs import PROOF_HEADER, worker_proof
 from evsched.adapters.tracing import attempt_trace
 from evsched.client.context import AttemptIo, Context, LeaseWatch
 from evsched.client.task import Task, qualified_name
@@ -172,13 +173,15 @@ class AttemptRunner:
                 if following is not None:
                     await following.stop()
 
-    async def emit(self, event: JobEvent) -> Appended:
-        """Write one event keyed by its job id; EncodeError when it cannot be written."""
+    async def emit(self, event: JobEvent, lease_key: bytes | None) -> Appended:
+        """Write one event keyed by its job id, proven with its lease's key when the dispatch
+        carried one (adapters.proofs); EncodeError when it cannot be written."""
         data = encode_event(event)
         if len(data) > MAX_EVENT_BYTES:
             raise EncodeError(f"{type(event).__name__} is {len(data)} bytes, above the limit")
+        headers = () if lease_key is None else ((PROOF_HEADER, worker_proof(lease_key, data)),)
         sent_at = self.clock.now_ms()
-        appended = await self.log.append(self.events_topic, event.job_id, data)
+        appended = await self.log.append(self.events_topic, event.job_id, data, headers)
         if appended.log_at is not None:
             self.log_clock.observe(sent_at=sent_at, log_at=appended.log_at)
         return appended
@@ -190,14 +193,14 @@ class AttemptRunner:
         early, when this worker's clock runs ahead of the broker's): wait out the difference
         and start again, under the same token, before the handler runs.
         """
-        appended = await self.emit(self._started(dispatch))
+        appended = await self.emit(self._started(dispatch), dispatch.lease_key)
         for _ in range(EARLY_START_RETRIES):
             if appended.log_at is None or appended.log_at >= dispatch.run_at:
                 break
             early = dispatch.run_at - appended.log_at
             logger.info("start_before_run_at", early_ms=early, offset_ms=self.log_clock.offset_ms)
             await asyncio.sleep(early / 1000)
-            appended = await self.emit(self._started(dispatch))
+            appended = await self.emit(self._started(dispatch), dispatch.lease_key)
         return appended
 
     def _started(self, dispatch: Dispatch) -> AttemptStarted:
@@ -222,7 +225,8 @@ class AttemptRunner:
                 token=dispatch.token,
                 checkpoint=value,
                 trace=dispatch.trace,
-            )
+            ),
+            dispatch.lease_key,
         )
 
     async def _heartbeat(self, dispatch: Dispatch, lease: LeaseWatch) -> None:
@@ -244,7 +248,7 @@ class AttemptRunner:
                 trace=dispatch.trace,
             )
             try:
-                await self.emit(renewal)
+                await self.emit(renewal, dispatch.lease_key)
             except Exception as exc:  # keep beating: the next renewal may get through
                 logger.warning("lease_renew_failed", error=repr(exc))
             else:
@@ -311,11 +315,11 @@ class AttemptRunner:
         """Send the completion; returns the outcome sent (a result too large becomes a failure)."""
         completion = self._completion(dispatch, outcome, effects)
         try:
-            await self.emit(completion)
+            await self.emit(completion, dispatch.lease_key)
         except EncodeError as exc:
             # Oversized or unwritable result/effects: retrying would fail the same way.
             outcome = Failed("evsched.ResultTooLarge", exc.reason, retryable=False)
-            await self.emit(self._completion(dispatch, outcome, ()))
+            await self.emit(self._completion(dispatch, outcome, ()), dispatch.lease_key)
         if isinstance(outcome, Succeeded):
             logger.debug("job_succeeded", effects=len(effects))
         else:
