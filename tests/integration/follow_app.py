@@ -64,6 +64,12 @@ def make_app(settings: Settings | None = None) -> App:
         (folder / f"run-{done}").touch()
         return done
 
+    @app.task(name="f.mark")
+    def mark(ctx: Context, marks: str) -> int:
+        """Leaves ``ran-<token>``: the side effect that shows a handler ran, and under what."""
+        (Path(marks) / f"ran-{ctx.token}").touch()
+        return ctx.token
+
     @app.task(name="f.billing", max_attempts=1)
     async def billing() -> None:
         raise BillingDown("503 from the billing API")

@@ -32,10 +32,11 @@ from evsched.core.events import (
 from evsched.errors import EncodeError, InvalidEnqueue
 from evsched.ports import Appended, Clock, EventLog, JobFeed, JobReader
 from evsched.runtime.worker.attempt_log import AttemptLog
-from evsched.runtime.worker.fence import FOLLOW_AFTER_S, AttemptFence
+from evsched.runtime.worker.fence import AttemptFence
 from evsched.runtime.worker.handler_loop import HandlerEscaped, HandlerLoop, ThreadCount
 from evsched.runtime.worker.later import LaterTask
 from evsched.runtime.worker.log_clock import LogClock
+from evsched.runtime.worker.prestart import follow_job, why_not_run
 
 MAX_MESSAGE_CHARS = 4_000
 # How long a timed-out async handler keeps its slot while it winds down after its cancellation.
@@ -111,10 +112,56 @@ class AttemptRunner:
                 deadline=start_deadline_by_log(dispatch),
             )
             return
+        fence = AttemptFence(dispatch)
+        following = follow_job(self.feed, fence)
+        if await self._cleared(fence, appended, following, sent_at, logger):
+            await self._attempt(
+                dispatch, task, fence, following=following, sent_at=sent_at, logger=logger
+            )
+
+    async def _cleared(
+        self,
+        fence: AttemptFence,
+        appended: Appended,
+        following: LaterTask | None,
+        sent_at: float,
+        logger: AttemptLog,
+    ) -> bool:
+        """Whether the handler may start (``runtime.worker.prestart``); if not, the follow is
+        stopped and nothing is sent: the fold refused the start, or the lease is over, and the
+        node's expiry or the cancel has the last word."""
+        try:
+            why = await why_not_run(
+                fence,
+                appended,
+                worker_id=self.worker_id,
+                lease_ms=self.lease_ms,
+                held_ms=lambda: (self.clock.monotonic_s() - sent_at) * 1000,
+                confirm=following is not None,
+            )
+        except BaseException:
+            await _stop(following)
+            raise
+        if why is None:
+            return True
+        await _stop(following)
+        logger.warning("handler_not_started", reason=why)
+        return False
+
+    async def _attempt(
+        self,
+        dispatch: Dispatch,
+        task: Task | None,
+        fence: AttemptFence,
+        *,
+        following: LaterTask | None,
+        sent_at: float,
+        logger: AttemptLog,
+    ) -> None:
+        """Run the handler of a started attempt and send its outcome."""
         lease = LeaseWatch(self.lease_ms, self.clock, renewed_at=sent_at)
         # Debug, like job_succeeded: a line per job costs a worker more than the job's own work.
         logger.debug("job_started", attempt=dispatch.attempt, worker_id=self.worker_id)
-        fence = AttemptFence(dispatch)
         ctx = Context(
             dispatch,
             worker_id=self.worker_id,
@@ -126,7 +173,10 @@ class AttemptRunner:
                 fence=fence,
             ),
         )
-        outcome, overrun = await self._supervised(dispatch, task, ctx, fence, lease)
+        try:
+            outcome, overrun = await self._supervised(dispatch, task, ctx, fence, lease)
+        finally:
+            await _stop(following)  # the attempt's outcome is known: nothing more to hear
         if fence.cancelled:
             # Whatever the handler did after: its attempt is over (the fold rejects it anyway).
             message = f"attempt cancelled: {fence.reason}"
@@ -151,27 +201,19 @@ class AttemptRunner:
         fence: AttemptFence,
         lease: LeaseWatch,
     ) -> tuple[Outcome, asyncio.Future[Any] | None]:
-        """The handler's outcome, with heartbeats and the follow of the job while it runs.
+        """The handler's outcome, with heartbeats while it runs.
 
-        Both start only when they have something to do (a third of the lease, and
-        ``FOLLOW_AFTER_S``): until then they are timers, and most attempts end before either.
+        Heartbeats start only when they have something to do (a third of the lease): until then
+        they are a timer, and most attempts end before it fires.
         """
         name = f"job {dispatch.job_id} token {dispatch.token}"
         heartbeat = LaterTask(
             self.lease_ms / 3000, lambda: self._heartbeat(dispatch, lease), f"heartbeat {name}"
         )
-        following = None
-        if self.feed is not None and dispatch.events_offset is not None:
-            feed = self.feed
-            following = LaterTask(FOLLOW_AFTER_S, lambda: fence.follow(feed), f"follow {name}")
         try:
             return await self._execute(dispatch, task, ctx, fence)
         finally:
-            try:
-                await heartbeat.stop()
-            finally:
-                if following is not None:
-                    await following.stop()
+            await heartbeat.stop()
 
     async def emit(self, event: JobEvent, lease_key: bytes | None) -> Appended:
         """Write one event keyed by its job id, proven with its lease's key when the dispatch
@@ -353,6 +395,11 @@ class AttemptRunner:
             category=outcome.category or _default_category(outcome.retryable),
             traceback=outcome.traceback,
         )
+
+
+async def _stop(following: LaterTask | None) -> None:
+    if following is not None:
+        await following.stop()
 
 
 def _retrieve(running: asyncio.Future[Any]) -> None:

@@ -12,6 +12,7 @@ stale. See docs/design/worker.md ("Following one job") for the cost.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 
@@ -25,9 +26,6 @@ from evsched.errors import EvschedError
 from evsched.ports import JobFeed
 
 log = structlog.get_logger("evsched.worker")
-# An attempt is followed only once it has run this long: most attempts end sooner and never read
-# the events topic, and a cancel is still seen within a second (the follow starts from the lease).
-FOLLOW_AFTER_S = 0.25
 
 
 class AttemptFence:
@@ -40,6 +38,12 @@ class AttemptFence:
         self.reason: str | None = None
         self._on_end: list[Callable[[], object]] = []
         self.followed = False  # a follow runs (the dispatch said where to start)
+        # The job's state after its last event the follow folded, and that event's offset: the
+        # worker waits on them to learn the fold's verdict on its start (runtime.worker.prestart).
+        self.state: JobState | None = None
+        self.folded_to = -1
+        self._stopped = False  # the follow is over (ended, failed, or had nowhere to start)
+        self._progress = asyncio.Event()
 
     @property
     def ended(self) -> bool:
@@ -58,6 +62,7 @@ class AttemptFence:
         self.reason = reason
         self.cancelled = cancelled
         self._ended.set()
+        self._progress.set()
         if cancelled:
             for call in self._on_end:
                 call()
@@ -66,8 +71,22 @@ class AttemptFence:
     async def follow(self, feed: JobFeed) -> None:
         """Follow the job until the attempt ends (then ``end``), or until cancelled.
 
-        The runner starts it ``FOLLOW_AFTER_S`` into the attempt.
+        The runner starts it with the attempt: it confirms the start before the handler runs
+        (``runtime.worker.prestart``), then carries a cancel to the handler.
         """
+        try:
+            await self._follow(feed)
+        finally:
+            self._stopped = True
+            self._progress.set()
+
+    async def reached(self, offset: int) -> None:
+        """Until the follow has folded the job's events through ``offset``, or is over."""
+        while self.folded_to < offset and not self.ended and not self._stopped:
+            self._progress.clear()
+            await self._progress.wait()
+
+    async def _follow(self, feed: JobFeed) -> None:
         dispatch = self.dispatch
         if dispatch.events_offset is None:
             return  # a node before events_offset: the fence falls back to the lease watch
@@ -75,9 +94,11 @@ class AttemptFence:
         logger = log.bind(job_id=dispatch.job_id, token=dispatch.token)
         start = state_before_lease(dispatch)
         try:
-            async for state, _ in job_states(
+            async for state, at in job_states(
                 feed, dispatch.job_id, dispatch.partition, dispatch.events_offset, start
             ):
+                self.state, self.folded_to = state, at
+                self._progress.set()
                 if not attempt_current(state, dispatch.token):
                     reason = why_ended(state, dispatch.token)
                     cancelled = state is not None and state.status is Status.CANCELLED

@@ -1,0 +1,108 @@
+"""What a worker checks between its AttemptStarted and the handler: the fold accepted the start
+(the job was not cancelled, expired or leased again before it), and the run lease still holds by
+the worker's clock.
+
+The attempt's follow of its job (``runtime.worker.fence``) starts with the attempt: from the
+lease, through the start's own offset, it folds the job's events as a node does, so the worker
+learns the fold's verdict on its start before the handler runs, however long the worker was
+frozen or held the dispatch. The same follow then carries a later cancel to the handler. See
+docs/design/worker.md ("Before the handler starts").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from evsched.core.dispatch import START_MARGIN_MS
+from evsched.core.follow import attempt_current
+from evsched.core.state import JobState, Status
+from evsched.ports import Appended, JobFeed
+from evsched.runtime.worker.fence import AttemptFence, why_ended
+from evsched.runtime.worker.later import LaterTask
+
+# The longest a confirmation may take: a third of the run lease (when the first heartbeat is due),
+# at most this. A start not confirmed in time is not run: its lease expires.
+CONFIRM_MAX_S = 5.0
+
+
+def lease_passed(*, held_ms: float, lease_ms: int) -> bool:
+    """Whether a run lease of ``lease_ms``, counted from when the start was sent ``held_ms`` ago
+    (the worker's monotonic clock), is over or within its margin of the end.
+
+    The lease runs from the start's log time, which is after its send: counting from the send errs
+    on the side of not running. The margin is the start deadline's (``core.dispatch``).
+    """
+    margin = min(START_MARGIN_MS, lease_ms // 4)
+    return held_ms > lease_ms - margin
+
+
+def confirm_timeout_s(lease_ms: int) -> float:
+    return min(CONFIRM_MAX_S, lease_ms / 3000)
+
+
+def start_refused(state: JobState | None, token: int, worker_id: str) -> str | None:
+    """Why the job's state, folded through the start of ``token`` by ``worker_id``, shows that
+    start not accepted; None when the attempt runs under it."""
+    if state is not None and state.status is Status.RUNNING and state.token == token:
+        if state.worker_id == worker_id:
+            return None
+        return f"token {token} runs on {state.worker_id}"
+    if not attempt_current(state, token):
+        return why_ended(state, token)
+    return "the fold refused the start"
+
+
+def follow_job(feed: JobFeed | None, fence: AttemptFence) -> LaterTask | None:
+    """The follow of the attempt's job, from the next turn of the loop; None when there is no
+    feed or the dispatch does not say where to start (a node before ``events_offset``)."""
+    dispatch = fence.dispatch
+    if feed is None or dispatch.events_offset is None:
+        return None
+    name = f"follow job {dispatch.job_id} token {dispatch.token}"
+    return LaterTask(0.0, lambda: fence.follow(feed), name)
+
+
+async def confirm_start(
+    fence: AttemptFence, *, offset: int, worker_id: str, timeout_s: float
+) -> str | None:
+    """Wait until the fence's follow folded the start at ``offset`` (or ended); why the handler
+    must not run, or None when the fold accepted the start."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await fence.reached(offset)
+    except TimeoutError:
+        return f"the start was not confirmed within {timeout_s} s"
+    if fence.ended:
+        return fence.reason or "the attempt ended"
+    if fence.folded_to < offset:
+        return "the follow of the job failed"
+    return start_refused(fence.state, fence.dispatch.token, worker_id)
+
+
+async def why_not_run(
+    fence: AttemptFence,
+    appended: Appended,
+    *,
+    worker_id: str,
+    lease_ms: int,
+    held_ms: Callable[[], float],
+    confirm: bool,
+) -> str | None:
+    """Why the handler of the attempt started at ``appended`` must not run, or None.
+
+    With ``confirm`` (the attempt is followed), first the fold's verdict on the start; then, just
+    before the handler (the worker may have been held since the start), its run lease by
+    ``held_ms``: how long ago, by the worker's monotonic clock, the start was sent.
+    """
+    if confirm:
+        timeout_s = confirm_timeout_s(lease_ms)
+        why = await confirm_start(
+            fence, offset=appended.offset, worker_id=worker_id, timeout_s=timeout_s
+        )
+        if why is not None:
+            return why
+    held = held_ms()
+    if lease_passed(held_ms=held, lease_ms=lease_ms):
+        return f"the run lease passed: the start was sent {held:.0f} ms ago"
+    return None
