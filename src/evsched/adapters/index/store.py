@@ -8,6 +8,7 @@ for byte (``digest`` compares two indexes). Key layout: ``projections/README.md`
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -281,6 +282,20 @@ class PartitionIndex:
         job's, or the schedule's when no job event has this id. They are never mixed.
         """
         return [entry for entry, _ in self.timeline_events(entity_id, schedule=schedule)]
+
+    def timeline_page(
+        self, entity_id: str, *, schedule: bool, after: int = -1, limit: int
+    ) -> list[TimelineEntry]:
+        """At most ``limit`` entries of a job's (or schedule's) timeline past offset ``after``,
+        in log order: a page read without the entries before it."""
+        if not keyable(entity_id):
+            return []
+        start = timeline_key(entity_id, max(0, after + 1), schedule=schedule)
+        scan = self._scan(TIMELINE, start, prefix_end(start[:-8]))
+        return [
+            avro.decode_timeline(_split_entry(value)[0])
+            for _, value in itertools.islice(scan, limit)
+        ]
 
     def timeline_events(
         self, entity_id: str, *, schedule: bool | None = None
