@@ -21,6 +21,7 @@ from tests.unit.core.workflow.test_workflows import T0, enqueue, register, resol
     [
         ({}, None),
         ({"a": (), "b": ("a",), "c": ("a", "b")}, None),  # a chain and a group: no cycle
+        ({"c": ("b",), "b": ("a",), "a": ()}, None),  # children first: each parent walked once
         ({"b": ("a", "x"), "c": ("b", "x")}, None),  # parents outside the batch are not followed
         ({"a": ("a",)}, ("a", "a")),
         ({"a": ("b",), "b": ("a",)}, ("a", "b", "a")),
