@@ -160,7 +160,9 @@ async def list_jobs(
 async def job_timeline(
     ctx: Ctx,
     job_id: JobId,
-    after: Annotated[int, Query(ge=-1, description="Events past this offset only.")] = -1,
+    after: Annotated[
+        int, Query(ge=-1, le=reader.MAX_OFFSET, description="Events past this offset only.")
+    ] = -1,
     limit: Annotated[int, Query(ge=1, le=reader.MAX_TIMELINE_PAGE)] = reader.TIMELINE_PAGE,
 ) -> Timeline:
     """Every event of the job with its verdict, rejected and stale ones included, a page at a

@@ -62,6 +62,8 @@ def timeline(
 # A timeline page's default and largest size: a reused id keeps a retention period of runs
 # (``index_runs``), thousands of events for one firing every minute.
 TIMELINE_PAGE, MAX_TIMELINE_PAGE = 1_000, 10_000
+# The largest offset a page may start after: Kafka's offsets are signed 64-bit.
+MAX_OFFSET = 2**63 - 1
 
 
 def timeline_page(

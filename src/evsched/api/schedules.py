@@ -82,7 +82,9 @@ async def get_schedule(ctx: Ctx, schedule_id: ScheduleId) -> Schedule:
 async def schedule_timeline(
     ctx: Ctx,
     schedule_id: ScheduleId,
-    after: Annotated[int, Query(ge=-1, description="Events past this offset only.")] = -1,
+    after: Annotated[
+        int, Query(ge=-1, le=reader.MAX_OFFSET, description="Events past this offset only.")
+    ] = -1,
     limit: Annotated[int, Query(ge=1, le=reader.MAX_TIMELINE_PAGE)] = reader.TIMELINE_PAGE,
 ) -> Timeline:
     """Every upsert, delete, fire, pause and resume of the schedule with its verdict, a page at
