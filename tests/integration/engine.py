@@ -21,6 +21,7 @@ import typer
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.records_to_delete import RecordsToDelete
+from aiokafka.errors import GroupCoordinatorNotAvailableError
 from tests.conftest import unique_name
 from typer.testing import CliRunner
 
@@ -242,6 +243,8 @@ class Stack:
         await admin.start()
         try:
             offsets = await admin.list_consumer_group_offsets(f"{self.namespace}.nodes")
+        except GroupCoordinatorNotAvailableError:
+            return None  # the broker does not know the group's coordinator yet: ask again later
         finally:
             await admin.close()
         committed = offsets.get(TopicPartition(self.topics.events, partition))

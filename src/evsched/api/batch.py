@@ -16,7 +16,7 @@ from evsched.api.errors import ApiError
 from evsched.api.queues import require_declared
 from evsched.api.responses import WRITE
 from evsched.api.writes import enqueue_event
-from evsched.client.batch import BatchResult, Outcome, write_batch
+from evsched.client.batch import BatchResult, Outcome, refuse_cycles, write_batch
 from evsched.core.events import JobEnqueued
 from evsched.core.state import Verdict
 from evsched.errors import InvalidEnqueue, InvalidTask
@@ -34,10 +34,14 @@ _VERDICTS = {
 async def enqueue_batch(ctx: Ctx, body: BatchRequest) -> BatchResponse:
     """Enqueue up to 1,000 jobs at once; a verdict per job, in the request's order.
 
+    A batch whose jobs wait on one another in a cycle (``after``) is refused whole with a 422
+    naming them: none of them could ever run.
+
     One timeout bounds the whole batch: the send, then the read-back of every job's verdict.
     """
     now = ctx.writer.now_ms()
     items = [await _event(ctx, job, now) for job in body.jobs]
+    refuse_cycles(items)  # a 422 naming the jobs, before anything is written
     deadline = ctx.writer.deadline()
     sending = _write(ctx, items, atomic=body.atomic)
     results = await ctx.writer.send(sending, "batch", "/v1/jobs")

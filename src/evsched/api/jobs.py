@@ -157,12 +157,28 @@ async def list_jobs(
     response_model=Timeline,
     responses={**READ, 404: error("Nothing was ever written for this id.")},
 )
-async def job_timeline(ctx: Ctx, job_id: JobId) -> Timeline:
-    """Every event of the job with its verdict, rejected and stale ones included."""
-    entries = reader.timeline(ctx.replica, job_id)
-    if not entries:
+async def job_timeline(
+    ctx: Ctx,
+    job_id: JobId,
+    after: Annotated[
+        int, Query(ge=-1, le=reader.MAX_OFFSET, description="Events past this offset only.")
+    ] = -1,
+    limit: Annotated[int, Query(ge=1, le=reader.MAX_TIMELINE_PAGE)] = reader.TIMELINE_PAGE,
+) -> Timeline:
+    """Every event of the job with its verdict, rejected and stale ones included, a page at a
+    time in log order.
+
+    A reused id (a key past its window, a unique job, a skip or buffer schedule's job) shows its
+    current run and the earlier runs still within their retention; older runs are on the events
+    log or in an archive.
+    """
+    entries, next_after = reader.timeline_page(
+        ctx.replica, job_id, schedule=False, after=after, limit=limit
+    )
+    if not entries and after < 0:
         raise ApiError(404, "not_found", f"no events for job {job_id!r}")
-    return Timeline(id=job_id, events=[TimelineEvent.of(e) for e in entries])
+    events = [TimelineEvent.of(e) for e in entries]
+    return Timeline(id=job_id, events=events, next_after=next_after)
 
 
 @router.post(

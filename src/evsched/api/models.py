@@ -365,6 +365,10 @@ class TimelineEvent(BaseModel):
 class Timeline(BaseModel):
     id: str
     events: list[TimelineEvent]
+    next_after: int | None = Field(
+        default=None,
+        description="Pass as ?after= for the next page of events; None: this page ends it.",
+    )
 
 
 class JobPage(BaseModel):

@@ -59,5 +59,24 @@ def timeline(
     return replica.index(replica.partition_of(entity_id)).timeline(entity_id, schedule=schedule)
 
 
+# A timeline page's default and largest size: a reused id keeps a retention period of runs
+# (``index_runs``), thousands of events for one firing every minute.
+TIMELINE_PAGE, MAX_TIMELINE_PAGE = 1_000, 10_000
+# The largest offset a page may start after: Kafka's offsets are signed 64-bit.
+MAX_OFFSET = 2**63 - 1
+
+
+def timeline_page(
+    replica: ReplicaView, entity_id: str, *, schedule: bool, after: int, limit: int
+) -> tuple[list[TimelineEntry], int | None]:
+    """At most ``limit`` timeline entries of ``entity_id`` past offset ``after``, and the
+    ``after`` of the next page (None when none is left)."""
+    index = replica.index(replica.partition_of(entity_id))
+    found = index.timeline_page(entity_id, schedule=schedule, after=after, limit=limit + 1)
+    if len(found) <= limit:
+        return found, None
+    return found[:limit], found[limit - 1].offset
+
+
 def partitions(replica: ReplicaView) -> list[int]:
     return sorted(replica.projectors)

@@ -79,16 +79,27 @@ async def get_schedule(ctx: Ctx, schedule_id: ScheduleId) -> Schedule:
         ),
     },
 )
-async def schedule_timeline(ctx: Ctx, schedule_id: ScheduleId) -> Timeline:
-    """Every upsert, delete, fire, pause and resume of the schedule with its verdict.
+async def schedule_timeline(
+    ctx: Ctx,
+    schedule_id: ScheduleId,
+    after: Annotated[
+        int, Query(ge=-1, le=reader.MAX_OFFSET, description="Events past this offset only.")
+    ] = -1,
+    limit: Annotated[int, Query(ge=1, le=reader.MAX_TIMELINE_PAGE)] = reader.TIMELINE_PAGE,
+) -> Timeline:
+    """Every upsert, delete, fire, pause and resume of the schedule with its verdict, a page at
+    a time in log order.
 
     Rejected events of a schedule the index did not hold (an unknown id, or before the schedule
     was created) are kept 7 days of log time; older ones are on the events log or in an archive.
     """
-    entries = reader.timeline(ctx.replica, schedule_id, schedule=True)
-    if not entries:
+    entries, next_after = reader.timeline_page(
+        ctx.replica, schedule_id, schedule=True, after=after, limit=limit
+    )
+    if not entries and after < 0:
         raise ApiError(404, "not_found", f"no events for schedule {schedule_id!r}")
-    return Timeline(id=schedule_id, events=[TimelineEvent.of(e) for e in entries])
+    events = [TimelineEvent.of(e) for e in entries]
+    return Timeline(id=schedule_id, events=events, next_after=next_after)
 
 
 @router.get("", response_model=SchedulePage, responses=READ)

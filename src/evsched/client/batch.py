@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from evsched.client.workflows import registrations
 from evsched.commands import encode_checked
 from evsched.core.events import JobEnqueued
+from evsched.core.workflow.graph import waiting_cycle
 from evsched.errors import InvalidEnqueue, PublishError
 from evsched.ports import Appended, EventLog, Outbound
 
@@ -60,7 +61,12 @@ async def write_batch(
     atomic: bool,
 ) -> list[BatchResult]:
     """Write already built enqueues (an InvalidEnqueue for a refused one) in one round trip; a
-    result per item, in the items' order."""
+    result per item, in the items' order.
+
+    Raises InvalidEnqueue before anything is written when the batch's jobs wait on one another
+    in a cycle (``refuse_cycles``).
+    """
+    refuse_cycles(items)
     results: list[BatchResult | None] = [None] * len(items)
     ready: list[_Prepared] = []
     seen: dict[str, bytes | None] = {}
@@ -109,6 +115,20 @@ async def _write(
     for prepared, ack in zip(ready, acks, strict=True):
         results[prepared.index] = _written(prepared, ack)
     return [r for r in results if r is not None]
+
+
+def refuse_cycles(items: Sequence[JobEnqueued | InvalidEnqueue]) -> None:
+    """Raise InvalidEnqueue naming the jobs when some of ``items`` wait on one another in a
+    cycle: none of them could ever be released, atomic batch or not."""
+    after: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        if isinstance(item, JobEnqueued):
+            after.setdefault(item.job_id, item.after)
+    found = waiting_cycle(after)
+    if found is not None:
+        loop = " -> ".join(found)
+        why = f"the batch's jobs wait on one another in a cycle, so none would ever run: {loop}"
+        raise InvalidEnqueue("after", why)
 
 
 def _without_after(results: list[BatchResult | None], ready: list[_Prepared]) -> list[_Prepared]:

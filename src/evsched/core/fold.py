@@ -55,8 +55,10 @@ from evsched.core.workflow import waits as workflows
 # took any higher token, so one forged lease near bounds.MAX_TOKEN left the job unleasable and
 # its node proposing an impossible lease for ever; 9: from a partition's first record that
 # carries a valid proof on, a node's or a worker's fact without its role's proof is rejected,
-# core.roles, where version 8 took them from anyone who could write the log): indexes then
-# rebuild.
+# core.roles, where version 8 took them from anyone who could write the log; a ChildRegistered
+# of a job its parent itself waits on is rejected as a cycle, core.workflow.waits, where version
+# 8 applied it; and the index keeps a reused id's earlier runs only for their retention, in the
+# families runs and run_marks that an index of version 8 lacks): indexes then rebuild.
 FOLD_VERSION = 9
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the

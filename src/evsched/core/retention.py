@@ -8,6 +8,8 @@ replay reaches the same decision from the log alone. See docs/job-lifecycle.md, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from evsched.core.state import TERMINAL_STATUSES, JobState
 
 DAY_MS = 86_400_000
@@ -68,11 +70,43 @@ def purge_reason(state: JobState, partition: int) -> str:
 def mark_until(state: JobState, log_at: int) -> int:
     """Until when the purge's own timeline entry stays in the index, for audits.
 
-    As long as the job was kept: of jobs whose id is not used again, the index then holds at most
-    two retention periods, whatever the age of the deployment. An id that gets a new run keeps
-    its earlier runs' timelines until it is purged, which waits for its latest run.
+    As long as the job was kept: the index then holds at most two retention periods of finished
+    runs, whatever the age of the deployment (an earlier run of a reused id goes on its own, at
+    ``EndedRun.kept_until``).
     """
     return log_at + retention_ms(state)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndedRun:
+    """An earlier run of a reused id, ended as the next one began (a key window passed, a
+    ``unique`` scope, a schedule's overlap policy).
+
+    The job's timeline entries below ``boundary`` are that run's (and any before it); they leave
+    the index at log time ``kept_until``, its end plus its retention, while the id lives on.
+    ``base`` is the job's state just before ``boundary``: what a refold of the runs still kept
+    (an audit, time travel) starts from once the earlier ones are gone.
+    """
+
+    boundary: int
+    kept_until: int
+    base: JobState
+
+
+def ended_run(
+    before: JobState | None, after: JobState | None, offset: int, log_at: int
+) -> EndedRun | None:
+    """The run that the applied event at ``offset`` (log time ``log_at``) ended for a new run of
+    the same id, or None when it began no new run."""
+    if before is None or after is None or after.generation == before.generation:
+        return None
+    if before.status in TERMINAL_STATUSES:
+        # An enqueue began the new run: it is the new run's first entry.
+        kept_until = before.updated_at + retention_ms(before)
+        return EndedRun(boundary=offset, kept_until=kept_until, base=before)
+    # The event ended the run and began the one held for it (core.unique.next_run): it is the
+    # ended run's last entry.
+    return EndedRun(boundary=offset + 1, kept_until=log_at + retention_ms(before), base=after)
 
 
 def orphan_until(log_at: int) -> int:

@@ -62,7 +62,11 @@ class Audit:
 
 
 def audit(index: PartitionIndex, entity_id: str, *, as_of: int | None = None) -> Audit | None:
-    """The audit of ``entity_id`` in ``index``, or None when it has no event there."""
+    """The audit of ``entity_id`` in ``index``, or None when it has no event there.
+
+    Of a reused job id whose earlier runs left the index (``index_runs``), the kept runs are
+    refolded from the job's state where they start; the log and archives hold the rest.
+    """
     stored = index.timeline_events(entity_id)
     return audit_of(
         entity_id,
@@ -71,6 +75,7 @@ def audit(index: PartitionIndex, entity_id: str, *, as_of: int | None = None) ->
         stored,
         as_of=as_of,
         paused=paused_in(index),
+        base=index.run_base(entity_id) if stored else None,
     )
 
 
@@ -82,17 +87,22 @@ def audit_of(
     *,
     as_of: int | None = None,
     paused: PausedAt = never_paused,
+    base: tuple[int, JobState] | None = None,
 ) -> Audit | None:
     """The audit of a timeline read from anywhere (an index, an archive); None when empty.
 
     ``paused`` tells when the job's queue (or the schedule) was paused, which refuses a lease
     (or holds a fire): from the index's stored pauses, or those an archive's audit folded.
+    ``base`` is where a timeline without its earliest runs starts: the first kept offset and
+    the job's state just before it (``PartitionIndex.run_base``).
     """
     if not stored:
         return None
     if as_of is not None:
         stored = [(entry, raw) for entry, raw in stored if entry.offset <= as_of]
     state: State | None = None
+    if base is not None and stored and stored[0][0].offset >= base[0]:
+        state = base[1]
     rows: list[AuditRow] = []
     unstarted = 0  # leases expired unstarted since the job's last start
     for entry, raw in stored:

@@ -286,6 +286,22 @@ async def test_timeline_lists_every_event_with_its_verdict(api: Harness) -> None
     assert events[1]["reason"] == "cancelled by api: changed my mind"
     assert events[1]["status_after"] == "cancelled"
     assert all(e["source"] == "api" and e["partition"] == 0 for e in events)
+    assert timeline["next_after"] is None
+
+
+async def test_a_timeline_comes_a_page_at_a_time(api: Harness) -> None:
+    job = await enqueue(api)
+    for _ in range(3):
+        await api.http.post(f"/v1/jobs/{job['id']}/cancel")
+    path = f"/v1/jobs/{job['id']}/timeline"
+    first = (await api.http.get(path, params={"limit": 3})).json()
+    assert [e["offset"] for e in first["events"]] == [0, 1, 2]
+    assert first["next_after"] == 2
+    last = (await api.http.get(path, params={"limit": 3, "after": 2})).json()
+    assert [e["offset"] for e in last["events"]] == [3]
+    assert last["next_after"] is None
+    past = await api.http.get(path, params={"after": 3})
+    assert past.status_code == 200 and past.json()["events"] == []
 
 
 async def test_listing_pages_through_every_job_once_in_a_stable_order(api: Harness) -> None:

@@ -107,6 +107,25 @@ async def test_a_batch_with_after_is_atomic_or_refused(api: Harness) -> None:
     assert (await graph(api, parent["id"]))["counts"] == {"scheduled": 1, "waiting": 1}
 
 
+@pytest.mark.parametrize("atomic", [True, False])
+async def test_a_batch_whose_jobs_wait_on_one_another_is_refused_naming_them(
+    api: Harness, atomic: bool
+) -> None:
+    a, b, c = (ids.job_id_for_key("default", key) for key in ("a", "b", "c"))
+    jobs = [
+        {"task": "t.run", "idempotency_key": "a", "after": [c]},
+        {"task": "t.run", "idempotency_key": "b", "after": [a]},
+        {"task": "t.run", "idempotency_key": "c", "after": [b]},
+        {"task": "t.run"},
+    ]
+    response = await api.http.post("/v1/jobs:batch", json={"jobs": jobs, "atomic": atomic})
+    assert response.status_code == 422
+    problem = error_of(response)
+    assert problem["field"] == "after"
+    assert f"cycle, so none would ever run: {a} -> {c} -> {b} -> {a}" in problem["message"]
+    assert api.log.events() == []
+
+
 # --- the graph ----------------------------------------------------------------------------------
 
 

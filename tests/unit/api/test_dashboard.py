@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from evsched.api.auth import Tokens
+from evsched.api.dashboard import pages
 from evsched.api.dashboard.session import COOKIE, Role, Sessions
 from evsched.core import tallies
 from evsched.core.events import AttemptFailed, AttemptStarted, JobCancelled, JobLeased
@@ -135,6 +136,17 @@ async def test_a_job_page_shows_state_timeline_and_an_earlier_state(board: Harne
     assert 'id="state-status" class="status-scheduled">scheduled<' in earlier.text
     chart = re.search(r'id="timeline-data">(.*?)</script>', now.text, re.S)
     assert chart and '"token 1"' in chart.group(1) and '"AttemptFailed"' in chart.group(1)
+
+
+async def test_a_job_page_lists_only_its_newest_events(
+    board: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pages, "TIMELINE_SHOWN", 2)
+    job_id = await enqueue(board)
+    await kill(board, job_id)
+    page = await board.http.get(f"/jobs/{job_id}")
+    assert page.text.count('<tr class="verdict-') == 2
+    assert "The newest 2 events; 2 earlier ones" in page.text
 
 
 async def test_a_refused_write_is_marked_on_the_timeline(board: Harness) -> None:

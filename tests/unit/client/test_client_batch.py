@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from evsched.client import App, Outcome
+from evsched.core import ids
 from evsched.core.events import JobEnqueued, QueuePaused, QueueResumed, SchedulePaused
 from evsched.errors import InvalidEnqueue, PublishError
 from evsched.settings import Settings
@@ -58,6 +59,23 @@ async def test_an_atomic_batch_is_all_or_none(app_log: tuple[App, MemoryLog]) ->
     assert [r.outcome for r in failed] == [Outcome.FAILED] * 2 and log.events() == []
     done = await app.enqueue_many([add.call(1, 2), add.call(3, 4)], atomic=True)
     assert [r.outcome for r in done] == [Outcome.ACCEPTED] * 2 and len(log.events()) == 2
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+async def test_a_batch_whose_jobs_wait_on_one_another_is_refused_before_any_write(
+    app_log: tuple[App, MemoryLog], atomic: bool
+) -> None:
+    app, log = app_log
+    add = app.get_task("t.add")
+    one, two = (ids.job_id_for_key("q", key) for key in ("one", "two"))
+    calls = [
+        add.options(idempotency_key="one", after=[two]).call(1, 2),
+        add.options(idempotency_key="two", after=[one]).call(3, 4),
+        add.call(5, 6),
+    ]
+    with pytest.raises(InvalidEnqueue, match=f"cycle, so none would ever run: {one} -> {two}"):
+        await app.enqueue_many(calls, atomic=atomic)
+    assert log.events() == []
 
 
 async def test_a_failed_write_fails_only_its_call(app_log: tuple[App, MemoryLog]) -> None:

@@ -102,3 +102,17 @@ def test_the_checker_allows_one_success_per_run_and_forgets_a_purged_id() -> Non
     assert (state.generation, state.token, state.args) == (0, 1, b"[3]")
     verdicts = [e.verdict for e in done.job_timelines["j"]]
     assert verdicts == [Verdict.APPLIED] * len(history)
+
+
+def test_a_new_run_of_an_id_ends_the_earlier_one_where_it_began() -> None:
+    next_run = replace(DONE, status=Status.SCHEDULED, generation=1, updated_at=4_000)
+    assert retention.ended_run(None, next_run, 7, 4_000) is None
+    assert retention.ended_run(DONE, None, 7, 4_000) is None  # a purge begins no run
+    assert retention.ended_run(DONE, replace(DONE, updated_at=4_000), 7, 4_000) is None
+    # An enqueue past the key window: it is the new run's first entry; the run ended at 1_000.
+    ended = retention.ended_run(DONE, next_run, 7, 4_000)
+    assert ended == retention.EndedRun(boundary=7, kept_until=1_500, base=DONE)
+    # A success that starts the held run: it is the ended run's last entry, ending it now.
+    running = replace(DONE, status=Status.RUNNING, updated_at=900)
+    held = retention.ended_run(running, next_run, 7, 4_000)
+    assert held == retention.EndedRun(boundary=8, kept_until=4_500, base=next_run)

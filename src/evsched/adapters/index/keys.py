@@ -21,6 +21,9 @@ ORPHANS, FOLLOWERS = "orphans", "purge_followers"
 # Records that did not decode, and events refused for an id that cannot key a timeline, by
 # offset; each keeps only its newest records (adapters.index.poison).
 UNDECODABLE, REFUSED = "undecodable", "refused"
+# The earlier runs of reused ids (adapters.index.runs): per job, each kept run's start and the
+# state a refold of it starts from; and by the time each run leaves, the next run's start.
+RUNS, RUN_MARKS = "runs", "run_marks"
 U64 = struct.Struct(">Q")
 
 # A job, a schedule and a queue may share an id: their timelines live under different first bytes.
@@ -68,6 +71,11 @@ def timeline_key(
     if family is None:
         family = SCHEDULE_TIMELINE if schedule else JOB_TIMELINE
     return family + _id(entity_id) + U64.pack(offset)
+
+
+def runs_key(job_id: str, boundary: int) -> bytes:
+    """A ``runs`` key: the job id, length-prefixed, then the offset where a run of it began."""
+    return _id(job_id) + U64.pack(boundary)
 
 
 def prefix_end(prefix: bytes) -> bytes:

@@ -5,10 +5,10 @@ own timeline entry (what audits read: when, where, and where the history still i
 ``mark_until``. Those marks expire deterministically from the log: each applied purge, at log time
 T, first deletes every mark whose time is at most T. So the index after any offset is the same
 however the records were batched, and in steady state it holds no more than two retention periods
-of finished jobs whose id is not used again (a reused id keeps every run's timeline until its
-purge, which waits for its latest run). The batch's orphans (``index_orphans``) are judged in the
-same pass, in log order with the purges: they follow a job's kept purge mark, or get a mark of
-their own (as do a limit's permit steps and an unknown schedule's rejected events).
+of finished runs (a reused id's earlier runs leave on their own, ``index_runs``). The batch's
+orphans (``index_orphans``) are judged in the same pass, in log order with the purges: they
+follow a job's kept purge mark, or get a mark of their own (as do a limit's permit steps and an
+unknown schedule's rejected events).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Purge:
     log_at: int
     stored: JobState | None
     mark_until: int
+    generation: int = 0  # the purged run's: past 0, the id may have runs entries (index_runs)
 
 
 class PurgeTarget(Protocol):

@@ -8,6 +8,7 @@ for byte (``digest`` compares two indexes). Key layout: ``projections/README.md`
 from __future__ import annotations
 
 import hashlib
+import itertools
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from evsched.adapters.index.keys import (
     PURGES,
     QUEUE_TIMELINE,
     REFUSED,
+    RUN_MARKS,
+    RUNS,
     SCHEDULE_TIMELINE,
     TIMELINE,
     U64,
@@ -50,6 +53,7 @@ from evsched.adapters.index.priority import (
     priority_value,
 )
 from evsched.adapters.index.purge import Purge, PurgeWriter
+from evsched.adapters.index.runs import RunStart, RunWriter, runs_prefix
 from evsched.adapters.index.tallies import TALLIES, add_tallies, read_tallies
 from evsched.adapters.index.writes import Change, PreparedWrite, Recorder
 from evsched.core import retention
@@ -62,15 +66,16 @@ from evsched.errors import StoreError
 SCHEDULES, CRON_DUE, META, CONTROLS = "schedules", "cron_due", "meta", "controls"
 COLUMN_FAMILIES = (
     JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS,
-    PURGES, MARKS, META, DUE_PRIORITY, TALLIES, ORPHANS, FOLLOWERS,
+    PURGES, MARKS, META, DUE_PRIORITY, TALLIES, ORPHANS, FOLLOWERS, RUNS, RUN_MARKS,
 )  # fmt: skip
 # What the digest covers: everything the fold derives, in a fixed order.
 DIGEST_FAMILIES = (
     JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS,
-    PURGES, MARKS, TALLIES, ORPHANS, FOLLOWERS,
+    PURGES, MARKS, TALLIES, ORPHANS, FOLLOWERS, RUNS, RUN_MARKS,
 )  # fmt: skip
-# Keyed by an 8-byte big-endian time, then the entity id (``orphans``: then an offset).
-TIME_FAMILIES = (DUE, LEASES, CRON_DUE, PURGES, MARKS, ORPHANS)
+# Keyed by an 8-byte big-endian time, then the entity id (``orphans``, ``run_marks``: then an
+# offset).
+TIME_FAMILIES = (DUE, LEASES, CRON_DUE, PURGES, MARKS, ORPHANS, RUN_MARKS)
 # Derived from the job and schedule states alone: a restore rebuilds them instead of reading
 # them from the changelog (they change on most events; every other family is mirrored). Purge
 # marks outlive their jobs, so they are mirrored.
@@ -127,6 +132,8 @@ class IndexBatch:
     # Entries that expire on marks, in log order (index_orphans): rejected events of jobs and
     # schedules the index does not hold, and limits' permit steps.
     orphans: list[Orphan] = field(default_factory=list)
+    # New runs of reused ids in log order (index_runs): their earlier runs leave on marks.
+    runs: list[RunStart] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(
@@ -139,6 +146,7 @@ class IndexBatch:
             or self.purges
             or self.tallies
             or self.orphans
+            or self.runs
         )
 
 
@@ -275,6 +283,20 @@ class PartitionIndex:
         """
         return [entry for entry, _ in self.timeline_events(entity_id, schedule=schedule)]
 
+    def timeline_page(
+        self, entity_id: str, *, schedule: bool, after: int = -1, limit: int
+    ) -> list[TimelineEntry]:
+        """At most ``limit`` entries of a job's (or schedule's) timeline past offset ``after``,
+        in log order: a page read without the entries before it."""
+        if not keyable(entity_id):
+            return []
+        start = timeline_key(entity_id, max(0, after + 1), schedule=schedule)
+        scan = self._scan(TIMELINE, start, prefix_end(start[:-8]))
+        return [
+            avro.decode_timeline(_split_entry(value)[0])
+            for _, value in itertools.islice(scan, limit)
+        ]
+
     def timeline_events(
         self, entity_id: str, *, schedule: bool | None = None
     ) -> list[tuple[TimelineEntry, bytes]]:
@@ -285,6 +307,20 @@ class PartitionIndex:
             found = self.timeline_events(entity_id, schedule=False)
             return found or self.timeline_events(entity_id, schedule=True)
         return self._timeline_under(timeline_key(entity_id, 0, schedule=schedule)[:-8])
+
+    def run_base(self, job_id: str) -> tuple[int, JobState] | None:
+        """Where the job's kept timeline starts when earlier runs of it left (``index_runs``):
+        the first kept run's first offset and the job's state just before it; else None."""
+        if not keyable(job_id):
+            return None
+        prefix = runs_prefix(job_id)
+        for key, value in self._scan(RUNS, prefix, prefix_end(prefix)):
+            boundary = int(U64.unpack(key[-8:])[0])
+            first = next(iter(self._scan(TIMELINE, *_job_range(job_id))), None)
+            if first is None or int(U64.unpack(first[0][-8:])[0]) < boundary:
+                return None  # the run before it is still kept: a refold starts from nothing
+            return boundary, avro.decode_state(value[8:], JobState)
+        return None
 
     def _timeline_under(self, prefix: bytes) -> list[tuple[TimelineEntry, bytes]]:
         return [
@@ -361,7 +397,8 @@ class PartitionIndex:
         unless ``record`` is False (no changelog to feed).
 
         Timeline entries go first, so a purge later in the batch deletes those of its job; then
-        the purges and the orphans (``index_orphans``), in log order; then the states (a job
+        the purges and the orphans (``index_orphans``), in log order; then the earlier runs of
+        reused ids that leave (``index_runs``), in log order; then the states (a job
         enqueued again after its purge is new). The undecodable and refused records keep only
         the newest of their kind (``index_poison``).
         """
@@ -369,6 +406,7 @@ class PartitionIndex:
         on_applied = self._poison.write(wb, self._put_timeline(wb, batch))
         if batch.purges or batch.orphans:
             PurgeWriter(self, wb, batch.purges, batch.timeline, batch.orphans).write()
+        RunWriter(self, wb, batch.runs, batch.purges, batch.timeline).write()
         for job_id, state in batch.jobs.items():
             self._put_job(wb, batch.before_jobs.get(job_id), state)
         for schedule_id, schedule in batch.schedules.items():
@@ -530,6 +568,14 @@ class PartitionIndex:
         """Keys and values of ``name`` from ``start`` up to ``end`` (excluded), in key order."""
         return self._scan(name, start, end)
 
+    def last(self, name: str, prefix: bytes) -> tuple[bytes, bytes] | None:
+        """The last key of ``name`` starting with ``prefix``, and its value; None if none."""
+        cursor = self._cf[name].iter(ReadOptions())
+        cursor.seek_for_prev(prefix_end(prefix))
+        if cursor.valid() and (key := cursor.key()).startswith(prefix):
+            return key, cursor.value()
+        return None
+
     def ranges(self, name: str) -> Callable[[bytes, bytes], Iterator[bytes]]:
         """The keys of ``name`` in ``[start, end)``, range after range through one iterator.
 
@@ -645,6 +691,12 @@ def _options() -> Options:
     table.set_bloom_filter(10, False)
     options.set_block_based_table_factory(table)
     return options
+
+
+def _job_range(job_id: str) -> tuple[bytes, bytes]:
+    """The ``timeline`` keys of a job's entries: from its first possible key to past its last."""
+    prefix = timeline_key(job_id, 0)[:-8]
+    return prefix, prefix_end(prefix)
 
 
 def _start_after(entity: str | None) -> bytes:

@@ -102,6 +102,9 @@ def _advance(bar: Bar, entry: TimelineEntry) -> None:
 def state_as_of(index: PartitionIndex, job_id: str, as_of: int) -> JobState | None:
     """The job's state after its events up to offset ``as_of`` (None before its first)."""
     state: JobState | None = None
+    base = index.run_base(job_id)  # earlier runs left the index: start where the kept ones do
+    if base is not None and as_of >= base[0]:
+        state = base[1]
     paused = paused_in(index)
     for entry, raw in index.timeline_events(job_id, schedule=False):
         if entry.offset > as_of:

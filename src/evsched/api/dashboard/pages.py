@@ -173,6 +173,11 @@ def _find(view: View, needle: str, queue: str) -> JobState | None:
     return state
 
 
+# The events a job page lists and draws, the newest ones: a reused id (a skip schedule's job)
+# keeps thousands within its retention; the API's timeline pages through them all.
+TIMELINE_SHOWN = 500
+
+
 @router.get("/jobs/{job_id:path}", response_class=HTMLResponse)
 async def job(
     view: View, job_id: JobId, as_of: Annotated[int | None, Query(ge=0)] = None
@@ -185,12 +190,15 @@ async def job(
     if current is None and not entries:
         return view.page("missing.html", status_code=404, what=f"job {job_id}")
     shown = current if as_of is None else state_as_of(index, job_id, as_of)
+    # A reused id keeps a retention period of runs: the page draws the newest events only.
+    newest = entries[-TIMELINE_SHOWN:]
     return view.page(
         "job.html",
         job_id=job_id,
         job=None if shown is None else Job.of(shown).model_dump(mode="json"),
         current_status=None if current is None else current.status.value,
-        entries=entries,
+        entries=newest,
+        earlier=len(entries) - len(newest),
         as_of=as_of,
-        chart=picture(entries, now_ms()).chart(),
+        chart=picture(newest, now_ms()).chart(),
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -180,3 +180,28 @@ def _parents_first(found: list[str], states: dict[str, JobState | None]) -> list
     # A cycle cannot be enqueued (a parent must exist first), but a foreign producer's could be.
     placed = set(order)
     return order + [j for j in found if j not in placed]
+
+
+def waiting_cycle(after: Mapping[str, Sequence[str]]) -> tuple[str, ...] | None:
+    """Jobs of ``after`` (each job id's parents) that wait on one another in a cycle, in wait
+    order with the first one again at the end (``a, b, a``: a waits on b, b on a); None when
+    there is none. Parents outside ``after`` are not followed: they are not the caller's to judge.
+    """
+    marks: dict[str, bool] = {}  # True while on the walk's path, False once explored
+    for root in after:
+        if root in marks:
+            continue
+        path, parents = [root], [iter(after[root])]
+        marks[root] = True
+        while parents:
+            parent = next(parents[-1], None)
+            if parent is None:
+                marks[path.pop()] = False
+                parents.pop()
+            elif marks.get(parent):
+                return (*path[path.index(parent) :], parent)
+            elif parent in after and parent not in marks:
+                marks[parent] = True
+                path.append(parent)
+                parents.append(iter(after[parent]))
+    return None

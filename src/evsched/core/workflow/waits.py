@@ -39,12 +39,18 @@ Applier = Callable[..., JobState]
 def registered(
     state: JobState | None, event: ChildRegistered, pos: Position, apply: Applier
 ) -> Step:
-    """A child registers with its parent (this job); refused for an unknown parent or too many."""
+    """A child registers with its parent (this job); refused for an unknown parent, too many
+    children, or a child this job itself waits on (a cycle of two)."""
     if state is None:
         return None, Verdict.REJECTED, "unknown parent job"
     child = event.child_id
     if child in state.children:
         return state, Verdict.DUPLICATE, f"child {child} already registered"
+    if child in state.after:
+        # The two would wait on each other for ever (a foreign producer's batch): the child is
+        # answered ``refused``, so neither waits on the other.
+        why = f"cycle: this job waits on {child}, so {child} cannot wait on it"
+        return state, Verdict.REJECTED, why
     if len(state.children) >= bounds.MAX_CHILDREN:
         why = f"job has {len(state.children)} children, the limit is {bounds.MAX_CHILDREN}"
         return state, Verdict.REJECTED, why

@@ -14,6 +14,7 @@ from evsched.adapters import avro
 from evsched.adapters.index.keys import timeline_family
 from evsched.adapters.index.orphans import Orphan
 from evsched.adapters.index.purge import Purge
+from evsched.adapters.index.runs import RunStart
 from evsched.adapters.index.store import IndexBatch, PartitionIndex, control_key, keyable, limit_key
 from evsched.adapters.index.writes import PreparedWrite
 from evsched.adapters.proofs import NodeKeyring, PartitionProofs, node_keyring_from_env, proof_of
@@ -282,6 +283,9 @@ class Projector:
             _expires(out, event.job_id, entry)
         if entry.verdict is not Verdict.APPLIED or after is None:
             return
+        ended = retention.ended_run(before, after, position.offset, position.log_at)
+        if ended is not None:  # a new run of the id: the earlier ones leave on a mark
+            out.batch.runs.append(RunStart(event.job_id, position.offset, ended))
         if event.job_id not in out.batch.before_jobs:
             out.batch.before_jobs[event.job_id] = before
         out.batch.jobs[event.job_id] = after
@@ -308,6 +312,7 @@ class Projector:
             log_at=position.log_at,
             stored=batch.before_jobs.get(job_id, before),
             mark_until=retention.mark_until(before, position.log_at),
+            generation=before.generation,
         )
         batch.purges.append(purge)
         batch.before_jobs[job_id] = None
