@@ -10,6 +10,7 @@ from typing import Annotated
 import structlog
 import typer
 
+from evsched.adapters.kafka.client_logs import hide_startup_noise
 from evsched.adapters.kafka.dispatch_feed import START_LOOKBACK_MS
 from evsched.adapters.signing import UNSIGNED_ENV, DispatchKey, dispatch_key_from_env
 from evsched.cli.options import LogJson, MetricsAddr, metrics_port_option
@@ -54,6 +55,7 @@ def worker_command(
 ) -> None:
     """Run the tasks of an evsched App from its dispatch queues."""
     configure_logging(json=log_json)
+    hide_startup_noise()  # the coordinator look-ups a new group retries (client_logs)
     try:
         loaded = load_app(app)  # an App made at import reads its settings from the environment
     except SettingsError as exc:
