@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TextIO
 
 import structlog
+from rich.console import Console
 
 
 def configure_logging(*, json: bool = True, level: int | None = None) -> None:
@@ -18,7 +20,9 @@ def configure_logging(*, json: bool = True, level: int | None = None) -> None:
         name = os.environ.get("EVSCHED_LOG_LEVEL", "info").upper()
         level = logging.getLevelNamesMapping().get(name, logging.INFO)
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
+        structlog.processors.JSONRenderer()
+        if json
+        else structlog.dev.ConsoleRenderer(colors=colour_wanted(sys.stderr))
     )
     stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
@@ -34,6 +38,16 @@ def configure_logging(*, json: bool = True, level: int | None = None) -> None:
         cache_logger_on_first_use=True,
     )
     _route_stdlib(renderer, stamp)
+
+
+def colour_wanted(stream: TextIO) -> bool:
+    """Whether ``stream`` takes colour: a terminal (or ``FORCE_COLOR``), and no ``NO_COLOR``.
+
+    rich's rules (no-color.org, force-color.org, ``TERM=dumb``), so a console log written to a
+    file or a pipe holds no escape codes unless asked for.
+    """
+    console = Console(file=stream)
+    return console.color_system is not None and not console.no_color
 
 
 class _StdlibHandler(logging.StreamHandler):  # type: ignore[type-arg]

@@ -69,6 +69,56 @@ async def test_overview_shows_real_counts_and_updates_live(page: Any, dash: Dash
     await shot(page, dash, "dashboard-overview")
 
 
+# The overview's own update, fed a series with a ten-second hole; read back in the same task, so
+# no live update can come between. Per dataset: its x scale, pixel xs, line tension and segments.
+GAPPED = """(() => {
+  const chart = (id) => Chart.getChart(document.getElementById(id));
+  const charts = { rates: chart("chart-rates"), depth: chart("chart-depth"),
+                   status: chart("chart-status") };
+  const data = JSON.parse(document.getElementById("overview-data").textContent);
+  const t0 = Math.floor(Date.now() / 1000);
+  data.series = { t: [t0, t0 + 1, t0 + 2, t0 + 12], started: [3, 1, 4, 1],
+                  finished: [2, 7, 1, 8], depth: { default: [5, null, 4, 3] } };
+  updateOverview(charts, data);
+  const seen = (c) => c.data.datasets.map((d, i) => {
+    const meta = c.getDatasetMeta(i);
+    return { pixels: meta.data.map((p) => p.x), tension: meta.dataset.options.tension,
+             cubic: meta.dataset.options.cubicInterpolationMode,
+             segments: meta.dataset.segments.length, xs: d.data.map((p) => p.x) };
+  });
+  const x = charts.rates.scales.x;
+  return { t0, type: x.type, depthType: charts.depth.scales.x.type,
+           labels: x.ticks.map((k) => k.label),
+           rates: seen(charts.rates), depth: seen(charts.depth) };
+})()"""
+
+
+async def test_overview_charts_put_samples_at_their_time(page: Any, dash: Dash) -> None:
+    await page.goto("/")
+    await expect(page.locator("#live-state")).to_have_text("live")
+    assert (
+        await page.evaluate("Chart.getChart(document.getElementById('chart-rates')).scales.x.type")
+        == "linear"
+    )
+    seen = await page.evaluate(GAPPED)
+    assert (seen["type"], seen["depthType"]) == ("linear", "linear")  # not "category"
+    t0_ms = seen["t0"] * 1000
+    for line in [*seen["rates"], *seen["depth"]]:
+        assert line["xs"] == [t0_ms, t0_ms + 1000, t0_ms + 2000, t0_ms + 12_000]  # epoch ms
+        assert (line["tension"], line["cubic"]) == (0, "default")  # straight, not smoothed
+        one_second = line["pixels"][1] - line["pixels"][0]
+        assert one_second > 0
+        assert line["pixels"][2] - line["pixels"][1] == pytest.approx(one_second, abs=0.5)
+        # The hole keeps its ten seconds: a category axis would draw it one step wide.
+        assert line["pixels"][3] - line["pixels"][2] == pytest.approx(10 * one_second, abs=1)
+    # The rates break across the hole; a queue's depth goes straight across it (and its null).
+    assert [line["segments"] for line in seen["rates"]] == [2, 2]
+    assert [line["segments"] for line in seen["depth"]] == [1]
+    assert seen["labels"] and all(
+        re.fullmatch(r"\d\d:\d\d:\d\d", label) for label in seen["labels"]
+    )
+
+
 async def test_jobs_list_job_timeline_and_time_travel(page: Any, dash: Dash) -> None:
     job_id = await dash.enqueue("b.flaky")
     await dash.wait_status(job_id, "succeeded")

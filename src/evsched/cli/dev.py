@@ -1,8 +1,9 @@
 """``evsched dev``: the whole local stack in one command — broker, node, worker and API.
 
-It starts (or reuses) the local broker, provisions the namespace's topics, runs a node and a worker
-as child processes with their logs interleaved on the terminal, optionally enqueues the example
-app's demo jobs, and on Ctrl-C stops the children and the broker it started, by their pids.
+It starts (or reuses) the local broker, provisions the namespace's topics, runs a node, a worker and
+the API as child processes, each of their lines behind the process's name (``worker │ ...``),
+optionally enqueues the example app's demo jobs, and on Ctrl-C stops the children and the broker
+it started, by their pids. The broker logs to files in its data dir, not to the terminal.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -24,7 +26,13 @@ from evsched.adapters.proofs import KEY_FILE_ENV as NODE_KEY_FILE_ENV
 from evsched.adapters.proofs import generate_key as generate_node_key
 from evsched.adapters.signing import KEY_ENV, KEY_FILE_ENV, DispatchKey
 from evsched.devstack.broker import LocalBroker
+from evsched.devstack.terminal import Terminal
 from evsched.settings import DEFAULT_EVENT_PARTITIONS, DEFAULT_NAMESPACE, Settings
+
+# Who writes on the dev stack's terminal: its processes, the broker's status and `evsched dev`.
+NAMES = ("node", "worker", "api", "demo", "kafka", "dev")
+# How long the last lines of a stopped child may take to reach the terminal.
+DRAIN_S = 5.0
 
 
 @dataclass
@@ -40,6 +48,8 @@ class DevStack:
     demo_process: subprocess.Popen[bytes] | None = None
     dispatch_key: str = field(default_factory=DispatchKey.generate, repr=False)
     node_key: str = field(default_factory=generate_node_key, repr=False)
+    terminal: Terminal = field(default_factory=lambda: Terminal(NAMES), repr=False)
+    followers: list[threading.Thread] = field(default_factory=list, repr=False)
 
     def env(self, bootstrap: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -56,6 +66,7 @@ class DevStack:
             env[NODE_KEY_ENV] = self.node_key
         cwd = os.getcwd()
         env["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH", "")) if p)
+        self.terminal.child_env(env)
         return env
 
     def run(self) -> None:
@@ -64,7 +75,9 @@ class DevStack:
         if not getattr(status, "already_running", False):
             self.started_broker = broker
         bootstrap = status.bootstrap
-        typer.echo(f"kafka: {bootstrap} (pid {status.pid})")
+        self.terminal.write(
+            "kafka", f"{bootstrap} (pid {status.pid}); its log: {broker.files.server_log}"
+        )
         queues = self._queues()
         asyncio.run(
             ensure_topics(
@@ -98,7 +111,7 @@ class DevStack:
         if self.demo:
             # The app module's own main() is the demo workload (examples.app enqueues a few jobs).
             module = self.app.partition(":")[0]
-            self.demo_process = subprocess.Popen([sys.executable, "-m", module], env=env)
+            self.demo_process = self._start("demo", [sys.executable, "-m", module], env)
         self._wait()
 
     def _queues(self) -> list[str]:
@@ -110,11 +123,25 @@ class DevStack:
 
     def _spawn(self, env: dict[str, str], command: str, *args: str) -> None:
         argv = [sys.executable, "-m", "evsched", command, *args, "--log-console"]
-        self.children.append(subprocess.Popen(argv, env=env))
+        self.children.append(self._start(command, argv, env))
+
+    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """A child whose stdout and stderr reach the terminal behind ``name``."""
+        child = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        assert child.stdout is not None  # stdout=PIPE
+        self.followers.append(self.terminal.follow(name, child.stdout))
+        return child
 
     def _explain(self, bootstrap: str) -> None:
         api = f"http://127.0.0.1:{self.api_port}"
-        typer.echo(
+        self.terminal.write(
+            "dev",
             f"node, worker and API are running in namespace {self.namespace!r}; "
             f"indexes under {self.data_dir}\n"
             f"dashboard:            {api}/\n"
@@ -122,7 +149,7 @@ class DevStack:
             f"enqueue from Python:  EVSCHED_KAFKA_BOOTSTRAP={bootstrap} python -m examples.app\n"
             f"enqueue over HTTP:    curl -X POST {api}/v1/jobs -H 'content-type: application/json'"
             """ -d '{"task": "example.noop"}'\n"""
-            "stop everything:      Ctrl-C"
+            "stop everything:      Ctrl-C",
         )
 
     def _wait(self) -> None:
@@ -134,7 +161,7 @@ class DevStack:
                 except subprocess.TimeoutExpired:
                     continue
         except KeyboardInterrupt:
-            typer.echo("\nstopping…")
+            self.terminal.write("dev", "stopping…")
         finally:
             self.stop()
 
@@ -149,9 +176,11 @@ class DevStack:
                 child.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.kill()
+        for follower in self.followers:
+            follower.join(DRAIN_S)
         if self.started_broker is not None:
             self.started_broker.down()
-            typer.echo("kafka stopped")
+            self.terminal.write("kafka", "stopped")
 
 
 def dev_command(

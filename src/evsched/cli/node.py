@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from evsched.adapters.kafka.client_logs import hide_startup_noise
 from evsched.adapters.kafka.topics import TopicMisconfigured, TopicRefused
 from evsched.cli.options import LogJson, MetricsAddr, metrics_port_option
 from evsched.cli.worker import load_dispatch_key, load_node_keyring
@@ -109,6 +110,7 @@ def node_command(
         typer.echo("evsched node: --standby-partitions needs --standby", err=True)
         raise typer.Exit(2)
     configure_logging(json=log_json)
+    hide_startup_noise()  # the coordinator look-ups a new group retries (client_logs)
     dispatch_key = load_dispatch_key("node")
     node_keyring = load_node_keyring("node")
     try:

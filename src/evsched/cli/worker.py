@@ -10,6 +10,7 @@ from typing import Annotated
 import structlog
 import typer
 
+from evsched.adapters.kafka.client_logs import hide_startup_noise
 from evsched.adapters.kafka.dispatch_feed import START_LOOKBACK_MS
 from evsched.adapters.proofs import KEY_ENV as NODE_KEY_ENV
 from evsched.adapters.proofs import KEY_FILE_ENV as NODE_KEY_FILE_ENV
@@ -57,6 +58,7 @@ def worker_command(
 ) -> None:
     """Run the tasks of an evsched App from its dispatch queues."""
     configure_logging(json=log_json)
+    hide_startup_noise()  # the coordinator look-ups a new group retries (client_logs)
     try:
         loaded = load_app(app)  # an App made at import reads its settings from the environment
     except SettingsError as exc:

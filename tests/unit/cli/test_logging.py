@@ -5,9 +5,12 @@ whole (this test process's logging stays as pytest set it up)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 CHILD = textwrap.dedent(
     """
@@ -68,3 +71,30 @@ def test_the_command_line_logs_to_stderr_and_keeps_stdout_for_results() -> None:
     assert json.loads(done.stdout) == {"result": True}
     (line,) = [json.loads(text) for text in done.stderr.splitlines()]
     assert (line["event"], line["partition"], line["level"]) == ("probe_logged", 3, "info")
+
+
+CONSOLE_CHILD = textwrap.dedent(
+    """
+    import structlog
+    from evsched.logging import configure_logging
+
+    configure_logging(json=False)
+    structlog.get_logger().warning("api_auth_disabled", reason="--no-auth")
+    """
+)
+
+
+@pytest.mark.parametrize(("env", "coloured"), [({}, False), ({"FORCE_COLOR": "1"}, True)])
+def test_the_console_view_colours_only_a_terminal_or_when_forced(
+    env: dict[str, str], coloured: bool
+) -> None:
+    # stderr is a pipe here, as it is under `evsched dev` (which sets FORCE_COLOR on a TTY) or
+    # when a console log is written to a file.
+    clean = {k: v for k, v in os.environ.items() if k not in {"FORCE_COLOR", "NO_COLOR"}}
+    command = [sys.executable, "-c", CONSOLE_CHILD]
+    done = subprocess.run(
+        command, check=False, capture_output=True, text=True, timeout=60, env={**clean, **env}
+    )
+    assert done.returncode == 0, done.stderr
+    assert "api_auth_disabled" in done.stderr
+    assert ("\x1b[" in done.stderr) is coloured

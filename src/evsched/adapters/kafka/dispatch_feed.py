@@ -12,6 +12,7 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
 from evsched.adapters.clock import SYSTEM_CLOCK
+from evsched.adapters.kafka.client_logs import group_joined
 from evsched.adapters.kafka.clients import (
     GROWTH_NOTICE_MS,
     KafkaError,
@@ -114,6 +115,8 @@ class KafkaDispatchFeed:
         except KafkaError as exc:
             await self.close()
             raise BrokerUnavailable(f"the worker's consumer could not start: {exc!r}") from exc
+        if self._topics:
+            group_joined()  # a subscribed consumer's start returns once it has its assignment
 
     async def close(self) -> None:
         if self._consumer is not None:

@@ -18,6 +18,7 @@ from aiokafka.partitioner import murmur2
 from aiokafka.structs import TopicPartition
 
 from evsched.adapters.kafka import clients as kafka
+from evsched.adapters.kafka.client_logs import group_joined
 from evsched.errors import BrokerUnavailable, PartitionRevoked
 from evsched.ports import Record
 from evsched.settings import Settings
@@ -176,6 +177,7 @@ class KafkaGroupConsumer(_Reader):
 
     async def start(self) -> None:
         await start_consumer(self._consumer, f"join the group of {self.topic}")
+        group_joined()  # a subscribed consumer's start returns once it has its assignment
 
     def assignment(self) -> set[int]:
         return {tp.partition for tp in self._consumer.assignment()}

@@ -10,6 +10,10 @@ const VERDICT_COLORS = {
   stale: "#c0392b", rejected: "#c0392b", undecodable: "#c0392b",
 };
 const PALETTE = ["#2563eb", "#c77d00", "#1f8a4c", "#9333ea", "#c0392b", "#0891b2", "#4b5563"];
+const SECOND_MS = 1000;
+// Tick intervals of the time axis, in seconds: the first that gives at most TICKS ticks.
+const STEPS_S = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
+const TICKS = 8;
 
 function readJson(id) {
   const el = document.getElementById(id);
@@ -31,20 +35,50 @@ function fmt(v) {
 
 // --- overview ---------------------------------------------------------------------------------
 
+// The series have a sample per second of log time that saw events, and none for a quiet second.
+// So x is the sample's time, not its index: a linear axis of epoch ms (Chart.js's time scale
+// needs a date adapter, which is not vendored) with clock labels, on which a quiet minute keeps
+// its width. Lines are straight (no tension): they show the samples, not a curve through them.
+function timeAxis() {
+  return {
+    type: "linear", bounds: "data",
+    title: { display: true, text: "log time (UTC)" },
+    ticks: { maxRotation: 0, callback: (ms) => clock(ms / SECOND_MS) },
+  };
+}
+
+function timeStepMs(t) {
+  const span = t.length > 1 ? t[t.length - 1] - t[0] : 0;
+  return (STEPS_S.find((s) => s * TICKS >= span) || STEPS_S[STEPS_S.length - 1]) * SECOND_MS;
+}
+
+function timePoints(t, values) {
+  return t.map((s, i) => ({ x: s * SECOND_MS, y: values[i] }));
+}
+
+function lineChart(canvas, datasets) {
+  return new Chart(canvas, {
+    type: "line",
+    data: { datasets },
+    options: {
+      animation: false, responsive: true, maintainAspectRatio: false,
+      scales: { x: timeAxis(), y: { beginAtZero: true } },
+      plugins: { tooltip: { callbacks: { title: (items) =>
+        (items.length ? clock(items[0].parsed.x / SECOND_MS) : "") } } },
+    },
+  });
+}
+
 function overviewCharts(data) {
   const common = { animation: false, responsive: true, maintainAspectRatio: false };
-  const rates = new Chart(document.getElementById("chart-rates"), {
-    type: "line",
-    data: { labels: [], datasets: [
-      { label: "started/s", data: [], borderColor: "#2563eb", pointRadius: 0, tension: 0.2 },
-      { label: "finished/s", data: [], borderColor: "#1f8a4c", pointRadius: 0, tension: 0.2 },
-    ] },
-    options: { ...common, scales: { y: { beginAtZero: true } } },
-  });
-  const depth = new Chart(document.getElementById("chart-depth"), {
-    type: "line", data: { labels: [], datasets: [] },
-    options: { ...common, scales: { y: { beginAtZero: true } } },
-  });
+  // A quiet second started and finished nothing: the rate lines break there (spanGaps spans at
+  // most one second) and a lone busy second shows as a dot.
+  const rate = { data: [], pointRadius: 1.5, tension: 0, spanGaps: SECOND_MS };
+  const rates = lineChart(document.getElementById("chart-rates"), [
+    { ...rate, label: "started/s", borderColor: "#2563eb", backgroundColor: "#2563eb" },
+    { ...rate, label: "finished/s", borderColor: "#1f8a4c", backgroundColor: "#1f8a4c" },
+  ]);
+  const depth = lineChart(document.getElementById("chart-depth"), []);
   const status = new Chart(document.getElementById("chart-status"), {
     type: "bar",
     data: { labels: Object.keys(data.statuses), datasets: [{ label: "jobs", data: [],
@@ -62,14 +96,17 @@ function updateOverview(charts, data) {
   for (const [name, ps] of Object.entries(data.percentiles)) {
     setText(`pct-${name}`, Object.entries(ps).map(([p, v]) => `${p} ${fmt(v)}`).join(" · "));
   }
-  const labels = data.series.t.map(clock);
-  charts.rates.data.labels = labels;
-  charts.rates.data.datasets[0].data = data.series.started;
-  charts.rates.data.datasets[1].data = data.series.finished;
-  charts.depth.data.labels = labels;
+  const t = data.series.t;
+  charts.rates.data.datasets[0].data = timePoints(t, data.series.started);
+  charts.rates.data.datasets[1].data = timePoints(t, data.series.finished);
+  // A queue's depth holds between samples: its line goes straight across a quiet stretch.
   charts.depth.data.datasets = Object.entries(data.series.depth).map(([q, values], i) => ({
-    label: q, data: values, borderColor: PALETTE[i % PALETTE.length], pointRadius: 0, spanGaps: true,
+    label: q, data: timePoints(t, values), borderColor: PALETTE[i % PALETTE.length],
+    pointRadius: 0, tension: 0, spanGaps: true,
   }));
+  for (const chart of [charts.rates, charts.depth]) {
+    chart.options.scales.x.ticks.stepSize = timeStepMs(t);
+  }
   charts.status.data.datasets[0].data = Object.values(data.statuses);
   for (const chart of Object.values(charts)) chart.update();
   updateTables(data);
