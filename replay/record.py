@@ -42,6 +42,7 @@ from evsched.operator.replica_dir import LocalIndex, catch_up  # noqa: E402
 from replay import (  # noqa: E402
     poison_check,
     scenario_controls,
+    scenario_cycles,
     scenario_leases,
     scenario_limits,
     scenario_orphans,
@@ -228,6 +229,15 @@ SCENARIOS = {
             "succeeds and releases the child.",
             scenario_proofs.forged_facts,
             all_terminal=False,  # the parked job is due in an hour
+        ),
+        Scenario(
+            "batch_cycles",
+            "A cycle of two waits written by a foreign producer (fold version 9, issue 32): "
+            "cycle-a after cycle-b and cycle-b after cycle-a, both enqueued before either "
+            "registration; each parent rejects the registration of a child it waits on itself "
+            "and answers it refused, so both are cancelled instead of waiting for ever; a plain "
+            "chain written the same way runs.",
+            scenario_cycles.batch_cycles,
         ),
     )
 }
