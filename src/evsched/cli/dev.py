@@ -70,6 +70,16 @@ class DevStack:
         return env
 
     def run(self) -> None:
+        """Start everything and wait; Ctrl-C, SIGTERM or SIGHUP stop all of it, at any point."""
+        stop_on_signals()
+        try:
+            self._run()
+        except KeyboardInterrupt:
+            self.terminal.write("dev", "stopping…")
+        finally:
+            self.stop()
+
+    def _run(self) -> None:
         broker = LocalBroker()
         status = broker.up()
         if not getattr(status, "already_running", False):
@@ -153,19 +163,17 @@ class DevStack:
         )
 
     def _wait(self) -> None:
-        """Until Ctrl-C, or until the node or the worker exits on its own."""
-        try:
-            while all(child.poll() is None for child in self.children):
-                try:
-                    self.children[0].wait(timeout=0.5)
-                except subprocess.TimeoutExpired:
-                    continue
-        except KeyboardInterrupt:
-            self.terminal.write("dev", "stopping…")
-        finally:
-            self.stop()
+        """Until Ctrl-C (or SIGTERM, SIGHUP), or until a child exits on its own."""
+        while all(child.poll() is None for child in self.children):
+            try:
+                self.children[0].wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                continue
 
     def stop(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
         if self.demo_process is not None:
             self.children.append(self.demo_process)
         for child in self.children:
@@ -181,6 +189,17 @@ class DevStack:
         if self.started_broker is not None:
             self.started_broker.down()
             self.terminal.write("kafka", "stopped")
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP stop the stack as Ctrl-C does, and so does SIGINT when a shell started
+    ``evsched dev`` in the background with SIGINT ignored: its children never outlive it."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, interrupt)
 
 
 def dev_command(
