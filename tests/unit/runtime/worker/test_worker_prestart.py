@@ -3,6 +3,7 @@ job was not cancelled, expired or leased again since the lease) and the run leas
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -115,8 +116,10 @@ class HeldAfterStart(MemoryLog):
         self.frozen = clock
         self.held_s = held_s
 
-    async def append(self, topic: str, key: str, value: bytes) -> Appended:
-        appended = await super().append(topic, key, value)
+    async def append(
+        self, topic: str, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> Appended:
+        appended = await super().append(topic, key, value, headers)
         if isinstance(self.records[-1].event, AttemptStarted):
             self.frozen.advance(self.held_s)
         return appended
