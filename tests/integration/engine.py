@@ -374,6 +374,8 @@ class Operator:
             "EVSCHED_KAFKA_BOOTSTRAP": stack.bootstrap,
             "EVSCHED_NAMESPACE": stack.namespace,
             "EVSCHED_EVENT_PARTITIONS": str(stack.partitions),
+            # An operator holds the node keys, to judge proofs as the nodes do (docs/security.md).
+            "EVSCHED_NODE_KEY": stack.node_key,
             "EVSCHED_REPLICA_DATA_DIR": str(stack.tmp / "operator-replica"),
             "COLUMNS": "200",
         }

@@ -160,6 +160,8 @@ class World:
             "EVSCHED_KAFKA_BOOTSTRAP": stack.bootstrap,
             "EVSCHED_NAMESPACE": stack.namespace,
             "EVSCHED_EVENT_PARTITIONS": str(PARTITIONS),
+            # An operator holds the node keys, to judge proofs as the nodes do (docs/security.md).
+            "EVSCHED_NODE_KEY": stack.node_key,
             "EVSCHED_REPLICA_DATA_DIR": str(tmp / "cli-replica"),  # the stack has tmp/replica
             "EVSCHED_KAFKA_DATA": str(tmp / "no-broker"),
             "COLUMNS": "200",

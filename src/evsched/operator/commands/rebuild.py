@@ -15,10 +15,13 @@ from rich.table import Table
 
 from evsched.adapters.kafka.partition_log import KafkaPartitionLog
 from evsched.adapters.kafka.topics import Topics, partition_count
+from evsched.adapters.proofs import KEY_ENV as NODE_KEY_ENV
+from evsched.adapters.proofs import KEY_FILE_ENV as NODE_KEY_FILE_ENV
+from evsched.adapters.proofs import node_keyring_from_env
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator import rebuild_dirs
-from evsched.operator.exits import ExitCode
-from evsched.operator.live_index import live_state
+from evsched.operator.exits import ExitCode, OperatorError
+from evsched.operator.live_index import live_state, requires_proofs
 from evsched.operator.rebuild import (
     BATCH_RECORDS,
     PartitionPlan,
@@ -79,6 +82,20 @@ async def _log_ends(settings: Settings) -> dict[int, int]:
         settings, topic, partitions, client_id="evsched-rebuild-plan"
     ) as log:
         return await log.end_offsets(partitions)
+
+
+def _check_keys(live_dir: Path, partitions: list[int]) -> None:
+    """A live index that requires proofs is compared only with a rebuild that checks them."""
+    if node_keyring_from_env() is not None:
+        return
+    needing = [p for p in partitions if requires_proofs(live_dir, p)]
+    if needing:
+        raise OperatorError(
+            ExitCode.USAGE,
+            f"the live index of partition {needing[0]} requires proofs of role: set "
+            f"{NODE_KEY_FILE_ENV} or {NODE_KEY_ENV} to the nodes' keys (docs/security.md) so the "
+            "rebuild judges them as the node did",
+        )
 
 
 def _targets(ends: dict[int, int], live_dir: Path | None) -> list[Target]:
@@ -156,6 +173,8 @@ def rebuild(
         # Outside any event loop: a rebuild in this process runs one of its own per partition.
         ends = asyncio.run(_log_ends(settings))
         targets = _targets(ends, live_dir if verify else None)
+        if verify and live_dir is not None:
+            _check_keys(live_dir, list(ends))
         if replace:
             rebuild_dirs.replace(data_dir)
         rebuild_dirs.mark(data_dir)
