@@ -24,6 +24,7 @@ from evsched.core.state import JobState, ScheduleState, TimelineEntry
 from evsched.ports import Record
 from evsched.runtime.partition.budget import QueueBudget
 from evsched.runtime.partition.partition import OwnedPartition
+from evsched.runtime.partition.presence import WorkerPresence
 from evsched.runtime.partition.quarantine import EnsureQueues, Unusable
 from evsched.runtime.projection.changelog import ChangelogWriter
 from evsched.testing.memory import FrozenClock
@@ -60,6 +61,7 @@ class NodeDriver:
         budget: QueueBudget | None = None,
         dispatch_key: DispatchKey | None = None,
         node_id: str = "driver",
+        presence: WorkerPresence | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.partition = partition
@@ -73,6 +75,7 @@ class NodeDriver:
         self.budget = budget
         self.dispatch_key = dispatch_key
         self.node_id = node_id
+        self.presence = presence  # None: every queue counts as served by a worker
         self.group_id = Topics(namespace).node_group
         self.transactional_id = f"{namespace}.node.p{partition}"
         self.outbox = MemoryOutbox(self.broker, self.transactional_id)
@@ -123,6 +126,7 @@ class NodeDriver:
             budget=self.budget,
             dispatch_key=self.dispatch_key,
             changelog=ChangelogWriter(self.topics.state, self.partition),
+            presence=self.presence,
         )
         self._fetched_to = self._owner.resume_offset
         return self._owner
