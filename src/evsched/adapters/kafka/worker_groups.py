@@ -41,12 +41,21 @@ class WorkerGroups:
         async with self._admin.ask("cannot describe the worker groups") as admin:
             listed = await admin.list_consumer_groups()
             ids = {g[0] for g in listed if isinstance(g[0], str) and g[0].startswith(self._prefix)}
-            responses = await admin.describe_consumer_groups(sorted({*ids, self._probe}))
+            # One group per request: aiokafka 0.14 decodes DescribeGroups answers with the v2
+            # schema, while the broker writes each group's authorized_operations (v3) after it,
+            # so every group but the first of a response comes out garbled (seen on Kafka 3.9:
+            # error -32768, an empty name, or a buffer underrun that drops the connection).
+            responses = [
+                response
+                for group in sorted({*ids, self._probe})
+                for response in await admin.describe_consumer_groups([group])
+            ]
         pools: dict[str, PoolQueues] = {}
         for response in responses:
             for error, group, state, _type, _protocol, members, *_ in response.groups:
-                if error:
-                    raise BrokerUnavailable(f"cannot describe {group}: {for_code(error).__name__}")
+                if error:  # e.g. 30, not authorized; 14 or 15 while a coordinator loads
+                    why = f"error {error} ({for_code(error).__name__})"
+                    raise BrokerUnavailable(f"cannot describe the worker group {group!r}: {why}")
                 if members:
                     pools[group] = self._queues(members) if state == "Stable" else None
         return pools
