@@ -78,13 +78,13 @@ class WorkerPresence:
 
     def held(self, partition: int, queues: Set[str]) -> None:
         """The queues ``partition`` holds due jobs of for want of a worker, as of its last plan."""
-        if queues:
-            self._held[partition] = frozenset(queues)
-        else:
-            self._held.pop(partition, None)
+        if self._held.get(partition, frozenset()) != queues:
+            # Copied, not changed in place: a metrics scrape reads it from another thread.
+            held = {p: q for p, q in self._held.items() if p != partition}
+            self._held = held | ({partition: frozenset(queues)} if queues else {})
 
     def forget(self, partition: int) -> None:
-        self._held.pop(partition, None)
+        self.held(partition, frozenset())
 
     def waiting(self) -> set[str]:
         """Queues with due jobs held back on this node because no worker serves them."""

@@ -39,6 +39,7 @@ class WaitingForWorker:
         self._streak: Counter[str] = Counter()  # queue -> unstarted expiries since a start
         self.threshold = threshold
         self._held: Callable[[], Set[str]] = frozenset  # queues a node holds jobs of, no worker
+        self._once_held: set[str] = set()
         if registry is not None:
             registry.register(self)
 
@@ -78,13 +79,14 @@ class WaitingForWorker:
             counts = Counter(queue for queue, _ in self._waiting.values())
             streaks = dict(self._streak)
         held = self._held()
+        self._once_held |= held  # kept at 0 once they have a worker, as the streaks are
         return {
             queue: (
                 counts[queue],
                 streaks.get(queue, 0),
                 queue in held or (counts[queue] > 0 and streaks.get(queue, 0) >= self.threshold),
             )
-            for queue in sorted(streaks.keys() | held)
+            for queue in sorted(streaks.keys() | self._once_held)
         }
 
     def waiting(self) -> dict[str, int]:

@@ -14,6 +14,7 @@ from evsched.adapters import avro
 from evsched.core.events import JobEnqueued, JobLeased, LeaseExpired
 from evsched.core.planner import PlannerBudgets
 from evsched.core.state import Status
+from evsched.runtime.node.metrics import NodeMetrics
 from evsched.runtime.partition.presence import WorkerPresence
 from evsched.testing import FrozenClock, MemoryPools, NodeDriver
 from tests.unit.node_driver_events import enqueued, started
@@ -223,3 +224,27 @@ async def test_look_ups_run_only_while_partitions_plan_or_hold_jobs(pools: Memor
     assert pools.asks == idle
     stop.set()
     await asyncio.wait_for(loop, timeout=10)
+
+
+async def test_the_node_gauges_show_a_queue_waiting_for_workers(
+    driver: NodeDriver, pools: MemoryPools
+) -> None:
+    metrics = NodeMetrics.create()
+    presence = await woken_by_presence(driver)
+    metrics.watch_presence(presence.waiting, presence.workers)
+    registry = metrics.folded.registry
+
+    def sample(name: str, queue: str) -> float | None:
+        return registry.get_sample_value(name, {"queue": queue})
+
+    driver.append(enqueued("a", queue="mail"))
+    await driver.settle()
+    # No lease ever expires for it, yet the alert's gauge says the queue has no worker.
+    assert sample("evsched_queue_without_worker", "mail") == 1
+    assert sample("evsched_queue_workers", "mail") == 0
+    pools.serve(POOL, "mail")
+    pools.serve(POOL, "mail")
+    await presence.refresh()
+    await driver.settle()
+    assert sample("evsched_queue_without_worker", "mail") == 0
+    assert sample("evsched_queue_workers", "mail") == 2
