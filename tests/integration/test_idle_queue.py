@@ -37,9 +37,15 @@ async def test_a_job_without_worker_is_not_leased_until_a_worker_of_its_queue_jo
 ) -> None:
     node = stack.start_node("node-1", "--dispatch-timeout-s", str(DISPATCH_TIMEOUT_S))
 
+    async def running() -> bool:
+        phases = logged(node, "partition_phase")
+        return len({p["partition"] for p in phases if p["new"] == "running"}) == stack.partitions
+
     async def presence_known() -> bool:
         return bool(logged(node, "worker_presence_known"))
 
+    # The node owns and steps every partition: from here on a lease would come at once.
+    await wait_for(running, what="the node to run its partitions", timeout_s=120)
     async with stack.app() as app:
         job_id = await app.enqueue("s.noop")
         await stack.wait_status(job_id, Status.SCHEDULED)
