@@ -7,7 +7,7 @@ as the engine relies on Kafka to behave. Nothing here imports a third-party clie
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Collection, Sequence
+from collections.abc import AsyncGenerator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,6 +105,19 @@ class DispatchFeed(Protocol):
         With ``max_records`` 0 it takes nothing but keeps the pool membership alive.
         """
         ...
+
+
+class WorkerPools(Protocol):
+    """Which queues each worker pool of the namespace serves now: ``adapters.kafka.worker_groups``
+    (the pools' consumer groups), ``testing.MemoryPools``."""
+
+    async def pools(self) -> Mapping[str, Mapping[str, int] | None]:
+        """Pool (group id) -> its live members per queue they hold dispatch partitions of; None
+        for a pool that is rebalancing (not told then). Pools without members are left out.
+        BrokerUnavailable when the pools cannot be told (unreachable, not authorized)."""
+        ...
+
+    async def close(self) -> None: ...
 
 
 class JobReader(Protocol):

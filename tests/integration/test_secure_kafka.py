@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from tests.integration.secure_stack import APP, SecureStack, free_ports, secure_
 
 from evsched.adapters.kafka import clients as kafka
 from evsched.adapters.kafka.topics import Topics
+from evsched.adapters.kafka.worker_groups import WorkerGroups
 from evsched.client.batch import Outcome
 from evsched.devstack.certs import make_ca
 from evsched.devstack.secure import SecureBroker
@@ -118,6 +119,25 @@ async def test_every_role_does_its_part_of_a_job_over_sasl_ssl(stack: SecureStac
 
     effects = await _read_effects(stack, expect=1)
     assert [key for key, _ in effects] == [job["id"].encode()]
+
+
+async def test_the_node_principal_sees_which_queues_the_workers_serve(stack: SecureStack) -> None:
+    """Nodes lease only queues with a live worker: User:node may describe the workers' groups
+    (else a node fails open and leases every queue, which the first test would not notice)."""
+    await stack.spawn("worker-presence", "worker", "worker", "--app", APP, "--pool", "presence")
+    pools = WorkerGroups(stack.broker.client_settings("node", stack.namespace))
+    group = f"{stack.namespace}.workers.presence"
+    try:
+
+        async def served() -> Mapping[str, int] | None:
+            told = await pools.pools()  # BrokerUnavailable without the ACL
+            return told.get(group)
+
+        assert await wait_for(served, what="the pool to be described", timeout_s=120) == {
+            "default": 1
+        }
+    finally:
+        await pools.close()
 
 
 async def _read_effects(stack: SecureStack, *, expect: int) -> list[tuple[bytes, bytes]]:

@@ -4,7 +4,7 @@ judges it like any other event."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -80,6 +80,7 @@ def plan_leases(
     *,
     unstarted: Mapping[str, int] | None = None,
     unstarted_limits: Mapping[str, int] | None = None,
+    staffed: Set[str] | None = None,
     now: int,
     budgets: PlannerBudgets,
     source: str,
@@ -95,12 +96,17 @@ def plan_leases(
     against both. ``unstarted_limits`` may raise a queue's unstarted limit above
     ``budgets.max_unstarted_per_queue`` (a node's budget does, for queues whose workers start jobs
     quickly). Jobs due within ``budgets.prelease_ms`` are pre-leased.
+
+    ``staffed`` names the queues some worker serves now; a job of any other queue is not leased
+    (it stays scheduled and costs nothing while it waits: a lease nobody takes would only expire
+    and be granted again every dispatch timeout). None: not known, every queue may be leased.
     """
     chosen = pick_leases(
         candidates,
         in_flight,
         unstarted=unstarted,
         unstarted_limits=unstarted_limits,
+        staffed=staffed,
         now=now,
         budgets=budgets,
     )
@@ -113,6 +119,7 @@ def pick_leases(
     *,
     unstarted: Mapping[str, int] | None = None,
     unstarted_limits: Mapping[str, int] | None = None,
+    staffed: Set[str] | None = None,
     now: int,
     budgets: PlannerBudgets,
 ) -> list[P]:
@@ -129,6 +136,8 @@ def pick_leases(
         if state.status is not Status.SCHEDULED or state.run_at > now + budgets.prelease_ms:
             continue
         queue = state.queue
+        if staffed is not None and queue not in staffed:
+            continue
         if used.get(queue, 0) >= budgets.max_in_flight_per_queue:
             continue
         if waiting.get(queue, 0) >= raised.get(queue, budgets.max_unstarted_per_queue):

@@ -45,6 +45,8 @@ def role_acls(namespace: str) -> list[AclRule]:
         topic("node", "Write Describe DescribeConfigs", effects),
         topic("node", "Read Write Describe DescribeConfigs", state),  # the index's changelog
         other("node", "Read", "Group", names.node_group),
+        # Which queues have a live worker: nodes list and describe the pools' groups.
+        other("node", "Describe", "Group", f"{namespace}.workers.", prefixed=True),
         other("node", "Write Describe", "TransactionalId", f"{namespace}.node.", prefixed=True),
         # Workers: read their dispatch topics, write attempt events and read them back (a running
         # job's cancel reaches its handler); they check the base topics.

@@ -5,7 +5,14 @@ Each twin behaves as ``tests/contract`` proves the real adapter does.
 
 from evsched.testing.driver import NodeDriver
 from evsched.testing.follow import MemoryJobFeed
-from evsched.testing.memory import FrozenClock, MemoryFeed, MemoryLog, MemoryReader, Written
+from evsched.testing.memory import (
+    FrozenClock,
+    MemoryFeed,
+    MemoryLog,
+    MemoryPools,
+    MemoryReader,
+    Written,
+)
 from evsched.testing.outbox import MemoryBroker, MemoryOutbox, SimulatedCrash, Transaction
 from evsched.testing.partition_log import MemoryPartitionLog
 
@@ -17,6 +24,7 @@ __all__ = [
     "MemoryLog",
     "MemoryOutbox",
     "MemoryPartitionLog",
+    "MemoryPools",
     "MemoryReader",
     "NodeDriver",
     "SimulatedCrash",

@@ -25,6 +25,7 @@ from evsched.core.state import JobState, ScheduleState, TimelineEntry
 from evsched.ports import Record
 from evsched.runtime.partition.budget import QueueBudget
 from evsched.runtime.partition.partition import OwnedPartition
+from evsched.runtime.partition.presence import WorkerPresence
 from evsched.runtime.partition.quarantine import EnsureQueues, Unusable
 from evsched.runtime.projection.changelog import ChangelogWriter
 from evsched.testing.memory import FrozenClock
@@ -62,6 +63,7 @@ class NodeDriver:
         dispatch_key: DispatchKey | None = None,
         node_id: str = "driver",
         keyring: NodeKeyring | None = None,
+        presence: WorkerPresence | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.partition = partition
@@ -76,6 +78,7 @@ class NodeDriver:
         self.dispatch_key = dispatch_key
         self.keyring = keyring  # the node keys: None, this node proves and checks nothing
         self.node_id = node_id
+        self.presence = presence  # None: every queue counts as served by a worker
         self.group_id = Topics(namespace).node_group
         self.transactional_id = f"{namespace}.node.p{partition}"
         self.outbox = MemoryOutbox(self.broker, self.transactional_id)
@@ -135,6 +138,7 @@ class NodeDriver:
             dispatch_key=self.dispatch_key,
             changelog=ChangelogWriter(self.topics.state, self.partition),
             keyring=self.keyring,
+            presence=self.presence,
         )
         self._fetched_to = self._owner.resume_offset
         return self._owner

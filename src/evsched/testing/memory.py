@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from evsched.adapters.avro import decode_event, encode_dispatch
@@ -14,7 +14,7 @@ from evsched.adapters.signing import DispatchKey
 from evsched.core.dispatch import Dispatch
 from evsched.core.events import Event
 from evsched.core.state import JobState
-from evsched.errors import PublishError
+from evsched.errors import BrokerUnavailable, PublishError
 from evsched.ports import Appended, Clock, Outbound, Record
 
 
@@ -244,3 +244,35 @@ class MemoryReader:
 
     async def job(self, job_id: str) -> JobState | None:
         return self.jobs.get(job_id)
+
+
+class MemoryPools:
+    """The twin of ``ports.WorkerPools``: ``serve(pool, *queues)`` joins a member, ``leave(pool)``
+    empties the pool, ``rebalancing(pool)`` hides its members until it is served again, and
+    ``failing`` makes every ask fail as an unreachable or unauthorized broker does."""
+
+    def __init__(self) -> None:
+        self._pools: dict[str, dict[str, int] | None] = {}
+        self.failing = False
+        self.asks = 0
+
+    def serve(self, pool: str, *queues: str) -> None:
+        served = dict(self._pools.get(pool) or {})
+        for queue in queues:
+            served[queue] = served.get(queue, 0) + 1
+        self._pools[pool] = served
+
+    def leave(self, pool: str) -> None:
+        self._pools.pop(pool, None)
+
+    def rebalancing(self, pool: str) -> None:
+        self._pools[pool] = None
+
+    async def pools(self) -> Mapping[str, Mapping[str, int] | None]:
+        self.asks += 1
+        if self.failing:
+            raise BrokerUnavailable("cannot describe the worker groups: not authorized")
+        return {pool: None if q is None else dict(q) for pool, q in self._pools.items()}
+
+    async def close(self) -> None:
+        pass

@@ -58,6 +58,26 @@ def test_a_full_queue_leases_nothing_but_other_queues_still_run() -> None:
     assert [lease.event.job_id for lease in leases] == ["b"]
 
 
+def test_a_queue_without_a_worker_gets_no_lease_until_one_is_seen() -> None:
+    budgets = replace(BUDGETS, prelease_ms=1_000, max_in_flight_per_queue=10)
+    jobs = [job("a", priority=9), job("soon", run_at=1_500), job("b", queue="other")]
+    # Nobody serves q: its jobs, due or within the pre-lease horizon, stay scheduled.
+    leases = planner.plan_leases(
+        jobs, {}, staffed={"other"}, now=1_000, budgets=budgets, source="n"
+    )
+    assert [lease.event.job_id for lease in leases] == ["b"]
+    # A worker of q is seen: the same candidates are leased, in the usual order.
+    leases = planner.plan_leases(
+        jobs, {}, staffed={"q", "other"}, now=1_000, budgets=budgets, source="n"
+    )
+    assert [lease.event.job_id for lease in leases] == ["a", "b", "soon"]
+    # Not known (None, the default): every queue is leased, as before presence was asked.
+    leases = planner.plan_leases(jobs, {}, staffed=None, now=1_000, budgets=budgets, source="n")
+    assert len(leases) == 3
+    none = planner.plan_leases(jobs, {}, staffed=set(), now=1_000, budgets=budgets, source="n")
+    assert none == []
+
+
 def test_next_lease_uses_the_next_token_and_attempt() -> None:
     state = job("a", token=4, attempt=1, checkpoint=b"7")
     (lease,) = planner.plan_leases([state], {}, now=1_000, budgets=BUDGETS, source="n")

@@ -24,6 +24,7 @@ from evsched.adapters.kafka.groups import GroupOwners
 from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
 from evsched.adapters.kafka.partition_outbox import KafkaOutbox
 from evsched.adapters.kafka.topics import Topics
+from evsched.adapters.kafka.worker_groups import WorkerGroups
 from evsched.adapters.proofs import NodeKeyring
 from evsched.adapters.signing import DispatchKey
 from evsched.core.planner import PlannerBudgets
@@ -40,6 +41,7 @@ from evsched.runtime.node.standby import Standby, kafka_standby, unowned
 from evsched.runtime.node.steps import PartitionSteps
 from evsched.runtime.partition.budget import QueueBudget
 from evsched.runtime.partition.partition import OwnedPartition
+from evsched.runtime.partition.presence import WorkerPresence
 from evsched.runtime.partition.runner import PartitionRunner
 from evsched.runtime.process.startup import until_broker
 from evsched.runtime.projection.changelog import ChangelogWriter
@@ -99,8 +101,13 @@ class Node:
         self._generation = 0  # bumped on every assignment change
         self.rebalancing = False  # between the group's revoke and assign callbacks
         self.budget = QueueBudget()  # --max-in-flight and --max-unstarted hold per node
-        self.standby: Standby | None = None  # --standby: started with the consumer
         self.log = log.bind(node_id=config.node_id)
+        # Which queues have a live worker: only those are leased (runtime.partition.presence).
+        self.presence = WorkerPresence(WorkerGroups(config.settings), SYSTEM_CLOCK, logger=self.log)
+        self.presence.on_gain = self._wake_all
+        if metrics is not None:
+            metrics.watch_presence(self.presence.waiting, self.presence.workers)
+        self.standby: Standby | None = None  # --standby: started with the consumer
         self.health = NodeHealth(None if metrics is None else metrics.node.failing, logger=self.log)
         self.threads = IndexThreads()  # index opens and closes, off the event loop
         self.restores = self._index_restores()
@@ -155,6 +162,7 @@ class Node:
         if consumer is None:
             return  # stopped before the broker answered
         self.log.info("node_started", group_id=self.config.group_id)
+        presence = asyncio.create_task(self.presence.run(stop))
         try:
             if self.config.standby:
                 await self._start_standby(consumer, stop)
@@ -168,14 +176,23 @@ class Node:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), POLL_RETRY_S)
         finally:
+            presence.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await presence
             async with self.lock:
                 await self._close_all()
             await self.threads.stop()
             await consumer.close()
             await self.group_owners.close()
+            await self.presence.close()
             if self.standby is not None:
                 await self.standby.stop()
             self.log.info("node_stopped")
+
+    def _wake_all(self) -> None:
+        """A queue gained a worker: its held jobs may be leased now, on any partition."""
+        for runner in self.owned.values():
+            runner.owner.wake()
 
     async def _start_standby(self, consumer: KafkaGroupConsumer, stop: asyncio.Event) -> None:
         """Hold every partition not assigned here as a standby copy (``runtime.node.standby``)."""
@@ -369,6 +386,7 @@ class Node:
             dispatch_key=self.config.dispatch_key,
             changelog=ChangelogWriter(self.topics.state, index.partition),
             keyring=self.config.node_keyring,
+            presence=self.presence,
         )
 
     async def _drop(self, runner: PartitionRunner) -> None:
@@ -381,6 +399,7 @@ class Node:
     async def _close(self, owner: OwnedPartition) -> None:
         await owner.outbox.close()
         owner.leave()
+        self.presence.forget(owner.partition)
         await self.threads.close(owner.index)
 
     async def _close_all(self) -> None:

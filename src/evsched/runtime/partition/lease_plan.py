@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from evsched.adapters.index.priority import DueEntry
 from evsched.adapters.index.store import PartitionIndex
@@ -35,6 +35,22 @@ from evsched.runtime.projection.projector import Folded, Projector
 Candidate = JobState | DueEntry
 # A step's leases, its candidates, and per queue the due jobs the scan read but did not keep.
 Planned = tuple[list[planner.Lease], list[Candidate], Mapping[str, int]]
+
+
+@dataclass(slots=True)
+class Staffing:
+    """The queues a worker serves now (None: not known, every queue may be leased), and the
+    queues whose due jobs a step held back because none does (``runtime.partition.presence``)."""
+
+    staffed: Set[str] | None
+    held: set[str] = field(default_factory=set)
+
+    def holds(self, queue: str) -> bool:
+        """Whether a due job of ``queue`` waits for a worker (an entry's empty queue: unknown)."""
+        if self.staffed is None or not queue or queue in self.staffed:
+            return False
+        self.held.add(queue)
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +92,25 @@ class LeanLeases:
         self.held_back = held_back
         self.source = source
 
-    def plan(self, folded: Folded, now: int, load: QueueLoad) -> Planned | None:
+    def plan(
+        self, folded: Folded, now: int, load: QueueLoad, staffing: Staffing | None = None
+    ) -> Planned | None:
         """The leases of this step against ``load``, and the candidates the node's line reads
-        (``waiting_by_queue``); None where only the full read will do."""
+        (``waiting_by_queue``); None where only the full read will do. Jobs of queues no worker
+        serves (``staffing``; None: every queue is served) are skipped like a paused queue's:
+        they fill no scan window."""
+        staffing = staffing or Staffing(None)
         limits = self.projector.limits_as(folded)
         view = _View(folded, self.projector.paused(QUEUE, folded), limits.keys())
         horizon = now + self.budgets.prelease_ms
-        entries = self.index.due_entries(horizon, self.scan_limit, skip=self._skipper(view))
+        skip = self._skipper(view, staffing)
+        entries = self.index.due_entries(horizon, self.scan_limit, skip=skip)
         kept, unread = self._candidates(entries, view, self._rooms(load))
-        candidates = [c for c in kept if c.run_at <= horizon and c.queue not in view.paused]
+        candidates = [
+            c
+            for c in kept
+            if c.run_at <= horizon and c.queue not in view.paused and not staffing.holds(c.queue)
+        ]
         asked = self.permits.asked()
         if limits:
             candidates = self._permitted(candidates, now, folded)
@@ -93,6 +119,7 @@ class LeanLeases:
             load.in_flight,
             unstarted=load.unstarted,
             unstarted_limits=load.unstarted_limits,
+            staffed=staffing.staffed,
             now=now,
             budgets=self.budgets,
         )
@@ -107,28 +134,33 @@ class LeanLeases:
             budgets=self.budgets,
             source=self.source,
             events_offset=self.projector.next_offset,
+            staffed=staffing.staffed,
         )
         return leases, candidates, unread
 
-    def _skipper(self, view: _View) -> Callable[[DueEntry], bool]:
+    def _skipper(self, view: _View, staffing: Staffing) -> Callable[[DueEntry], bool]:
         """What the scan skips (it asks for every key it reads: the usual case is one call)."""
         if not view.paused and not view.limited:
-            held_back = self.held_back
-            return lambda entry: held_back(entry.job_id)
-        return lambda entry: self._skip(entry, view)
+            held_back, holds = self.held_back, staffing.holds
+            if staffing.staffed is None:
+                return lambda entry: held_back(entry.job_id)
+            return lambda entry: held_back(entry.job_id) or holds(entry.queue)
+        return lambda entry: self._skip(entry, view, staffing)
 
-    def _skip(self, entry: DueEntry, view: _View) -> bool:
-        """Held back, on a paused queue, or waiting for a permit's grant: such due jobs must not
-        fill the scan's window."""
-        if self.held_back(entry.job_id):
+    def _skip(self, entry: DueEntry, view: _View, staffing: Staffing) -> bool:
+        """Held back, on a paused queue or one no worker serves, or waiting for a permit's
+        grant: such due jobs must not fill the scan's window."""
+        if self.held_back(entry.job_id) or staffing.holds(entry.queue):
             return True
         if view.stands_for(entry):
             return entry.queue in view.paused
         state = self.projector.job(entry.job_id)  # the committed state, as the full read has it
         if state is None:
             return False
-        return state.queue in view.paused or (
-            bool(view.limited) and self.permits.waits(state, view.folded)
+        return (
+            state.queue in view.paused
+            or staffing.holds(state.queue)
+            or (bool(view.limited) and self.permits.waits(state, view.folded))
         )
 
     def _permitted(self, candidates: list[Candidate], now: int, folded: Folded) -> list[Candidate]:
@@ -235,6 +267,7 @@ def leases_against(
     budgets: planner.PlannerBudgets,
     source: str,
     events_offset: int,
+    staffed: Set[str] | None = None,
 ) -> list[planner.Lease]:
     """The leases of ``states`` that ``load`` leaves room for (both planning paths end here)."""
     return planner.plan_leases(
@@ -242,6 +275,7 @@ def leases_against(
         load.in_flight,
         unstarted=load.unstarted,
         unstarted_limits=load.unstarted_limits,
+        staffed=staffed,
         now=now,
         budgets=budgets,
         source=source,

@@ -42,6 +42,7 @@ from evsched.runtime.partition.budget import QueueBudget, QueueLoad
 from evsched.runtime.partition.lease_plan import (
     LeanLeases,
     Planned,
+    Staffing,
     leases_against,
     waiting_by_queue,
 )
@@ -55,6 +56,7 @@ from evsched.runtime.projection.projector import AcceptedEffect, CommitHook, Fol
 
 if TYPE_CHECKING:
     from evsched.metrics import PartitionInstruments
+    from evsched.runtime.partition.presence import WorkerPresence
 
 log = structlog.get_logger("evsched.node")
 
@@ -90,8 +92,10 @@ class OwnedPartition:
         budget: QueueBudget | None = None,
         changelog: ChangelogWriter | None = None,
         keyring: NodeKeyring | None = None,
+        presence: WorkerPresence | None = None,
     ) -> None:
         partition = index.partition
+        self.presence = presence  # None: every queue counts as served
         self.changelog = changelog  # None: this partition's index changes go to no changelog
         self.dispatch_key = dispatch_key
         # The node keys: this node's facts carry its proof, its dispatches their lease's key.
@@ -377,9 +381,13 @@ class OwnedPartition:
 
     def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
         load = self._lease_load()
+        presence = self.presence
+        staffing = Staffing(None if presence is None else presence.staffed())
         # Only the jobs leased are decoded, unless an entry cannot stand for its state.
-        planned = self.lean.plan(folded, now, load)
-        leases, candidates, unread = planned or self._plan_read_all(folded, now, load)
+        planned = self.lean.plan(folded, now, load, staffing)
+        leases, candidates, unread = planned or self._plan_read_all(folded, now, load, staffing)
+        if presence is not None:
+            presence.held(self.partition, staffing.held)
         if self.budget is not None:
             self.budget.waited(
                 self.partition,
@@ -405,32 +413,38 @@ class OwnedPartition:
         )
         return QueueLoad(dict(in_flight), dict(unstarted), raised)
 
-    def _plan_read_all(self, folded: Folded, now: int, load: QueueLoad) -> Planned:
+    def _plan_read_all(
+        self, folded: Folded, now: int, load: QueueLoad, staffing: Staffing | None = None
+    ) -> Planned:
         """Leases from every due job's state in the scan's window (``LeanLeases`` reads fewer)."""
+        staffing = staffing or Staffing(None)
         # Held-back jobs (pending, or on an undeclared queue) must not fill the scan's window.
         horizon = now + self.budgets.prelease_ms
         paused = self.projector.paused(QUEUE, folded)
+
+        def skip(job_id: str) -> bool:
+            return self._lease_skip(job_id, paused, folded, staffing)
+
         # In lease order (priority first), so a backlog deeper than the scan cannot hide a job.
-        ids = self.index.due_by_priority(
-            horizon, self.scan_limit, skip=lambda job_id: self._lease_skip(job_id, paused, folded)
-        )
+        ids = self.index.due_by_priority(horizon, self.scan_limit, skip=skip)
         ids += [j for j, s in folded.batch.jobs.items() if s.status is Status.SCHEDULED]
         candidates = [
-            s for s in self._jobs(ids, folded) if s.run_at <= horizon and s.queue not in paused
+            s
+            for s in self._jobs(ids, folded)
+            if s.run_at <= horizon and s.queue not in paused and not staffing.holds(s.queue)
         ]
         if self.permits.active(folded):
             candidates = self.permits.permitted(candidates, now, folded)
-        return self._lease(candidates, load, now), list(candidates), {}
-
-    def _lease(self, candidates: list[JobState], load: QueueLoad, now: int) -> list[planner.Lease]:
-        return leases_against(
+        leases = leases_against(
             load,
             candidates,
             now=now,
             budgets=self.budgets,
             source=self.source,
             events_offset=self.projector.next_offset,
+            staffed=staffing.staffed,
         )
+        return leases, list(candidates), {}
 
     def _ended(self, folded: Folded, now: int) -> list[JobState]:
         """Finished jobs that may be due for a purge: the index's, and those that just ended."""
@@ -441,18 +455,25 @@ class OwnedPartition:
     def _held_back(self, entity: str) -> bool:
         return entity in self.pending.entities or self.quarantine.holds(entity)
 
-    def _lease_skip(self, job_id: str, paused: Set[str], folded: Folded) -> bool:
-        """Held back, or on a paused queue: such due jobs must not fill the scan's window."""
+    def _lease_skip(
+        self, job_id: str, paused: Set[str], folded: Folded, staffing: Staffing
+    ) -> bool:
+        """Held back, on a paused queue or one no worker serves: such due jobs must not fill the
+        scan's window."""
         if self._held_back(job_id):
             return True
         active = self.permits.active(folded)
-        if not paused and not active:
+        if not paused and not active and staffing.staffed is None:
             return False
         state = self.projector.job(job_id)
         if state is None:
             return False
         # A job that asked for a permit waits for its grant, not for the scan.
-        return state.queue in paused or (active and self.permits.waits(state, folded))
+        return (
+            state.queue in paused
+            or staffing.holds(state.queue)
+            or (active and self.permits.waits(state, folded))
+        )
 
     def _jobs(self, ids: Sequence[str], folded: Folded) -> list[JobState]:
         found: dict[str, JobState] = {}

@@ -7,13 +7,17 @@ unstarted expiries per queue since the queue's last start. A queue whose last ``
 expiries were all unstarted while jobs wait has, as far as the log tells, no live worker: the
 alert-worthy ``evsched_queue_without_worker`` gauge. Counts restart empty with the process and
 fill again within one dispatch timeout (every waiting job's lease expires again by then).
+
+A node leases no job of a queue it sees no worker of (``runtime.partition.presence``), so there
+such a queue has no expiries to count: the node tells the queues it holds jobs of
+(``watch_held``), and the gauge is 1 for those as well.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence, Set
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -34,8 +38,14 @@ class WaitingForWorker:
         self._waiting: dict[str, tuple[str, int]] = {}  # job id -> (queue, partition)
         self._streak: Counter[str] = Counter()  # queue -> unstarted expiries since a start
         self.threshold = threshold
+        self._held: Callable[[], Set[str]] = frozenset  # queues a node holds jobs of, no worker
+        self._once_held: set[str] = set()
         if registry is not None:
             registry.register(self)
+
+    def watch_held(self, held: Callable[[], Set[str]]) -> None:
+        """Read at scrape time: queues whose due jobs a node holds back for want of a worker."""
+        self._held = held
 
     def observe(self, events: Sequence[FoldedEvent]) -> None:
         with self._lock:
@@ -68,9 +78,15 @@ class WaitingForWorker:
         with self._lock:
             counts = Counter(queue for queue, _ in self._waiting.values())
             streaks = dict(self._streak)
+        held = self._held()
+        self._once_held |= held  # kept at 0 once they have a worker, as the streaks are
         return {
-            queue: (counts[queue], streak, counts[queue] > 0 and streak >= self.threshold)
-            for queue, streak in sorted(streaks.items())
+            queue: (
+                counts[queue],
+                streaks.get(queue, 0),
+                queue in held or (counts[queue] > 0 and streaks.get(queue, 0) >= self.threshold),
+            )
+            for queue in sorted(streaks.keys() | self._once_held)
         }
 
     def waiting(self) -> dict[str, int]:
@@ -93,7 +109,8 @@ class WaitingForWorker:
         )
         none = GaugeMetricFamily(
             "evsched_queue_without_worker",
-            "1 while jobs of the queue wait and its last leases all expired unstarted.",
+            "1 while jobs of the queue wait and its last leases all expired unstarted, or a node "
+            "holds its due jobs because no worker serves it.",
             labels=["queue"],
         )
         for queue, (count, expiries, workerless) in self._queues().items():
