@@ -70,3 +70,17 @@ def test_a_job_that_does_not_wait_on_its_child_takes_it() -> None:
     assert a is not None
     after, entry = _registered(a, "c", 1)
     assert entry.verdict is Verdict.APPLIED and after is not None and after.children == ("c",)
+
+
+def test_a_longer_cycle_is_not_seen_by_any_one_fold_and_its_jobs_wait() -> None:
+    """A design choice, pinned (docs/job-lifecycle.md, "Cycles"): a cycle of three written by a
+    foreign producer spans states no one fold reads together, so each registration is applied
+    and the jobs wait until an operator cancels them (``evsched workflow cancel``)."""
+    a, _ = run(enqueue("a", "c"))
+    b, _ = run(enqueue("b", "a"))
+    c, _ = run(enqueue("c", "b"))
+    for parent, child in ((a, "b"), (b, "c"), (c, "a")):
+        assert parent is not None
+        after, entry = _registered(parent, child, 3)
+        assert entry.verdict is Verdict.APPLIED, entry.reason
+        assert after is not None and after.status is Status.WAITING
