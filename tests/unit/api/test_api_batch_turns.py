@@ -89,9 +89,7 @@ async def test_a_single_enqueue_is_answered_before_a_large_batch(
     big = asyncio.ensure_future(post("batch", "/v1/jobs:batch", {"jobs": jobs}))
     # The batch is written; its handler reads back 1,000 verdicts from the replica.
     await asyncio.wait_for(judging.wait(), 10)
-    await asyncio.wait_for(
-        asyncio.gather(big, post("single", "/v1/jobs", {"task": "t.one"})), 30
-    )
+    await asyncio.wait_for(asyncio.gather(big, post("single", "/v1/jobs", {"task": "t.one"})), 30)
     assert answered == ["single", "batch"]
 
 
