@@ -25,6 +25,7 @@ from evsched.api import (
 )
 from evsched.api.auth import Tokens
 from evsched.api.context import ApiContext, Reads
+from evsched.api.dashboard import StreamCaps
 from evsched.api.errors import BodyLimit, install_error_handlers
 from evsched.api.headers import SecurityHeaders
 from evsched.api.models import Accepted
@@ -77,6 +78,7 @@ def create_app(
     max_scan: int = 5_000,
     lag_timeout_s: float = 2.0,
     close_app: bool | None = None,
+    live_streams: StreamCaps | None = None,
 ) -> FastAPI:
     """The API over ``replica``, writing through ``app`` (an evsched App; one is made if None).
 
@@ -87,7 +89,7 @@ def create_app(
     (default: those whose dispatch topic exists in the cluster). ``metrics`` is hooked to the
     replica's commits unless the replica already calls it. ``tokens`` (or just a write
     ``token``) guard the routes; neither: no authentication, which ``evsched api`` serves only
-    with ``--no-auth``.
+    with ``--no-auth``. ``live_streams`` caps the dashboard's open ``/live`` streams.
     """
     if tokens is None:
         tokens = Tokens(write=token)  # an empty token is refused there, not taken for "no auth"
@@ -131,7 +133,7 @@ def create_app(
     for router in (*routers, controls.router, limits.router, batch.router):
         api.include_router(router, dependencies=guard)
     api.include_router(status.router)
-    metrics.followers.append(dashboard.install(api, ctx).live.observe_commit)
+    metrics.followers.append(dashboard.install(api, ctx, live_streams).live.observe_commit)
     if replica.running:
         _seed(ctx)
     return api

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -18,6 +19,9 @@ from evsched.client.app import App
 from evsched.metrics import Metrics
 from evsched.settings import Settings
 
+# Batches being built, written and judged at once; more wait their turn (see api.batch).
+MAX_BATCHES_IN_FLIGHT = 2
+
 
 @dataclass(slots=True, kw_only=True)
 class ApiContext:
@@ -31,6 +35,9 @@ class ApiContext:
     max_scan: int
     ready_max_lag: int
     lag_timeout_s: float
+    batches: asyncio.Semaphore = field(
+        default_factory=lambda: asyncio.Semaphore(MAX_BATCHES_IN_FLIGHT), repr=False
+    )
 
 
 def context(request: Request) -> ApiContext:

@@ -7,12 +7,12 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field, StrictBool
 
-from evsched.api.models import EnqueueRequest, Name, Reason, _Request, at
+from evsched.api.models import ControlReason, EnqueueRequest, Name, _Request, at
 from evsched.core.controls import ControlState
 
 
 class ControlRequest(_Request):
-    reason: Reason = ""
+    reason: ControlReason = ""
 
 
 class Switch(BaseModel):

@@ -12,7 +12,7 @@ from evsched.api import reader
 from evsched.api.context import Ctx, Writes
 from evsched.api.errors import ApiError
 from evsched.api.id_fields import JobId
-from evsched.api.listing import Cursor, page
+from evsched.api.listing import Cursor, CursorQuery, page
 from evsched.api.models import (
     CancelRequest,
     EnqueueRequest,
@@ -123,7 +123,7 @@ async def list_jobs(
         ),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=2_000)] = None,
+    cursor: CursorQuery = None,
 ) -> JobPage:
     """Jobs in a stable order (partition, then id), filtered; reads at most the scan budget."""
 

@@ -5,14 +5,15 @@ the answer is read back from this API's replica once every partition folded it."
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
-from pydantic import BaseModel, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from evsched.api.context import Ctx, Writes
 from evsched.api.control_models import ControlRequest
 from evsched.api.errors import ApiError
+from evsched.api.models import needs, whole
 from evsched.api.responses import READ, WRITE
 from evsched.api.writes import SOURCE, NotYetApplied
 from evsched.client.limits import limit_event, publish_limit
@@ -27,8 +28,27 @@ Count = Annotated[StrictInt, Field(ge=1, le=bounds.MAX_RUNNING)]
 Window = Annotated[StrictInt, Field(ge=1, le=bounds.MAX_DURATION_MS)]
 
 
+def _set_too(field: str, most: int) -> dict[str, Any]:
+    """JSON Schema: ``field`` is present and an integer in its bounds (not null)."""
+    bounded = {"type": "integer", "minimum": 1, "maximum": most}
+    return {"required": [field], "properties": {field: bounded}}
+
+
 class LimitRequest(ControlRequest):
-    """The limits to hold from now on; a field left null removes that limit."""
+    """The limits to hold from now on; a field left null removes that limit. ``rate_starts``
+    and ``rate_per_ms`` go together: both set (a rate) or both null (none)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "allOf": [
+                needs("rate_starts", "integer", _set_too("rate_per_ms", bounds.MAX_DURATION_MS)),
+                needs("rate_per_ms", "integer", _set_too("rate_starts", bounds.MAX_RUNNING)),
+            ]
+        },
+    )
+
+    _whole = field_validator("max_running", "rate_starts", "rate_per_ms", mode="before")(whole)
 
     max_running: Count | None = None
     rate_starts: Count | None = None
@@ -77,7 +97,13 @@ async def get_key_limit(ctx: Ctx, key: KeyName) -> LimitView:
 
 async def _set(ctx: Ctx, name: str, body: LimitRequest, *, key: bool) -> LimitView:
     if (body.rate_starts is None) != (body.rate_per_ms is None):
-        raise ApiError(422, "invalid", "rate_starts and rate_per_ms go together")
+        missing = "rate_per_ms" if body.rate_per_ms is None else "rate_starts"
+        raise ApiError(
+            422,
+            "validation_error",
+            f"rate_starts and rate_per_ms go together: {missing} is missing",
+            field=missing,
+        )
     rate = None if body.rate_starts is None else (body.rate_starts, body.rate_per_ms or 0)
     try:
         event = limit_event(name, key=key, max_running=body.max_running, rate=rate,

@@ -10,11 +10,25 @@ import binascii
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Annotated, Generic, TypeVar
+
+from fastapi import Query
 
 from evsched.api.errors import ApiError
 
 T = TypeVar("T")
+# The query parameter of every paged listing. Only a next_cursor this API returned decodes; the
+# document can say its alphabet, not that: the format names it for clients and test generators.
+CursorQuery = Annotated[
+    str | None,
+    Query(
+        max_length=2_000,
+        pattern=r"^[A-Za-z0-9_-]*$",
+        description="The previous page's next_cursor, as is (an opaque base64url string); "
+        "any other string is a 422 naming cursor.",
+        json_schema_extra={"format": "evsched-cursor"},
+    ),
+]
 # A partition's rows after an id (None: from its start), each with the id it is keyed by.
 Rows = Callable[[int, str | None], Iterator[tuple[str, T]]]
 

@@ -18,11 +18,12 @@ from pydantic import (
     JsonValue,
     StrictFloat,
     StrictInt,
+    field_validator,
 )
 
 from evsched.adapters.payload import MAX_JSON_DEPTH, NotJson, decode_args, decode_json, deeper_than
 from evsched.api.id_fields import JobIdField
-from evsched.commands import MAX_AHEAD, MAX_KEY_CHARS
+from evsched.commands import MAX_AHEAD, MAX_KEY_CHARS, MAX_REASON_CHARS
 from evsched.core.bounds import MAX_DURATION_MS, MAX_PARENTS
 from evsched.core.events import RetryPolicy
 from evsched.core.failures import category_of
@@ -63,19 +64,56 @@ def _rfc3339_text(value: Any) -> Any:
     return value
 
 
+def whole(value: Any) -> Any:
+    """A JSON number without a fraction is an integer (JSON Schema's rule: 1.0 is one): as an
+    int. Anything else goes on to the strict check (no 1.5, no true, no "1"). A field validator
+    (mode="before"), so the document keeps the field's type and bounds as they are."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _distinct(values: list[str]) -> list[str]:
+    if len(set(values)) != len(values):
+        raise ValueError("names a parent twice")
+    return values
+
+
 Text = Annotated[str, AfterValidator(_utf8)]
 Name = Annotated[Text, Field(min_length=1, max_length=MAX_KEY_CHARS)]
-Queue = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")]
+Queue = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="A declared queue (`GET /v1/queues`); another is a 422 `unknown_queue`.",
+    ),
+]
 Reason = Annotated[Text, Field(max_length=2_000)]
+# A control's reason (pause, resume, limits) is bounded by the events that carry it.
+ControlReason = Annotated[Text, Field(max_length=MAX_REASON_CHARS)]
 Args = Annotated[list[JsonValue], AfterValidator(_utf8), BeforeValidator(_shallow)]
 Kwargs = Annotated[dict[str, JsonValue], AfterValidator(_utf8), BeforeValidator(_shallow)]
-Labels = Annotated[dict[str, str], AfterValidator(_utf8)]
+Labels = Annotated[dict[Annotated[str, Field(min_length=1)], str], AfterValidator(_utf8)]
+
+
 # Strict: a JSON boolean or string is not a number here, whatever Python would make of it.
-Priority = Annotated[StrictInt, Field(ge=-INT64_MAX, le=INT64_MAX)]
+# int64 tells clients (and test generators) the width: past 2^53 a double cannot hold it.
+Priority = Annotated[
+    StrictInt, Field(ge=-INT64_MAX, le=INT64_MAX, json_schema_extra={"format": "int64"})
+]
 Attempts = Annotated[StrictInt, Field(ge=1, le=MAX_ATTEMPTS)]
 Seconds = Annotated[StrictFloat, Field(gt=0, le=MAX_AHEAD_S)]
 Delay = Annotated[StrictFloat, Field(ge=0, le=MAX_AHEAD_S)]
-RunAt = Annotated[AwareDatetime, BeforeValidator(_rfc3339_text)]
+RunAt = Annotated[
+    AwareDatetime,
+    BeforeValidator(_rfc3339_text),
+    Field(
+        description="RFC 3339 with an offset, at most a year before and 10 years after the "
+        "API's clock (else a 422 naming run_at).",
+    ),
+]
 
 
 class _Request(BaseModel):
@@ -83,8 +121,45 @@ class _Request(BaseModel):
 
 
 # In the OpenAPI document: delay_s and run_at are alternatives, so generated clients know it.
-_ONE_START = ConfigDict(
-    extra="forbid", json_schema_extra={"not": {"required": ["delay_s", "run_at"]}}
+_NOT_BOTH_STARTS: dict[str, Any] = {"not": {"required": ["delay_s", "run_at"]}}
+_ONE_START = ConfigDict(extra="forbid", json_schema_extra=_NOT_BOTH_STARTS)
+
+
+def needs(field: str, kind: str, then: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema: when ``field`` is set (a ``kind``, not null), the body must match ``then``."""
+    return {"if": {"required": [field], "properties": {field: {"type": kind}}}, "then": then}
+
+
+# A waiting job's options make sense only with parents: the document says so, as the API does.
+_WITH_PARENTS = {
+    "required": ["after"],
+    "properties": {"after": {"type": "array", "minItems": 1, "uniqueItems": True}},
+}
+_PERIOD = {"required": ["unique"], "properties": {"unique": {"const": "period"}}}
+_ENQUEUE = ConfigDict(
+    extra="forbid",
+    json_schema_extra={
+        **_NOT_BOTH_STARTS,
+        "allOf": [
+            needs("after_rule", "string", _WITH_PARENTS),
+            needs("results_to_args", "string", _WITH_PARENTS),
+            # unique "period" and its period go together.
+            needs("unique_period_s", "number", _PERIOD),
+            {
+                "if": {"required": ["unique"], "properties": {"unique": {"const": "period"}}},
+                "then": {
+                    "required": ["unique_period_s"],
+                    "properties": {
+                        "unique_period_s": {
+                            "type": "number",
+                            "exclusiveMinimum": 0,
+                            "maximum": MAX_AHEAD_S,
+                        }
+                    },
+                },
+            },
+        ],
+    },
 )
 
 
@@ -92,7 +167,8 @@ _DEFAULT_RETRY = RetryPolicy()
 
 
 class RetryRequest(_Request):
-    """Exponential backoff between attempts; a field left out keeps evsched's default."""
+    """Exponential backoff between attempts; a field left out keeps evsched's default.
+    ``initial_backoff_ms`` may not exceed ``max_backoff_ms`` (a 422 naming retry)."""
 
     initial_backoff_ms: Annotated[StrictInt, Field(ge=0, le=MAX_DURATION_MS)] = (
         _DEFAULT_RETRY.initial_backoff_ms
@@ -103,6 +179,8 @@ class RetryRequest(_Request):
     multiplier: Annotated[StrictFloat, Field(ge=1.0, le=1000.0)] = _DEFAULT_RETRY.multiplier
     jitter: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = _DEFAULT_RETRY.jitter
 
+    _whole = field_validator("initial_backoff_ms", "max_backoff_ms", mode="before")(whole)
+
     def policy(self) -> RetryPolicy:
         return RetryPolicy(**self.model_dump())
 
@@ -110,7 +188,9 @@ class RetryRequest(_Request):
 class EnqueueRequest(_Request):
     """A job of the task named ``task``; options left out take the task's or evsched's defaults."""
 
-    model_config = _ONE_START
+    model_config = _ENQUEUE
+
+    _whole = field_validator("priority", "max_attempts", mode="before")(whole)
 
     task: Annotated[Name, Field(examples=["emails.send"])]
     args: Args = Field(default_factory=list, examples=[["buyer@example.com"]])
@@ -135,8 +215,15 @@ class EnqueueRequest(_Request):
         "job (200, Evsched-Verdict: duplicate) while it is queued, queued or running, or for "
         "unique_period_s from its enqueue. Default: the task's.",
     )
-    unique_period_s: Delay | None = Field(None, description='The period of unique "period".')
-    after: Annotated[list[JobIdField], Field(max_length=MAX_PARENTS)] | None = Field(
+    unique_period_s: Seconds | None = Field(None, description='The period of unique "period".')
+    after: (
+        Annotated[
+            list[JobIdField],
+            Field(max_length=MAX_PARENTS, json_schema_extra={"uniqueItems": True}),
+            AfterValidator(_distinct),
+        ]
+        | None
+    ) = Field(
         None,
         description="Job ids this job waits on (status waiting): it is released, or cancelled, "
         "by their ends according to after_rule. Written with one ChildRegistered per parent in "
@@ -171,10 +258,27 @@ class RequeueRequest(_Request):
 class ScheduleRequest(_Request):
     """A cron schedule that enqueues a job of ``task`` at each slot."""
 
-    cron: Annotated[Text, Field(min_length=1, max_length=200, examples=["*/5 * * * *"])]
+    cron: Annotated[
+        Text,
+        Field(
+            min_length=1,
+            max_length=200,
+            examples=["*/5 * * * *"],
+            description="Five fields (minute hour day month weekday); one the cron parser "
+            "refuses is a 422 naming cron.",
+        ),
+    ]
     timezone: Annotated[
-        Text, Field(min_length=1, max_length=64, examples=["UTC", "Europe/Paris"])
+        Text,
+        Field(
+            min_length=1,
+            max_length=64,
+            examples=["UTC", "Europe/Paris"],
+            description="An IANA time zone the API's zone database knows (else a 422).",
+        ),
     ] = "UTC"
+    _whole = field_validator("priority", "max_attempts", mode="before")(whole)
+
     task: Annotated[Name, Field(examples=["reports.build"])]
     args: Args = Field(default_factory=list)
     kwargs: Kwargs = Field(default_factory=dict)

@@ -10,7 +10,7 @@ from evsched.api import reader
 from evsched.api.context import Ctx, Writes
 from evsched.api.errors import ApiError
 from evsched.api.id_fields import ScheduleId
-from evsched.api.listing import Cursor, page
+from evsched.api.listing import Cursor, CursorQuery, page
 from evsched.api.models import Schedule, SchedulePage, ScheduleRequest, Timeline, TimelineEvent
 from evsched.api.queues import require_declared
 from evsched.api.responses import READ, WRITE, Responses, error
@@ -106,7 +106,7 @@ async def schedule_timeline(
 async def list_schedules(
     ctx: Ctx,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=2_000)] = None,
+    cursor: CursorQuery = None,
 ) -> SchedulePage:
     """Live schedules in a stable order (partition, then id); deleted ones are left out."""
 

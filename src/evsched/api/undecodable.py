@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from evsched.adapters.index.store import PartitionIndex
 from evsched.api import reader
 from evsched.api.context import Ctx
-from evsched.api.listing import Cursor, page
+from evsched.api.listing import Cursor, CursorQuery, page
 from evsched.api.models import at
 from evsched.api.responses import READ
 from evsched.core.state import TimelineEntry
@@ -43,7 +43,7 @@ async def list_undecodable(
     *,
     partition: Annotated[int | None, Query(ge=0, le=1 << 20)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    cursor: Annotated[str | None, Query(max_length=2_000)] = None,
+    cursor: CursorQuery = None,
 ) -> UndecodablePage:
     """Undecodable records in (partition, offset) order, optionally of one partition.
 

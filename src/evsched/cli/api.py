@@ -14,6 +14,7 @@ import uvicorn
 from evsched.adapters.kafka.access import check_access
 from evsched.api.app import create_app
 from evsched.api.auth import AuthConfigError, load_tokens
+from evsched.api.dashboard import StreamCaps
 from evsched.cli.options import LogJson
 from evsched.client.loader import load_app
 from evsched.errors import BrokerAccessRefused
@@ -87,6 +88,16 @@ def api_command(
     max_scan: Annotated[
         int, typer.Option(min=1, help="Jobs a filtered listing may read per page (~14 us each).")
     ] = 5_000,
+    max_live_streams: Annotated[
+        int, typer.Option(min=0, help="Dashboard /live streams open at once; more get a 503.")
+    ] = StreamCaps().total,
+    max_anonymous_live_streams: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Of those, streams of callers who sent no token (all of them with --no-auth).",
+        ),
+    ] = StreamCaps().anonymous,
     log_json: LogJson = True,
 ) -> None:
     """Serve the HTTP API: enqueue, inspect, cancel, requeue, schedules, stats and metrics."""
@@ -102,6 +113,9 @@ def api_command(
     except AuthConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    if max_anonymous_live_streams > max_live_streams:
+        typer.echo("error: --max-anonymous-live-streams exceeds --max-live-streams", err=True)
+        raise typer.Exit(2)
     if no_auth:
         log.warning("api_auth_disabled", reason="--no-auth: anyone who reaches the port may write")
     try:
@@ -130,6 +144,7 @@ def api_command(
         ready_max_lag=ready_max_lag,
         max_body_bytes=max_body_bytes,
         max_scan=max_scan,
+        live_streams=StreamCaps(total=max_live_streams, anonymous=max_anonymous_live_streams),
     )
     tune_collector()
     tune_allocator()

@@ -18,6 +18,7 @@ from evsched.api.context import ApiContext, context
 from evsched.api.dashboard.live import Live
 from evsched.api.dashboard.overview import BrokerFacts
 from evsched.api.dashboard.session import COOKIE, Role, Sessions
+from evsched.api.dashboard.stream import Fanout
 
 HERE = Path(__file__).parent
 
@@ -52,6 +53,7 @@ def templates() -> Jinja2Templates:
 class Board:
     live: Live
     facts: BrokerFacts
+    feed: Fanout
     sessions: Sessions
     templates: Jinja2Templates
 

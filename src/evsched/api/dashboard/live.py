@@ -2,7 +2,7 @@
 
 ``Live.observe_commit`` is one more commit hook beside the metrics': it moves histograms, short
 per-second series and the dead-letter groups as batches commit, and wakes the server-sent-event
-streams, which then send one snapshot each (at most one per ``min_interval_s``). The lifetime
+fan-out (``stream.Fanout``), which builds one snapshot for every open stream. The lifetime
 tallies (retries, dead letters...) are not kept here: each partition's index holds them.
 """
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -101,6 +102,13 @@ def snapshot(ctx: ApiContext, live: Live, facts: BrokerFacts) -> dict[str, Any]:
         "partitions": _partitions(ctx, live, facts),
         "workers": [{"id": w, "seen_at": at} for w, at in live.workers_seen()],
     }
+
+
+async def overview_frame(ctx: ApiContext, live: Live, facts: BrokerFacts) -> str:
+    """The snapshot as one server-sent event, built once per tick for every ``/live`` stream."""
+    await facts.refresh(ctx)
+    data = json.dumps(snapshot(ctx, live, facts), separators=(",", ":"))
+    return f"event: overview\ndata: {data}\n\n"
 
 
 def totals(ctx: ApiContext) -> dict[str, int]:

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, RedirectResponse
 
 from evsched.adapters.clock import monotonic_s, now_ms
 from evsched.api import reader
 from evsched.api.dashboard.board import View, segment
 from evsched.api.dashboard.history import picture, state_as_of
 from evsched.api.dashboard.overview import snapshot
+from evsched.api.dashboard.session import Role
+from evsched.api.dashboard.stream import LiveResponse
 from evsched.api.errors import ApiError
 from evsched.api.id_fields import JobId
 from evsched.api.listing import Cursor, page
@@ -24,7 +25,6 @@ from evsched.core.ids import job_id_for_key
 from evsched.core.state import JobState, Status
 
 router = APIRouter(include_in_schema=False)
-MIN_INTERVAL_S = 0.5  # at most two snapshots a second per stream, however fast batches commit
 KEEPALIVE_S = 15.0
 STREAM_S = 300.0  # a stream ends after this and the browser reconnects: shutdown never waits long
 
@@ -42,28 +42,24 @@ async def overview_json(view: View) -> dict[str, Any]:
 
 
 @router.get("/live")
-async def live(view: View, request: Request) -> StreamingResponse:
-    """Server-sent events: a snapshot whenever the replica committed something, throttled."""
-    board, ctx = view.board, view.ctx
+async def live(view: View, request: Request) -> LiveResponse:
+    """Server-sent events: the shared snapshot whenever the replica committed something, throttled.
+
+    503 with Retry-After past the open streams' cap (a smaller one for callers without a token).
+    """
+    anonymous = not view.board.sessions.auth or view.role is Role.NONE
+    subscriber = view.board.feed.join(anonymous=anonymous)
 
     async def stream() -> AsyncIterator[str]:
         yield "retry: 1000\n\n"
-        seen, ends = -1, monotonic_s() + STREAM_S
+        ends = monotonic_s() + STREAM_S
         while monotonic_s() < ends and not await request.is_disconnected():
-            version = await board.live.changed(seen, KEEPALIVE_S)
-            if version is None:
+            frame = await subscriber.next(KEEPALIVE_S)
+            if subscriber.ended:
                 return
-            await board.facts.refresh(ctx)
-            if version == seen:
-                yield ": keepalive\n\n"
-                continue
-            seen = version
-            data = json.dumps(snapshot(ctx, board.live, board.facts), separators=(",", ":"))
-            yield f"event: overview\ndata: {data}\n\n"
-            await board.live.pause(MIN_INTERVAL_S)
+            yield ": keepalive\n\n" if frame is None else frame
 
-    headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-    return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+    return LiveResponse(stream(), feed=view.board.feed, subscriber=subscriber)
 
 
 def _keep(

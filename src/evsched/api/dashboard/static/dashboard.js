@@ -143,9 +143,17 @@ function overview() {
   const data = readJson("overview-data");
   const charts = overviewCharts(data);
   updateOverview(charts, data);
+  follow(charts);
+}
+
+function follow(charts) {
   const source = new EventSource("/live");
   source.onopen = () => setText("live-state", "live");
-  source.onerror = () => setText("live-state", "reconnecting");
+  source.onerror = () => {
+    setText("live-state", "reconnecting");
+    // A refused stream (a 503: the API's cap of open streams) is not retried by the browser.
+    if (source.readyState === EventSource.CLOSED) setTimeout(() => follow(charts), 10000);
+  };
   source.addEventListener("overview", (e) => updateOverview(charts, JSON.parse(e.data)));
 }
 
