@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,6 +24,7 @@ from tests.integration.follow_app import make_app
 from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import App
 from evsched.core.state import Status, TimelineEntry, Verdict
+from evsched.runtime.worker.prestart import CONFIRM_AFTER_MS
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.asyncio]
 
@@ -78,6 +80,20 @@ async def until_in_timeline(
     return await wait_for(probe, what=what)
 
 
+async def until_past_the_race(stack: Stack, job_id: str) -> None:
+    """The worker stays frozen past a start's race with a cancel: a start logged more than
+    ``CONFIRM_AFTER_MS`` after its lease waits for the fold's verdict (a quicker one runs at
+    once, and a cancel that fast reaches the handler through the follow)."""
+    lease = await until_in_timeline(
+        stack, job_id, lambda t: t.kind == "JobLeased", "the job's lease"
+    )
+
+    async def past() -> bool:
+        return time.time() * 1000 - lease.log_at > 2 * CONFIRM_AFTER_MS
+
+    await wait_for(past, what="the freeze to outlast a start's race with a cancel")
+
+
 async def test_a_job_cancelled_while_its_worker_is_frozen_never_runs(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -92,6 +108,7 @@ async def test_a_job_cancelled_while_its_worker_is_frozen_never_runs(
         await stack.wait_status(job_id, Status.LEASED)  # its dispatch record is out
         await app.cancel(job_id)
         await stack.wait_status(job_id, Status.CANCELLED)
+        await until_past_the_race(stack, job_id)
         worker.signal(signal.SIGCONT)
         # The worker takes the dispatch (its start deadline is 15 s away) and sends its start,
         # which the fold refuses: the job was cancelled.

@@ -36,7 +36,12 @@ from evsched.runtime.worker.fence import AttemptFence
 from evsched.runtime.worker.handler_loop import HandlerEscaped, HandlerLoop, ThreadCount
 from evsched.runtime.worker.later import LaterTask
 from evsched.runtime.worker.log_clock import LogClock
-from evsched.runtime.worker.prestart import follow_job, why_not_run
+from evsched.runtime.worker.prestart import (
+    FOLLOW_AFTER_S,
+    follow_job,
+    needs_confirmation,
+    why_not_run,
+)
 
 MAX_MESSAGE_CHARS = 4_000
 # How long a timed-out async handler keeps its slot while it winds down after its cancellation.
@@ -113,8 +118,9 @@ class AttemptRunner:
             )
             return
         fence = AttemptFence(dispatch)
-        following = follow_job(self.feed, fence)
-        if await self._cleared(fence, appended, following, sent_at, logger):
+        confirm = needs_confirmation(dispatch, appended)
+        following = follow_job(self.feed, fence, after_s=0.0 if confirm else FOLLOW_AFTER_S)
+        if await self._cleared(fence, appended, following, sent_at, logger, confirm=confirm):
             await self._attempt(
                 dispatch, task, fence, following=following, sent_at=sent_at, logger=logger
             )
@@ -126,6 +132,8 @@ class AttemptRunner:
         following: LaterTask | None,
         sent_at: float,
         logger: AttemptLog,
+        *,
+        confirm: bool,
     ) -> bool:
         """Whether the handler may start (``runtime.worker.prestart``); if not, the follow is
         stopped and nothing is sent: the fold refused the start, or the lease is over, and the
@@ -137,7 +145,7 @@ class AttemptRunner:
                 worker_id=self.worker_id,
                 lease_ms=self.lease_ms,
                 held_ms=lambda: (self.clock.monotonic_s() - sent_at) * 1000,
-                confirm=following is not None,
+                confirm=confirm and following is not None,
             )
         except BaseException:
             await _stop(following)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from evsched.core.dispatch import START_MARGIN_MS
+from evsched.core.dispatch import START_MARGIN_MS, Dispatch, start_window_opens
 from evsched.core.follow import attempt_current
 from evsched.core.state import JobState, Status
 from evsched.ports import Appended, JobFeed
@@ -24,6 +24,24 @@ from evsched.runtime.worker.later import LaterTask
 # The longest a confirmation may take: a third of the run lease (when the first heartbeat is due),
 # at most this. A start not confirmed in time is not run: its lease expires.
 CONFIRM_MAX_S = 5.0
+# A start logged within this of its lease runs at once: a cancel that fast races the start as it
+# does on any scheduler, and the follow, begun FOLLOW_AFTER_S in, cancels the handler. A later
+# start (a worker frozen, starved or lagging behind its dispatch topic) and a pre-leased one
+# (held until run_at, up to the pre-lease horizon: time enough for a cancel) wait for the fold's
+# verdict first. Most starts are quick, and waiting for every one cost 30-60 ms of start
+# lateness and a third more worker CPU (docs/design/worker.md).
+CONFIRM_AFTER_MS = 250
+# An attempt that starts at once is followed from this far in: most end sooner and never read.
+FOLLOW_AFTER_S = 0.25
+
+
+def needs_confirmation(dispatch: Dispatch, appended: Appended) -> bool:
+    """Whether the start at ``appended`` waits for the fold's verdict before the handler runs:
+    a pre-lease's, or one logged more than ``CONFIRM_AFTER_MS`` after the lease (or at an
+    unknown time)."""
+    if appended.log_at is None or start_window_opens(dispatch) > dispatch.leased_at:
+        return True
+    return appended.log_at - dispatch.leased_at > CONFIRM_AFTER_MS
 
 
 def lease_passed(*, held_ms: float, lease_ms: int) -> bool:
@@ -53,14 +71,15 @@ def start_refused(state: JobState | None, token: int, worker_id: str) -> str | N
     return "the fold refused the start"
 
 
-def follow_job(feed: JobFeed | None, fence: AttemptFence) -> LaterTask | None:
-    """The follow of the attempt's job, from the next turn of the loop; None when there is no
-    feed or the dispatch does not say where to start (a node before ``events_offset``)."""
+def follow_job(feed: JobFeed | None, fence: AttemptFence, *, after_s: float) -> LaterTask | None:
+    """The follow of the attempt's job, ``after_s`` from now (0: from the next turn of the loop);
+    None when there is no feed or the dispatch does not say where to start (a node before
+    ``events_offset``)."""
     dispatch = fence.dispatch
     if feed is None or dispatch.events_offset is None:
         return None
     name = f"follow job {dispatch.job_id} token {dispatch.token}"
-    return LaterTask(0.0, lambda: fence.follow(feed), name)
+    return LaterTask(after_s, lambda: fence.follow(feed), name)
 
 
 async def confirm_start(

@@ -21,7 +21,7 @@ from evsched.core.events import (
 )
 from evsched.core.state import Status
 from evsched.ports import Appended
-from evsched.runtime.worker.prestart import lease_passed, start_refused
+from evsched.runtime.worker.prestart import lease_passed, needs_confirmation, start_refused
 from evsched.testing import FrozenClock, MemoryJobFeed, MemoryLog
 from tests.states import job_state
 from tests.unit.runtime.worker.test_worker_follow import lease
@@ -159,3 +159,43 @@ def leased(dispatch: Dispatch) -> JobLeased:
         attempt=dispatch.attempt,
         lease_ms=dispatch.lease_ms,
     )
+
+
+@pytest.mark.parametrize(
+    ("run_at", "logged_after_ms", "confirm"),
+    [
+        (0, 10, False),  # a start right after its lease runs at once
+        (0, 250, False),
+        (0, 251, True),  # a late start (frozen, starved, lagging) waits for the verdict
+        (5_000, 5_010, True),  # a pre-lease, held until run_at: time enough for a cancel
+        (0, None, True),  # a log that does not say when
+    ],
+)
+def test_only_a_late_or_pre_leased_start_waits_for_the_folds_verdict(
+    run_at: int, logged_after_ms: int | None, confirm: bool
+) -> None:
+    leased_at = 1_000_000
+    dispatch = make_rig().dispatch(
+        "t", leased_at=leased_at, run_at=leased_at + run_at if run_at else 0
+    )
+    log_at = None if logged_after_ms is None else leased_at + logged_after_ms
+    appended = Appended(EVENTS, 0, 5, log_at)
+    assert needs_confirmation(dispatch, appended) is confirm
+
+
+async def test_a_prompt_start_runs_without_waiting_for_the_follow() -> None:
+    # The follow never reads the start (its feed reads another, empty log): a start that waited
+    # for the fold's verdict would never run. One logged right after its lease runs at once.
+    rig = make_rig()
+    ran: list[str] = []
+
+    @rig.app.task(name="mark")
+    def mark(ctx: Context) -> None:
+        ran.append(ctx.job_id)
+
+    dispatch = rig.dispatch("mark", events_offset=0)
+    rig.log.log_at = dispatch.leased_at + 5
+    async with rig.worker(follow=MemoryJobFeed(MemoryLog(), EVENTS)):
+        rig.feed.put_dispatch(dispatch)
+        done = await rig.outcome(dispatch.job_id, timeout_s=DEADLINE_S)
+    assert ran == [dispatch.job_id] and isinstance(done, AttemptSucceeded)
