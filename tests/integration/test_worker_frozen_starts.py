@@ -24,7 +24,7 @@ from tests.integration.follow_app import make_app
 from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import App
 from evsched.core.state import Status, TimelineEntry, Verdict
-from evsched.runtime.worker.prestart import CONFIRM_AFTER_MS
+from evsched.runtime.worker.prestart import STALL_S, TICK_S
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.asyncio]
 
@@ -81,17 +81,18 @@ async def until_in_timeline(
 
 
 async def until_past_the_race(stack: Stack, job_id: str) -> None:
-    """The worker stays frozen past a start's race with a cancel: a start logged more than
-    ``CONFIRM_AFTER_MS`` after its lease waits for the fold's verdict (a quicker one runs at
-    once, and a cancel that fast reaches the handler through the follow)."""
+    """The worker stays frozen long enough for its stall watch to see it (a loop that stood still
+    more than ``TICK_S + STALL_S``): a start held across a stall waits for the fold's verdict,
+    where a prompt one runs at once (a cancel that fast reaches the handler through the follow).
+    The lease came after the SIGSTOP, so the freeze has lasted at least this long past it."""
     lease = await until_in_timeline(
         stack, job_id, lambda t: t.kind == "JobLeased", "the job's lease"
     )
 
     async def past() -> bool:
-        return time.time() * 1000 - lease.log_at > 2 * CONFIRM_AFTER_MS
+        return time.time() * 1000 - lease.log_at > 2_000 * (TICK_S + STALL_S)
 
-    await wait_for(past, what="the freeze to outlast a start's race with a cancel")
+    await wait_for(past, what="the freeze to be one the worker's stall watch sees")
 
 
 async def test_a_job_cancelled_while_its_worker_is_frozen_never_runs(

@@ -38,6 +38,7 @@ from evsched.runtime.worker.later import LaterTask
 from evsched.runtime.worker.log_clock import LogClock
 from evsched.runtime.worker.prestart import (
     FOLLOW_AFTER_S,
+    StallWatch,
     follow_job,
     needs_confirmation,
     why_not_run,
@@ -90,6 +91,9 @@ class AttemptRunner:
     # "reported" (a success sent: only the fold knows whether it was accepted or stale),
     # "failed" (retryable) or "failed_permanent".
     on_finished: Callable[[str, str, float], None] | None = None
+    # When the worker's loop last stood still: a start held across a stall waits for the fold's
+    # verdict (runtime.worker.prestart).
+    stalls: StallWatch = field(default_factory=StallWatch)
 
     @property
     def source(self) -> str:
@@ -118,7 +122,8 @@ class AttemptRunner:
             )
             return
         fence = AttemptFence(dispatch)
-        confirm = needs_confirmation(dispatch, appended)
+        self.stalls.start()  # on the worker's loop, from its first attempt on
+        confirm = needs_confirmation(dispatch, appended, self.stalls)
         following = follow_job(self.feed, fence, after_s=0.0 if confirm else FOLLOW_AFTER_S)
         if await self._cleared(fence, appended, following, sent_at, logger, confirm=confirm):
             await self._attempt(

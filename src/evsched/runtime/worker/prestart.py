@@ -2,10 +2,12 @@
 (the job was not cancelled, expired or leased again before it), and the run lease still holds by
 the worker's clock.
 
-The attempt's follow of its job (``runtime.worker.fence``) starts with the attempt: from the
-lease, through the start's own offset, it folds the job's events as a node does, so the worker
-learns the fold's verdict on its start before the handler runs, however long the worker was
-frozen or held the dispatch. The same follow then carries a later cancel to the handler. See
+When the dispatch may have been held across a stall of the worker (``StallWatch``), or was
+pre-leased, the attempt's follow of its job (``runtime.worker.fence``) starts with the attempt:
+from the lease, through the start's own offset, it folds the job's events as a node does, so the
+worker learns the fold's verdict on its start before the handler runs, however long the worker
+was frozen or held the dispatch. Otherwise the handler runs at once and the follow begins
+``FOLLOW_AFTER_S`` in. The same follow carries a later cancel to the handler. See
 docs/design/worker.md ("Before the handler starts").
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from evsched.adapters.clock import monotonic_s
 from evsched.core.dispatch import START_MARGIN_MS, Dispatch, start_window_opens
 from evsched.core.follow import attempt_current
 from evsched.core.state import JobState, Status
@@ -24,24 +27,68 @@ from evsched.runtime.worker.later import LaterTask
 # The longest a confirmation may take: a third of the run lease (when the first heartbeat is due),
 # at most this. A start not confirmed in time is not run: its lease expires.
 CONFIRM_MAX_S = 5.0
-# A start logged within this of its lease runs at once: a cancel that fast races the start as it
-# does on any scheduler, and the follow, begun FOLLOW_AFTER_S in, cancels the handler. A later
-# start (a worker frozen, starved or lagging behind its dispatch topic) and a pre-leased one
-# (held until run_at, up to the pre-lease horizon: time enough for a cancel) wait for the fold's
-# verdict first. Most starts are quick, and waiting for every one cost 30-60 ms of start
-# lateness and a third more worker CPU (docs/design/worker.md).
-CONFIRM_AFTER_MS = 250
 # An attempt that starts at once is followed from this far in: most end sooner and never read.
 FOLLOW_AFTER_S = 0.25
+# The stall watch ticks this often; a tick this much later than due means the worker's loop stood
+# still (SIGSTOP, a long pause of the collector, a starved VM).
+TICK_S = 0.1
+STALL_S = 0.5
 
 
-def needs_confirmation(dispatch: Dispatch, appended: Appended) -> bool:
+class StallWatch:
+    """When the worker's event loop last stood still, by a timer that ticks every ``TICK_S``.
+
+    A start waits for the fold's verdict (``needs_confirmation``) only when its dispatch may have
+    been held across such a stall: a cancel, an expiry or a new lease may then have come meanwhile
+    (the finding of issue 32: a frozen worker woke and ran a cancelled job). Without a stall a
+    start runs at once, and a cancel logged just before it races it as on any scheduler: the
+    follow, begun ``FOLLOW_AFTER_S`` in, carries it to the handler.
+    """
+
+    def __init__(self, clock: Callable[[], float] = monotonic_s) -> None:
+        self._clock = clock
+        self._last: float | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self.stalled_at: float | None = None  # when the newest stall was seen to end
+
+    def start(self) -> None:
+        if self._handle is None:
+            self._last = self._clock()
+            self._handle = asyncio.get_running_loop().call_later(TICK_S, self._tick)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _tick(self) -> None:
+        now = self._clock()
+        if self._stalled(now):
+            self.stalled_at = now
+        self._last = now
+        self._handle = asyncio.get_running_loop().call_later(TICK_S, self._tick)
+
+    def _stalled(self, now: float) -> bool:
+        return self._last is not None and now - self._last > TICK_S + STALL_S
+
+    def stalled_within(self, seconds: float) -> bool:
+        """Whether the loop stood still in the last ``seconds``, or stands still now (a stall the
+        next tick has not seen yet: the decision may run before it after a SIGCONT)."""
+        now = self._clock()
+        if self._stalled(now):
+            return True
+        return self.stalled_at is not None and now - self.stalled_at < seconds
+
+
+def needs_confirmation(dispatch: Dispatch, appended: Appended, stalls: StallWatch) -> bool:
     """Whether the start at ``appended`` waits for the fold's verdict before the handler runs:
-    a pre-lease's, or one logged more than ``CONFIRM_AFTER_MS`` after the lease (or at an
-    unknown time)."""
+    a pre-lease's (held until run_at, up to the pre-lease horizon: time enough for a cancel),
+    one whose log time is unknown, or one whose dispatch may have been held across a stall of
+    the worker (its start deadline, ``lease_ms`` after the lease, leaves no older stall that
+    could matter)."""
     if appended.log_at is None or start_window_opens(dispatch) > dispatch.leased_at:
         return True
-    return appended.log_at - dispatch.leased_at > CONFIRM_AFTER_MS
+    return stalls.stalled_within(dispatch.lease_ms / 1000)
 
 
 def lease_passed(*, held_ms: float, lease_ms: int) -> bool:

@@ -21,7 +21,14 @@ from evsched.core.events import (
 )
 from evsched.core.state import Status
 from evsched.ports import Appended
-from evsched.runtime.worker.prestart import lease_passed, needs_confirmation, start_refused
+from evsched.runtime.worker.prestart import (
+    STALL_S,
+    TICK_S,
+    StallWatch,
+    lease_passed,
+    needs_confirmation,
+    start_refused,
+)
 from evsched.testing import FrozenClock, MemoryJobFeed, MemoryLog
 from tests.states import job_state
 from tests.unit.runtime.worker.test_worker_follow import lease
@@ -161,26 +168,60 @@ def leased(dispatch: Dispatch) -> JobLeased:
     )
 
 
+class Ticks:
+    """A monotonic clock a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_stall_watch_sees_a_loop_that_stood_still() -> None:
+    ticks = Ticks()
+    watch = StallWatch(ticks)
+    watch.start()
+    try:
+        ticks.now += TICK_S
+        watch._tick()  # on time: no stall
+        assert not watch.stalled_within(30.0)
+        ticks.now += TICK_S + STALL_S + 0.01  # a frozen process: the next tick comes late
+        assert watch.stalled_within(30.0)  # seen before the tick too
+        watch._tick()
+        assert watch.stalled_at == ticks.now and watch.stalled_within(30.0)
+        for _ in range(290):  # 29 s of ticks on time
+            ticks.now += TICK_S
+            watch._tick()
+        assert watch.stalled_within(30.0) and not watch.stalled_within(28.0)
+    finally:
+        watch.stop()
+
+
 @pytest.mark.parametrize(
-    ("run_at", "logged_after_ms", "confirm"),
+    ("run_at", "log_at", "stall_s_ago", "confirm"),
     [
-        (0, 10, False),  # a start right after its lease runs at once
-        (0, 250, False),
-        (0, 251, True),  # a late start (frozen, starved, lagging) waits for the verdict
-        (5_000, 5_010, True),  # a pre-lease, held until run_at: time enough for a cancel
-        (0, None, True),  # a log that does not say when
+        (0, 10, None, False),  # a prompt start, no stall: it runs at once
+        (0, 900, None, False),  # late (a backlog) but never held across a stall
+        (0, 10, 5.0, True),  # a stall inside the dispatch's 30 s start window
+        (0, 10, 31.0, False),  # a stall older than any dispatch it could still start
+        (5_000, 5_010, None, True),  # a pre-lease, held until run_at: time enough for a cancel
+        (0, None, None, True),  # a log that does not say when
     ],
 )
-def test_only_a_late_or_pre_leased_start_waits_for_the_folds_verdict(
-    run_at: int, logged_after_ms: int | None, confirm: bool
+def test_only_a_start_held_across_a_stall_or_pre_leased_waits_for_the_verdict(
+    run_at: int, log_at: int | None, stall_s_ago: float | None, confirm: bool
 ) -> None:
     leased_at = 1_000_000
     dispatch = make_rig().dispatch(
-        "t", leased_at=leased_at, run_at=leased_at + run_at if run_at else 0
+        "t", leased_at=leased_at, run_at=leased_at + run_at if run_at else 0, lease_ms=30_000
     )
-    log_at = None if logged_after_ms is None else leased_at + logged_after_ms
-    appended = Appended(EVENTS, 0, 5, log_at)
-    assert needs_confirmation(dispatch, appended) is confirm
+    ticks = Ticks()
+    watch = StallWatch(ticks)
+    if stall_s_ago is not None:
+        watch.stalled_at = ticks.now - stall_s_ago
+    appended = Appended(EVENTS, 0, 5, None if log_at is None else leased_at + log_at)
+    assert needs_confirmation(dispatch, appended, watch) is confirm
 
 
 async def test_a_prompt_start_runs_without_waiting_for_the_follow() -> None:
