@@ -17,7 +17,7 @@ events topic while the soak runs). The last line is ``key=value`` pairs: lost, d
 dup_effects, stale_effects, missing_effects, dead_unstarted, unstarted_expiries, late_starts,
 starts_after_terminal, undecodable vs injected_garbage, digest_match (with rebuild_errors and
 live_behind: partitions no node index reached), node/worker stall p50/max (seconds), and
-enqueue-to-done p50/p99/max of succeeded jobs; docs/benchmarks.md ("Chaos soak") defines each.
+enqueue-to-done p50/p99/max of succeeded jobs; docs/bench-log.md ("Chaos soak") defines each.
 
 Run from the repo: ``PYTHONPATH=$PWD/src .venv/bin/python bench/chaos.py --jobs 5000 --rate 50``
 (nodes and workers inherit ``PYTHONPATH``; ``--keep`` keeps their logs and indexes).

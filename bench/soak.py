@@ -64,7 +64,7 @@ from soak_report import Chunks, Sample, dir_mb_by, report
 
 # What the whole stack (broker, node, worker, the API's replica and this load generator) sustains
 # on the quiet 2-core machine with the purges' extra event per job: it kept up with 400 jobs/s
-# for 3M jobs, and built a backlog at 450 (docs/benchmarks.md, "Soak"). 3M jobs take 2 h 5 min.
+# for 3M jobs, and built a backlog at 450 (docs/bench-log.md, "Soak"). 3M jobs take 2 h 5 min.
 DEFAULT_RATE = 400.0
 
 

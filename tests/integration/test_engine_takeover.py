@@ -28,7 +28,7 @@ APP = "tests.integration.node_app:app"
 # reopen and the first step. On a machine several suites share (load average 30-50 on two
 # cores) it measured 17-18.5 s: everything but the session timeout runs ten times slower, and the
 # heir, busy opening and folding, can miss its own heartbeats long enough to be dropped from the
-# group and rebalance once more. Hence the margin; docs/benchmarks.md ("Take-over stall").
+# group and rebalance once more. Hence the margin; docs/bench-log.md ("Take-over stall").
 STALL_BOUND_S = 30.0
 # Starting processes on a loaded machine takes long; only the stall itself is bounded tightly.
 START_S = 240.0

@@ -43,7 +43,7 @@ from evsched.settings import DEFAULT_BROKER_PORT, DEFAULT_CONTROLLER_PORT
 
 # A fixed 1 GB heap and ZGC: with G1 on this size of machine the broker paused for 10-30 ms at
 # every young collection (about once a second under load), and each pause stalled every producer
-# at once; that was the tail of enqueue latency (docs/benchmarks.md). docker-compose.yml's broker
+# at once; that was the tail of enqueue latency (docs/bench-log.md). docker-compose.yml's broker
 # uses the same (a test keeps them in step).
 JVM_HEAP_AND_GC = ("-Xms1g", "-Xmx1g", "-XX:+UseZGC")
 # Three nodes of a local cluster share 2 cores and 24 GB with everything else: half each.

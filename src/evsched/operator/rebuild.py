@@ -3,7 +3,7 @@
 Each partition is fetched in large batches (a rebuild is throughput, not latency) and folded
 by the one restore path (``runtime.projection.restore``, the node's projector), in a process of its
 own: the fold is CPU-bound Python, so processes, not threads or tasks, are what use more cores.
-Measured, the size of the index writes hardly matters (``docs/benchmarks.md``);
+Measured, the size of the index writes hardly matters (``docs/bench-log.md``);
 ``batch_records`` bounds the memory a batch holds.
 """
 

@@ -32,7 +32,7 @@ HOUR_MS = 3_600_000
 # The changelog's compaction in small steps (Kafka's defaults are for data topics): a segment is
 # cleanable once it rolls, at 64 MiB or after an hour. With the default 1 GiB segments the first
 # compaction waited for a whole GiB per partition and then rewrote 6 GB at once, stalling a 2-core
-# box's pipeline for 4 minutes (the 3M-job soak, docs/benchmarks.md), and a restore read up to
+# box's pipeline for 4 minutes (the 3M-job soak, docs/bench-log.md), and a restore read up to
 # 1 GiB of uncompacted changes per partition. Purged keys' tombstones are kept an hour, not a
 # day: a restore reads a partition's changelog from its start in one pass and must finish within
 # delete.retention.ms to see every tombstone (64,802 live jobs restore in 6.4 s, 453,688 in

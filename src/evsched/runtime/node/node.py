@@ -54,7 +54,7 @@ log = structlog.get_logger("evsched.node")
 # How long the poll loop waits after a fetch failed before it fetches again.
 POLL_RETRY_S = 1.0
 # At most one step per partition this often: under load a step's transaction carries more
-# records (less broker and node CPU per job, shorter tails on a busy box; docs/benchmarks.md);
+# records (less broker and node CPU per job, shorter tails on a busy box; docs/bench-log.md);
 # a partition idle for longer steps at once.
 STEP_INTERVAL_MS = 20
 

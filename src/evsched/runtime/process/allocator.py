@@ -1,6 +1,6 @@
 """glibc's allocator for evsched's long-running processes: hand freed memory back to the system.
 
-The 3M-job soak (docs/benchmarks.md) saw a node's RSS creep up by some 40 MB over two hours
+The 3M-job soak (docs/bench-log.md) saw a node's RSS creep up by some 40 MB over two hours
 while its live objects stayed flat: calling ``malloc_trim(0)`` from a debugger at the end of the
 load took the node from 226 to 184 MB, the worker from 128 to 112 MB and the API from 183 to
 174 MB. glibc keeps freed memory for reuse, and its mmap threshold rises to the largest block

@@ -7,7 +7,7 @@ collection promotes whatever is in flight at that moment (attempts, pre-leased j
 their ``run_at``, produce batches), and CPython collects the whole old generation whenever the
 objects promoted since its last full collection pass a quarter of it. At a paced 500 jobs/s that
 was 10-18 full collections in about a minute and a half of load, each holding the GIL for
-60-408 ms on the busy two-core box (docs/benchmarks.md, "The enqueue path under load"): every
+60-408 ms on the busy two-core box (docs/bench-log.md, "The enqueue path under load"): every
 job due meanwhile started that late.
 
 So each process freezes what its imports allocated (the user's app, for a worker: never
