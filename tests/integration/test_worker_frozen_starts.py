@@ -137,6 +137,7 @@ async def test_a_pre_leased_job_cancelled_while_held_by_a_frozen_worker_never_ru
         await stack.wait_status(job_id, Status.LEASED)  # pre-leased: the worker would hold it
         await app.cancel(job_id)
         await stack.wait_status(job_id, Status.CANCELLED)
+        await until_past_the_race(stack, job_id)
         worker.signal(signal.SIGCONT)
         # The worker holds the dispatch until run_at, then sends its start (refused).
         await until_in_timeline(

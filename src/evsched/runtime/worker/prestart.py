@@ -82,13 +82,18 @@ class StallWatch:
 
 def needs_confirmation(dispatch: Dispatch, appended: Appended, stalls: StallWatch) -> bool:
     """Whether the start at ``appended`` waits for the fold's verdict before the handler runs:
-    a pre-lease's (held until run_at, up to the pre-lease horizon: time enough for a cancel),
-    one whose log time is unknown, or one whose dispatch may have been held across a stall of
-    the worker (its start deadline, ``lease_ms`` after the lease, leaves no older stall that
-    could matter)."""
-    if appended.log_at is None or start_window_opens(dispatch) > dispatch.leased_at:
+    one whose dispatch may have been held across a stall of the worker (its start deadline,
+    ``lease_ms`` after its window opened, leaves no older stall that could matter), or one whose
+    log time is unknown.
+
+    A pre-lease held until run_at without a stall does not wait: its follow would read the
+    partition from the lease, seconds back, for every such job (a fifth of the bench's jobs
+    doubled the worker's CPU). A cancel during the hold reaches the handler through the follow.
+    """
+    if appended.log_at is None:
         return True
-    return stalls.stalled_within(dispatch.lease_ms / 1000)
+    window_s = (start_window_opens(dispatch) - dispatch.leased_at + dispatch.lease_ms) / 1000
+    return stalls.stalled_within(window_s)
 
 
 def lease_passed(*, held_ms: float, lease_ms: int) -> bool:

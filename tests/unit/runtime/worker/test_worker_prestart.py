@@ -205,7 +205,8 @@ async def test_the_stall_watch_sees_a_loop_that_stood_still() -> None:
         (0, 900, None, False),  # late (a backlog) but never held across a stall
         (0, 10, 5.0, True),  # a stall inside the dispatch's 30 s start window
         (0, 10, 31.0, False),  # a stall older than any dispatch it could still start
-        (5_000, 5_010, None, True),  # a pre-lease, held until run_at: time enough for a cancel
+        (5_000, 5_010, None, False),  # a pre-lease held until run_at, no stall: at once
+        (5_000, 5_010, 34.0, True),  # its window: the hold (5 s) and lease_ms (30 s)
         (0, None, None, True),  # a log that does not say when
     ],
 )
