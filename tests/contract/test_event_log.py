@@ -1,5 +1,5 @@
-"""The EventLog contract: ``testing.MemoryLog`` and ``adapters.kafka.event_log.KafkaEventLog``
-alike.
+"""The EventLog contract: ``testing.MemoryLog``, ``adapters.kafka.event_log.KafkaEventLog`` and
+``adapters.kafka.rdkafka_event_log.RdkafkaEventLog`` (librdkafka) alike.
 
 What the engine relies on: an append returns once the record is in the log, offsets grow per
 partition, one key keeps its order, the events topic reports the broker's append time, and a
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,6 +20,8 @@ from aiokafka.structs import TopicPartition
 from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.kafka import clients as kafka
 from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.partition_log import partition_for
+from evsched.adapters.kafka.rdkafka_event_log import RdkafkaEventLog
 from evsched.adapters.kafka.topics import Topics
 from evsched.errors import PublishError
 from evsched.ports import Appended, EventLog, Outbound
@@ -169,10 +171,18 @@ class TestMemoryLog(EventLogContract):
 # --- Kafka ----------------------------------------------------------------------------------------
 
 
+MakeLog = Callable[[Settings, str], EventLog]
+# Both Kafka clients behind the port (EVSCHED_KAFKA_CLIENT picks one in a process).
+CLIENTS: dict[str, MakeLog] = {
+    "aiokafka": lambda settings, client_id: KafkaEventLog(settings, client_id=client_id),
+    "confluent": lambda settings, client_id: RdkafkaEventLog(settings, client_id=client_id),
+}
+
+
 class KafkaHarness:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, make_log: MakeLog) -> None:
         self.settings = settings
-        self.log: EventLog = KafkaEventLog(settings, client_id="evsched-contract")
+        self.log: EventLog = make_log(settings, "evsched-contract")
         self.topic = Topics(settings.namespace).events
 
     async def stored(self) -> list[Stored]:
@@ -195,6 +205,19 @@ class KafkaHarness:
         finally:
             await reader.stop()
 
+    async def headers_at(self, partition: int, offset: int) -> tuple[tuple[str, bytes], ...]:
+        reader = kafka.consumer(self.settings, group_id=None, client_id="evsched-contract-read")
+        await reader.start()
+        try:
+            tp = TopicPartition(self.topic, partition)
+            reader.assign([tp])
+            reader.seek(tp, offset)
+            batch = await reader.getmany(tp, timeout_ms=5_000, max_records=1)
+            [record] = batch[tp]
+            return tuple(record.headers)
+        finally:
+            await reader.stop()
+
     async def refused_append(self) -> None:
         # Beyond the producer's max_request_size (1 MB): refused before it is sent.
         await self.log.append(self.topic, "job-refused", b"x" * (2 << 20))
@@ -202,16 +225,36 @@ class KafkaHarness:
 
 @pytest.mark.broker
 class TestKafkaEventLog(EventLogContract):
+    @pytest.fixture(params=sorted(CLIENTS))
+    def make_log(self, request: pytest.FixtureRequest) -> MakeLog:
+        return CLIENTS[request.param]
+
     @pytest.fixture
-    async def harness(self, settings: Settings) -> AsyncIterator[LogHarness]:
-        real = KafkaHarness(settings)
+    async def harness(self, settings: Settings, make_log: MakeLog) -> AsyncIterator[LogHarness]:
+        real = KafkaHarness(settings, make_log)
         await real.log.start()
         yield real
         await real.log.close()
 
-    async def test_an_unreachable_broker_is_a_publish_error(self, settings: Settings) -> None:
+    async def test_a_key_lands_on_its_murmur2_partition(self, harness: LogHarness) -> None:
+        # Routing rests on it: whichever client wrote a key, the node owning its partition reads it.
+        count = await harness.log.partition_count(harness.topic)
+        keys = [f"job-{i}" for i in range(24)]
+        acks = [await harness.log.append(harness.topic, k, b"routed") for k in keys]
+        assert [a.partition for a in acks] == [partition_for(k, count) for k in keys]
+
+    async def test_headers_reach_the_log(self, harness: LogHarness) -> None:
+        # A worker's proof travels as a header (adapters.proofs).
+        assert isinstance(harness, KafkaHarness)
+        headers = (("evsched-proof", b"\x01proof"), ("other", b""))
+        ack = await harness.log.append(harness.topic, "job-h", b"with-headers", headers)
+        assert await harness.headers_at(ack.partition, ack.offset) == headers
+
+    async def test_an_unreachable_broker_is_a_publish_error(
+        self, settings: Settings, make_log: MakeLog
+    ) -> None:
         nowhere = Settings(bootstrap="127.0.0.1:1", namespace=settings.namespace)
-        log = KafkaEventLog(nowhere, client_id="evsched-contract-nowhere")
+        log = make_log(nowhere, "evsched-contract-nowhere")
         with pytest.raises(PublishError, match=r"127\.0\.0\.1:1"):
             await log.append(Topics(nowhere.namespace).events, "job-1", b"lost")
         await log.close()

@@ -25,11 +25,15 @@ from tests.integration.scenario_app import make_app
 from tests.integration.secure_stack import APP, SecureStack, free_ports, secure_broker
 
 from evsched.adapters.kafka import clients as kafka
+from evsched.adapters.kafka.rdkafka_event_log import RdkafkaEventLog
 from evsched.adapters.kafka.topics import Topics
 from evsched.adapters.kafka.worker_groups import WorkerGroups
 from evsched.client.batch import Outcome
 from evsched.devstack.certs import make_ca
 from evsched.devstack.secure import SecureBroker
+from evsched.errors import PublishError
+from evsched.ports import Outbound
+from evsched.settings import Settings
 
 pytestmark = [
     pytest.mark.broker,
@@ -277,3 +281,33 @@ async def test_a_refused_connection_is_one_line_naming_the_cause(
         assert ran.code != 0, (prefix, ran)
         line = _one_line_error(ran.err, prefix)
         assert cause in line and "Kafka at" in line, (prefix, line)
+
+
+async def test_the_librdkafka_event_log_connects_with_the_documented_variables(
+    stack: SecureStack,
+) -> None:
+    """EVSCHED_KAFKA_CLIENT=confluent: the same SASL_SSL variables, translated for librdkafka,
+    let the producer role append (with a header) and write an atomic batch; a wrong password is
+    a PublishError naming the broker, not a hang."""
+    settings = stack.broker.client_settings("producer", stack.namespace)
+    events = Topics(stack.namespace).events
+    log = RdkafkaEventLog(settings, client_id="evsched-secure-rdkafka")
+    try:
+        ack = await asyncio.wait_for(
+            log.append(events, "job-rd", b"v", (("evsched-proof", b"p"),)), 60
+        )
+        assert ack.topic == events and ack.log_at is not None
+        batch = [Outbound("job-rd-1", b"a"), Outbound("job-rd-2", b"b")]
+        assert len(await asyncio.wait_for(log.append_atomic(events, batch), 60)) == 2
+    finally:
+        await log.close()
+    wrong = stack.broker.client_env("producer") | {"EVSCHED_KAFKA_SASL_PASSWORD": "not-it"}
+    refused = RdkafkaEventLog(
+        Settings.from_env({**wrong, "EVSCHED_NAMESPACE": stack.namespace}),
+        client_id="evsched-secure-rdkafka-wrong",
+    )
+    try:
+        with pytest.raises(PublishError, match=stack.broker.bootstrap):
+            await asyncio.wait_for(refused.append(events, "job-rd", b"v"), 60)
+    finally:
+        await refused.close()

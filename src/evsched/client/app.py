@@ -11,7 +11,7 @@ from typing import Any, overload
 
 from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.ids import new_id
-from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.event_log_choice import event_log_factory
 from evsched.adapters.kafka.job_feed import KafkaJobFeed
 from evsched.adapters.kafka.queues import KafkaQueues, QueueCatalog, QueueLookupError, undeclared
 from evsched.adapters.kafka.topics import Topics
@@ -106,8 +106,9 @@ class App:
         self.topics = Topics(self.settings.namespace)
         self.reader = reader
         self.clock = clock
-        factory = log_factory or (
-            lambda: KafkaEventLog(self.settings, client_id=f"evsched-client-{name}")
+        # EVSCHED_KAFKA_CLIENT picks the Kafka client (aiokafka unless set to confluent).
+        factory = log_factory or event_log_factory(
+            self.settings, client_id=f"evsched-client-{name}"
         )
         self._tasks: dict[str, Task] = {}
         catalog = self._catalog_factory(queues, checked=log_factory is None)

@@ -8,7 +8,7 @@ import signal
 import structlog
 
 from evsched.adapters.kafka.dispatch_feed import KafkaDispatchFeed
-from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.event_log_choice import event_log_factory
 from evsched.adapters.kafka.job_feed import KafkaJobFeed
 from evsched.adapters.kafka.topics import ensure_namespace_topics
 from evsched.adapters.signing import DispatchKey
@@ -41,7 +41,7 @@ def kafka_worker(
         client_id=client_id,
         start_lookback_ms=config.start_lookback_ms,
     )
-    events = KafkaEventLog(app.settings, client_id=client_id)
+    events = event_log_factory(app.settings, client_id=client_id)()
     follow = KafkaJobFeed(app.settings, app.topics.events, client_id=f"{client_id}-follow")
     return Worker(
         app,

@@ -1,0 +1,172 @@
+"""The EventLog on librdkafka (confluent-kafka): KafkaEventLog's promises on another client.
+
+Chosen with ``EVSCHED_KAFKA_CLIENT=confluent`` (``event_log_factory``); aiokafka stays the
+default. Same bounds and errors as ``event_log.KafkaEventLog``: an append returns within
+``ack_timeout_s``, acknowledged or PublishError (NotEnoughReplicas when its partition cannot take
+writes), a fatal producer error makes a new producer, and the ack carries the LogAppendTime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaException, Message
+
+from evsched.adapters.kafka.clients import STOP_TIMEOUT_S
+from evsched.adapters.kafka.partition_log import partition_for
+from evsched.adapters.kafka.rdkafka_atomic import RdkafkaAtomicWriter
+from evsched.adapters.kafka.rdkafka_producer import PolledProducer, producer_config
+from evsched.adapters.kafka.replicas import ReplicaCheck, acknowledged, describe_partitions
+from evsched.errors import NotEnoughReplicas, PublishError
+from evsched.ports import Appended, Outbound
+from evsched.settings import Settings
+
+log = structlog.get_logger("evsched.transport")
+
+ACK_TIMEOUT_S = 60.0  # as event_log.ACK_TIMEOUT_S
+
+
+def appended(topic: str, msg: Message) -> Appended:
+    kind, at = msg.timestamp()
+    partition, offset = msg.partition(), msg.offset()
+    assert partition is not None and offset is not None, "an acknowledged record has both"
+    return Appended(topic, partition, offset, at if kind == TIMESTAMP_LOG_APPEND_TIME else None)
+
+
+class RdkafkaEventLog:
+    """An idempotent confluent-kafka producer, replaced by a new one after a fatal error.
+
+    Bound to the event loop it starts on (its acks are that loop's futures).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        client_id: str,
+        ack_timeout_s: float = ACK_TIMEOUT_S,
+        producer_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._ack_timeout_s = ack_timeout_s
+        # librdkafka properties over the producer's own; settings it cannot take refuse here.
+        self._config = producer_config(settings, client_id=client_id, **(producer_options or {}))
+        self._replicas = ReplicaCheck(lambda topic: describe_partitions(settings, topic))
+        self._producer: PolledProducer | None = None
+        # As KafkaEventLog._refused: acks given up on for want of replicas, dropped at close.
+        self._refused: set[asyncio.Future[Any]] = set()
+        self._lock = asyncio.Lock()
+        self._atomic = RdkafkaAtomicWriter(settings, client_id=client_id)
+
+    async def start(self) -> None:
+        await self._current()
+
+    async def close(self) -> None:
+        await self._atomic.close()
+        async with self._lock:
+            old, self._producer = self._producer, None
+        if old is not None:
+            await old.close(0.0 if self._refused else STOP_TIMEOUT_S)
+
+    async def append(
+        self, topic: str, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> Appended:
+        for attempt in (1, 2):
+            current = await self._current()
+            try:
+                sent = current.send(topic, key.encode(), value, headers=headers)
+                msg = await self._acknowledged(current, sent, topic, key)
+            except (KafkaException, BufferError) as exc:
+                # As KafkaEventLog: a fatal error poisons this producer only, and the event's
+                # own event_id makes a duplicate from the second attempt harmless.
+                if attempt == 1 and current.is_fatal(exc):
+                    log.warning("producer_recreated", error=repr(exc), topic=topic)
+                    await self._discard(current)
+                    continue
+                raise PublishError(f"writing to {topic!r} failed: {_why(exc)}") from exc
+            return appended(topic, msg)
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def append_many(
+        self, topic: str, records: Sequence[Outbound]
+    ) -> list[Appended | PublishError]:
+        """Queues every record before waiting for any ack: batched on the wire."""
+        current = await self._current()
+        sent: list[asyncio.Future[Message] | BaseException] = []
+        for r in records:
+            try:
+                sent.append(current.send(topic, r.key.encode(), r.value, partition=r.partition))
+            except (KafkaException, BufferError) as exc:
+                sent.append(exc)
+        results: list[Appended | PublishError] = []
+        fatal = False
+        for one in sent:
+            try:
+                if isinstance(one, BaseException):
+                    raise one
+                results.append(appended(topic, await one))
+            except (KafkaException, BufferError) as exc:
+                fatal = fatal or current.is_fatal(exc)
+                results.append(PublishError(f"writing to {topic!r} failed: {_why(exc)}"))
+        if fatal:  # the next call gets a fresh producer; these records are reported as failed
+            await self._discard(current)
+        return results
+
+    async def append_atomic(self, topic: str, records: Sequence[Outbound]) -> list[Appended]:
+        return [appended(topic, m) for m in await self._atomic.write(topic, records)]
+
+    async def partition_count(self, topic: str) -> int:
+        current = await self._current()
+        try:
+            return await current.partition_count(topic)
+        except KafkaException as exc:
+            raise PublishError(f"cannot read the partitions of {topic!r}: {_why(exc)}") from exc
+
+    async def _acknowledged(
+        self, current: PolledProducer, sent: asyncio.Future[Message], topic: str, key: str
+    ) -> Message:
+        """The ack, within the timeout; NotEnoughReplicas once the partition cannot take it."""
+
+        async def problem() -> str | None:
+            count = await current.partition_count(topic)
+            return await self._replicas.problem(topic, partition_for(key, count))
+
+        try:
+            return await acknowledged(
+                sent, what=f"writing to {topic!r}", timeout_s=self._ack_timeout_s, problem=problem
+            )
+        except NotEnoughReplicas:
+            if not sent.done():  # held by the producer until it lands or is dropped
+                self._refused.add(sent)
+                sent.add_done_callback(self._refused.discard)
+            raise
+
+    async def _current(self) -> PolledProducer:
+        if (ready := self._producer) is not None:
+            return ready  # the lock only orders making and discarding one
+        async with self._lock:
+            if self._producer is None:
+                fresh = PolledProducer(self._config, bootstrap=self._settings.bootstrap)
+                try:
+                    await fresh.start()
+                except PublishError:
+                    await fresh.close(0.0)
+                    raise
+                self._producer = fresh
+            return self._producer
+
+    async def _discard(self, broken: PolledProducer) -> None:
+        async with self._lock:
+            if self._producer is broken:
+                self._producer = None
+        await broken.close(0.0)
+
+
+def _why(exc: BaseException) -> str:
+    """librdkafka's own words for a failure (its KafkaError's str), else the exception's repr."""
+    if isinstance(exc, KafkaException) and exc.args and hasattr(exc.args[0], "str"):
+        return str(exc.args[0].str())
+    return repr(exc)
