@@ -37,7 +37,7 @@ from evsched.core.events import (
 )
 from evsched.core.state import Status, TimelineEntry, Verdict
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(600)]
 
 APP = "tests.integration.node_app:app"
 FORGER = "node-forger"
