@@ -142,6 +142,11 @@ class Stack:
     def topics(self) -> Topics:
         return Topics(self.namespace)
 
+    def __post_init__(self) -> None:
+        # This test process folds the stack's log like one of its operators (its replica,
+        # rebuilds and restores read the keys from the environment): with its node keys.
+        os.environ["EVSCHED_NODE_KEY"] = self.node_key
+
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(

@@ -18,8 +18,11 @@ import pytest_asyncio
 from tests.conftest import unique_name
 from tests.integration.engine import Stack, wait_for
 
+from evsched.adapters import avro
 from evsched.adapters.ids import new_id
+from evsched.adapters.kafka import clients as kafka
 from evsched.adapters.kafka.topics import ensure_topics
+from evsched.adapters.proofs import PROOF_HEADER, worker_proof
 from evsched.client import chain, group
 from evsched.core.events import AttemptSucceeded, ParentResolved
 from evsched.core.state import Status, Verdict
@@ -102,7 +105,17 @@ async def test_a_zombie_parents_stale_success_releases_nothing(
             event_id=new_id(), job_id=parent, emitted_at=0, source="worker-zombie",
             token=running.token - 1, result=b'"forged"',
         )  # fmt: skip
-        await app.publish(zombie)
+        # A real zombie's report: proven with the key of the lease it held (adapters.proofs).
+        value = avro.encode_event(zombie)
+        proof = worker_proof(stack.keyring.lease_key(parent, zombie.token), value)
+        producer = kafka.producer(stack.settings, client_id="it-zombie")
+        await producer.start()
+        try:
+            await producer.send_and_wait(
+                stack.topics.events, value, key=parent.encode(), headers=[(PROOF_HEADER, proof)]
+            )
+        finally:
+            await producer.stop()
 
         async def judged() -> bool:
             return any(e.source == "worker-zombie" for e in await stack.timeline(parent))

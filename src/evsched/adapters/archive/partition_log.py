@@ -12,6 +12,7 @@ from pathlib import Path
 
 from evsched.adapters.archive.files import covering, listed, partition_events
 from evsched.adapters.archive.history_file import LoggedEvent
+from evsched.adapters.proofs import PROOF_HEADER
 from evsched.ports import Record
 
 
@@ -82,6 +83,7 @@ class ArchivePartitionLog:
         return event
 
     def _record(self, event: LoggedEvent) -> Record:
+        headers = () if event.proof is None else ((PROOF_HEADER, event.proof),)
         return Record(
-            self.topic, event.partition, event.offset, event.log_at, event.key, event.value
+            self.topic, event.partition, event.offset, event.log_at, event.key, event.value, headers
         )

@@ -83,6 +83,10 @@ class WorkerPresence:
             held = {p: q for p, q in self._held.items() if p != partition}
             self._held = held | ({partition: frozenset(queues)} if queues else {})
 
+    def held_of(self, partition: int) -> Set[str]:
+        """The queues ``partition`` held due jobs of for want of a worker at its last plan."""
+        return self._held.get(partition, frozenset())
+
     def forget(self, partition: int) -> None:
         self.held(partition, frozenset())
 
