@@ -327,7 +327,7 @@ class Stack:
             except DecodeError:
                 bad.append(record)
                 continue
-            position = proofs.position(
+            position = proofs.partition(record.partition).position(
                 partition=record.partition,
                 offset=record.offset,
                 log_at=record.log_at,
