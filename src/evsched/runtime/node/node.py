@@ -136,6 +136,7 @@ class Node:
             log=self.log,
             done=self._restored,
             threads=self.threads,
+            keyring=config.node_keyring,
         )
 
     def _partition_steps(self) -> PartitionSteps:
@@ -207,6 +208,7 @@ class Node:
                 lag_gauge=gauge,
                 logger=self.log,
                 only=self.config.standby_partitions,
+                keyring=self.config.node_keyring,
             )
 
         started = await until_broker(start, what="standby reader", stop=stop)
