@@ -27,8 +27,10 @@ from pathlib import Path
 
 import httpx
 
+from e2e import pct
 from evsched.adapters.kafka.topics import ensure_topics
-from live_streams import api_process, free_port, pct, ready
+from evsched.devstack.process import free_port
+from live_streams import api_process, ready
 
 UNCONFIRMED: dict[str, int] = {}  # 202s per path: out of time before the verdict was known
 

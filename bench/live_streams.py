@@ -26,8 +26,6 @@ import asyncio
 import contextlib
 import multiprocessing
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,24 +38,11 @@ from typing import Any
 
 import httpx
 
+from e2e import _cpu_s, pct
 from evsched.adapters.kafka.topics import ensure_topics
+from evsched.devstack.process import free_port
 
 HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def pct(values: list[float], p: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[p - 1]
 
 
 @contextlib.contextmanager
@@ -195,9 +180,9 @@ async def _follow_all(base: str, count: int, shared: Shared) -> None:
 async def phase(
     http: httpx.AsyncClient, pid: int, args: argparse.Namespace
 ) -> tuple[list[float], float]:
-    cpu = cpu_s(pid)
+    cpu = _cpu_s(pid)
     took = await paced(http, args.rate, args.seconds)
-    return took, cpu_s(pid) - cpu
+    return took, _cpu_s(pid) - cpu
 
 
 def report(name: str, took: list[float], cpu: float) -> None:

@@ -12,28 +12,12 @@ success is applied and releases the child, which runs.
 from __future__ import annotations
 
 from replay.scenarios import until_node_past_the_end, until_status
+from tests.integration import forgery
 from tests.integration.engine import Stack, wait_for
 
-from evsched.adapters import avro
-from evsched.adapters.kafka import clients as kafka
-from evsched.adapters.proofs import PROOF_HEADER
 from evsched.core import roles
-from evsched.core.bounds import MAX_TOKEN
-from evsched.core.events import (
-    AttemptSucceeded,
-    Effect,
-    Event,
-    JobLeased,
-    LeaseExpired,
-    ParentResolved,
-    PermitGranted,
-    QueuePermit,
-    entity_id,
-)
+from evsched.core.events import QueuePermit, entity_id
 from evsched.core.state import Status, Verdict
-
-FORGER = "node-forger"
-TEN_YEARS_MS = 10 * 365 * 86_400_000
 
 
 async def forged_facts(stack: Stack) -> None:
@@ -49,8 +33,8 @@ async def forged_facts(stack: Stack) -> None:
         child = await app.get_task("s.noop").options(after=[victim]).enqueue()
         parked = await app.get_task("s.noop").options(delay=3600.0).enqueue()
         await until_status(stack, [child], Status.WAITING)
-        forged = _forged(victim, running, child, parked)
-        await _produce(stack, forged)
+        forged = forgery.forged_facts(victim, running, child, parked)
+        await forgery.forge(stack, forged)
         for event in forged:
             if not isinstance(event, QueuePermit):
                 await _unproven(stack, entity_id(event), event.event_id)
@@ -64,57 +48,6 @@ async def forged_facts(stack: Stack) -> None:
 async def _running(stack: Stack, job_id: str) -> int:
     state = await stack.wait_status(job_id, Status.RUNNING, timeout_s=240)
     return state.token
-
-
-def _forged(victim: str, token: int, child: str, parked: str) -> list[Event]:
-    meta = {"emitted_at": 0, "source": FORGER}
-    return [
-        AttemptSucceeded(
-            event_id="forged-success", job_id=victim, token=token, result=b'"forged"',
-            effects=(Effect(kind="payout", payload=b'{"to":"forger"}'),), **meta,
-        ),
-        LeaseExpired(event_id="forged-expiry", job_id=victim, token=token, **meta),
-        JobLeased(
-            event_id="forged-max", job_id=parked, token=MAX_TOKEN, attempt=1, lease_ms=1_000,
-            **meta,
-        ),
-        JobLeased(
-            event_id="forged-10y", job_id=parked, token=1, attempt=1, lease_ms=TEN_YEARS_MS,
-            **meta,
-        ),
-        ParentResolved(
-            event_id="forged-release", job_id=child, parent_id=victim, outcome="succeeded",
-            parent_partition=0, parent_offset=0, result=b'"injected"', **meta,
-        ),
-        ParentResolved(
-            event_id="forged-dead", job_id=child, parent_id=victim, outcome="dead",
-            parent_partition=0, parent_offset=0, **meta,
-        ),
-        PermitGranted(
-            event_id="forged-grant", job_id=parked, queue="default", key=None, **meta
-        ),
-        QueuePermit(
-            event_id="forged-permit-release", queue="default", job_id=victim, action="release",
-            **meta,
-        ),
-    ]  # fmt: skip
-
-
-async def _produce(stack: Stack, events: list[Event]) -> None:
-    """Write ``events`` as a producer can: every other one with a made-up proof header."""
-    producer = kafka.producer(stack.settings, client_id="corpus-forger")
-    await producer.start()
-    try:
-        for i, event in enumerate(events):
-            headers = [(PROOF_HEADER, bytes(40))] if i % 2 else None
-            await producer.send_and_wait(
-                stack.topics.events,
-                avro.encode_event(event),
-                key=entity_id(event).encode(),
-                headers=headers,
-            )
-    finally:
-        await producer.stop()
 
 
 async def _unproven(stack: Stack, job_id: str, event_id: str) -> None:

@@ -37,6 +37,7 @@ from evsched.core.invariants import Replay, replay
 from evsched.core.state import TERMINAL_STATUSES, JobState, Status, TimelineEntry, Verdict
 from evsched.errors import DecodeError
 from evsched.operator import register
+from evsched.ports import Record
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings
 
@@ -292,7 +293,7 @@ class Stack:
 
     # --- what is in the log ------------------------------------------------------------------
 
-    async def read_topic(self, topic: str) -> list[kafka.Record]:
+    async def read_topic(self, topic: str) -> list[Record]:
         """Every committed record of ``topic``, from the start to its current end."""
         return [kafka.to_record(r) for r in await self.read_raw(topic)]
 
@@ -314,10 +315,10 @@ class Stack:
         finally:
             await consumer.stop()
 
-    async def history(self) -> tuple[list[tuple[Event, Position]], list[kafka.Record]]:
+    async def history(self) -> tuple[list[tuple[Event, Position]], list[Record]]:
         """The decoded events with positions, in log order per partition; and undecodable ones."""
         events: list[tuple[Event, Position]] = []
-        bad: list[kafka.Record] = []
+        bad: list[Record] = []
         proofs = LogProofs(self.keyring)
         for record in sorted(
             await self.read_topic(self.topics.events), key=lambda r: (r.partition, r.offset)
@@ -327,7 +328,7 @@ class Stack:
             except DecodeError:
                 bad.append(record)
                 continue
-            position = proofs.position(
+            position = proofs.partition(record.partition).position(
                 partition=record.partition,
                 offset=record.offset,
                 log_at=record.log_at,

@@ -14,34 +14,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from tests.conftest import unique_name
 from tests.integration.engine import Stack, wait_for
+from tests.integration.forgery import forge, forged_facts
 from tests.integration.node_app import make_app
 
-from evsched.adapters import avro
 from evsched.adapters.kafka.topics import ensure_topics
-from evsched.adapters.proofs import PROOF_HEADER
 from evsched.core import roles
-from evsched.core.bounds import MAX_TOKEN
-from evsched.core.events import (
-    AttemptSucceeded,
-    Effect,
-    Event,
-    JobLeased,
-    LeaseExpired,
-    ParentResolved,
-    PermitGranted,
-    QueuePermit,
-    entity_id,
-)
+from evsched.core.events import Event, QueuePermit, entity_id
 from evsched.core.state import Status, TimelineEntry, Verdict
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.timeout(600)]
 
 APP = "tests.integration.node_app:app"
-FORGER = "node-forger"
-YEARS_10_MS = 10 * 365 * 86_400_000
 
 
 @pytest.fixture
@@ -54,23 +39,6 @@ async def stack(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Stack]:
         yield engine
     finally:
         await engine.close()
-
-
-async def forge(stack: Stack, *events: Event) -> None:
-    """Write ``events`` as a producer can: valid Avro, no proof (or a made-up one)."""
-    producer = AIOKafkaProducer(bootstrap_servers=stack.bootstrap)
-    await producer.start()
-    try:
-        for i, event in enumerate(events):
-            headers = [(PROOF_HEADER, bytes(40))] if i % 2 else None  # some with a bogus proof
-            await producer.send_and_wait(
-                stack.topics.events,
-                avro.encode_event(event),
-                key=entity_id(event).encode(),
-                headers=headers,
-            )
-    finally:
-        await producer.stop()
 
 
 async def entry_of(stack: Stack, event: Event) -> TimelineEntry:
@@ -100,39 +68,8 @@ async def test_every_forged_fact_is_rejected_and_the_real_attempt_succeeds(stack
         idle = await sleep.options(delay=3600.0).enqueue(0.0)
     await stack.wait_status(child, Status.WAITING)
     token = running.token  # the live token: every JobLeased on the log shows it
-    effect = Effect(kind="payout", payload=b'{"to":"forger"}')
-    forged: list[Event] = [
-        AttemptSucceeded(
-            event_id="f-success", job_id=victim, emitted_at=0, source=FORGER, token=token,
-            result=b'"forged"', effects=(effect,),
-        ),
-        LeaseExpired(event_id="f-expiry", job_id=victim, emitted_at=0, source=FORGER, token=token),
-        JobLeased(
-            event_id="f-max", job_id=idle, emitted_at=0, source=FORGER, token=MAX_TOKEN,
-            attempt=1, lease_ms=1_000,
-        ),
-        JobLeased(
-            event_id="f-10y", job_id=idle, emitted_at=0, source=FORGER, token=1, attempt=1,
-            lease_ms=YEARS_10_MS,
-        ),
-        ParentResolved(
-            event_id="f-release", job_id=child, emitted_at=0, source=FORGER, parent_id=victim,
-            outcome="succeeded", parent_partition=0, parent_offset=0, result=b'"injected"',
-        ),
-        ParentResolved(
-            event_id="f-dead", job_id=child, emitted_at=0, source=FORGER, parent_id=victim,
-            outcome="dead", parent_partition=0, parent_offset=0,
-        ),
-        PermitGranted(
-            event_id="f-grant", job_id=idle, emitted_at=0, source=FORGER, queue="default",
-            key=None,
-        ),
-        QueuePermit(
-            event_id="f-release-permit", queue="default", job_id=victim, action="release",
-            emitted_at=0, source=FORGER,
-        ),
-    ]  # fmt: skip
-    await forge(stack, *forged)
+    forged = forged_facts(victim, token, child, idle)
+    await forge(stack, forged)
     for event in forged:
         entry = await entry_of(stack, event)
         assert entry.verdict is Verdict.REJECTED, (event.event_id, entry.reason)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,14 @@ from aiokafka.errors import (
 )
 from tests.integration.engine import wait_for
 from tests.integration.scenario_app import make_app
-from tests.integration.secure_stack import APP, SecureStack, free_ports, secure_broker
+from tests.integration.secure_stack import (
+    APP,
+    PROCESS_TIMEOUT_S,
+    Ran,
+    SecureStack,
+    free_ports,
+    secure_broker,
+)
 
 from evsched.adapters.kafka import clients as kafka
 from evsched.adapters.kafka.rdkafka_event_log import RdkafkaEventLog
@@ -255,26 +262,17 @@ async def test_a_refused_connection_is_one_line_naming_the_cause(
     if breakage == "untrusted certificate":
         env = {"EVSCHED_KAFKA_SSL_CAFILE": str(make_ca(tmp_path / "other", name="other").cert)}
     (api_port,) = free_ports(1)
+
+    def launch(user: str, *args: str, **more: str) -> Coroutine[Any, Any, Ran]:
+        # timeout_s by name: else mypy takes the breakage's variables for candidates to it
+        return stack.run(user, *args, timeout_s=PROCESS_TIMEOUT_S, **env, **more)
+
+    api = ("--port", str(api_port), "--data-dir", str(tmp_path / "a"))
     runs = [
-        ("evsched node:", stack.run("node", "node", "--data-dir", str(tmp_path / "n"), **env)),
-        ("evsched worker:", stack.run("worker", "worker", "--app", APP, **env)),
-        (
-            "error:",
-            stack.run(
-                "api",
-                "api",
-                "--port",
-                str(api_port),
-                "--data-dir",
-                str(tmp_path / "a"),
-                **env,
-                EVSCHED_API_TOKEN=TOKEN,
-            ),
-        ),
-        (
-            "error:",
-            stack.run("operator", "audit", "some-job", "--data-dir", str(tmp_path / "o"), **env),
-        ),
+        ("evsched node:", launch("node", "node", "--data-dir", str(tmp_path / "n"))),
+        ("evsched worker:", launch("worker", "worker", "--app", APP)),
+        ("error:", launch("api", "api", *api, EVSCHED_API_TOKEN=TOKEN)),
+        ("error:", launch("operator", "audit", "some-job", "--data-dir", str(tmp_path / "o"))),
     ]
     finished = await asyncio.gather(*(run for _, run in runs))
     for (prefix, _), ran in zip(runs, finished, strict=True):

@@ -95,6 +95,20 @@ async def until_past_the_race(stack: Stack, job_id: str) -> None:
     await wait_for(past, what="the freeze to be one the worker's stall watch sees")
 
 
+async def cancel_and_wake(stack: Stack, worker: Proc, app: App, job_id: str, marks: Path) -> None:
+    """Cancel the leased ``job_id`` while its worker is frozen, wake the worker once its stall
+    watch must see the freeze, and wait for its start (which the fold refuses) and decision."""
+    await stack.wait_status(job_id, Status.LEASED)  # its dispatch record is out
+    await app.cancel(job_id)
+    await stack.wait_status(job_id, Status.CANCELLED)
+    await until_past_the_race(stack, job_id)
+    worker.signal(signal.SIGCONT)
+    await until_in_timeline(
+        stack, job_id, lambda t: t.kind == "AttemptStarted", "the woken worker's start"
+    )
+    await until_decided(worker, marks, job_id)
+
+
 async def test_a_job_cancelled_while_its_worker_is_frozen_never_runs(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -106,17 +120,9 @@ async def test_a_job_cancelled_while_its_worker_is_frozen_never_runs(
         app,
     ):
         job_id = await app.enqueue("f.mark", str(marks))
-        await stack.wait_status(job_id, Status.LEASED)  # its dispatch record is out
-        await app.cancel(job_id)
-        await stack.wait_status(job_id, Status.CANCELLED)
-        await until_past_the_race(stack, job_id)
-        worker.signal(signal.SIGCONT)
         # The worker takes the dispatch (its start deadline is 15 s away) and sends its start,
         # which the fold refuses: the job was cancelled.
-        await until_in_timeline(
-            stack, job_id, lambda t: t.kind == "AttemptStarted", "the woken worker's start"
-        )
-        await until_decided(worker, marks, job_id)
+        await cancel_and_wake(stack, worker, app, job_id, marks)
         assert ran(marks) == [], "the handler of a cancelled job ran"
         timeline = await stack.timeline(job_id)
         assert ("AttemptStarted", Verdict.REJECTED) in [(t.kind, t.verdict) for t in timeline]
@@ -134,16 +140,8 @@ async def test_a_pre_leased_job_cancelled_while_held_by_a_frozen_worker_never_ru
     node_args = ("--dispatch-timeout-s", "15", "--prelease-ms", "5000")
     async with frozen_stack(kafka_bootstrap, tmp_path, *node_args) as (stack, worker, app):
         job_id = await app.get_task("f.mark").options(delay=3).enqueue(str(marks))
-        await stack.wait_status(job_id, Status.LEASED)  # pre-leased: the worker would hold it
-        await app.cancel(job_id)
-        await stack.wait_status(job_id, Status.CANCELLED)
-        await until_past_the_race(stack, job_id)
-        worker.signal(signal.SIGCONT)
-        # The worker holds the dispatch until run_at, then sends its start (refused).
-        await until_in_timeline(
-            stack, job_id, lambda t: t.kind == "AttemptStarted", "the woken worker's start"
-        )
-        await until_decided(worker, marks, job_id)
+        # Pre-leased: the worker holds the dispatch until run_at, then sends its start (refused).
+        await cancel_and_wake(stack, worker, app, job_id, marks)
         assert ran(marks) == [], "the handler of a cancelled job ran"
         state = await stack.job(job_id)
         assert state is not None and state.status is Status.CANCELLED

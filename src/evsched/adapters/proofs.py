@@ -205,22 +205,12 @@ class LogProofs:
         found = self._partitions.get(partition)
         return found is not None and found.required
 
-    def position(
-        self,
-        *,
-        partition: int,
-        offset: int,
-        log_at: int,
-        event: Event,
-        value: bytes,
-        proof: bytes | None,
-    ) -> Position:
+    def partition(self, partition: int) -> PartitionProofs:
+        """The partition's ``PartitionProofs``, made on the partition's first record."""
         proofs = self._partitions.get(partition)
         if proofs is None:
             proofs = self._partitions[partition] = PartitionProofs(self._keyring)
-        return proofs.position(
-            partition=partition, offset=offset, log_at=log_at, event=event, value=value, proof=proof
-        )
+        return proofs
 
 
 def generate_key() -> str:

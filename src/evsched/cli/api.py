@@ -16,6 +16,7 @@ from evsched.api.app import create_app
 from evsched.api.auth import AuthConfigError, load_tokens
 from evsched.api.dashboard import StreamCaps
 from evsched.cli.options import LogJson
+from evsched.cli.worker import load_node_keyring
 from evsched.client.loader import load_app
 from evsched.errors import BrokerAccessRefused
 from evsched.logging import configure_logging
@@ -118,6 +119,7 @@ def api_command(
         raise typer.Exit(2)
     if no_auth:
         log.warning("api_auth_disabled", reason="--no-auth: anyone who reaches the port may write")
+    keyring = load_node_keyring("api")  # once: every partition's proofs are checked with it
     try:
         client = load_app(app) if app is not None else None
         settings = client.settings if client is not None else Settings.from_env()
@@ -131,7 +133,13 @@ def api_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     metrics = Metrics()
-    replica = Replica(settings, data_dir, client_id="evsched-api", on_commit=metrics.observe_commit)
+    replica = Replica(
+        settings,
+        data_dir,
+        client_id="evsched-api",
+        on_commit=metrics.observe_commit,
+        keyring=keyring,
+    )
     api = create_app(
         settings,
         replica=replica,

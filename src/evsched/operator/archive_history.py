@@ -263,7 +263,7 @@ def _timeline(
             event = avro.decode_event(logged.value)
         except DecodeError:
             continue
-        position = proofs.position(
+        position = proofs.partition(logged.partition).position(
             partition=logged.partition,
             offset=logged.offset,
             log_at=logged.log_at,

@@ -14,7 +14,7 @@ import multiprocessing
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.partition_log import KafkaPartitionLog
 from evsched.adapters.kafka.topics import Topics
+from evsched.adapters.proofs import NodeKeyring
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.archive_history import ArchiveThenLog
 from evsched.ports import PartitionLog
@@ -59,6 +60,8 @@ class PartitionPlan:
     check_crcs: bool = True
     # Read the partition's archive (``evsched archive --to``) first, then the log after it.
     archive: Path | None = None
+    # The node keys the command read once (None: no proof is checked), passed to the workers.
+    keyring: NodeKeyring | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,7 +159,7 @@ async def _fold_partition(
                 return _Folded(0, "changelog+log", snapshot, refused)
         events = await restore(
             log,
-            {partition: Projector(index)},
+            {partition: Projector(index, keyring=plan.keyring)},
             {partition: plan.until + 1},
             batch_records=plan.batch_records,
             fetch_records=FETCH_RECORDS,

@@ -141,7 +141,7 @@ def fold_history(
         except DecodeError:
             outcome.undecodable.append([logged.partition, logged.offset])
             continue
-        position = proofs.position(
+        position = proofs.partition(logged.partition).position(
             partition=logged.partition,
             offset=logged.offset,
             log_at=logged.log_at,

@@ -18,6 +18,7 @@ from pathlib import Path
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.partition_log import KafkaPartitionLog, partition_for
 from evsched.adapters.kafka.topics import Topics, partition_count
+from evsched.adapters.proofs import NodeKeyring
 from evsched.errors import IndexVersionMismatch
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.runtime.projection.projector import Projector
@@ -40,6 +41,8 @@ class LocalIndex:
     """Open indexes of every events partition; ids route to partitions as Kafka's producer does."""
 
     indexes: dict[int, PartitionIndex] = field(default_factory=dict)
+    # The node keys its folds check proofs with (read once per command); None: none checked.
+    keyring: NodeKeyring | None = field(default=None, repr=False)
 
     @property
     def partitions(self) -> int:
@@ -91,8 +94,10 @@ async def catch_up(
     at_least: Mapping[int, int] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: Progress | None = None,
+    keyring: NodeKeyring | None = None,
 ) -> LocalIndex:
-    """The replica in ``data_dir`` with every partition folded up to the log end seen at start."""
+    """The replica in ``data_dir`` with every partition folded up to the log end seen at start;
+    its folds check proofs with ``keyring``."""
     topic = Topics(settings.namespace).events
     count = await partition_count(settings.bootstrap, topic, **dict(settings.kafka_options))
     async with _events_log(settings, range(count)) as log:
@@ -105,7 +110,7 @@ async def catch_up(
                 f"partition {p}: {why}" for p, why in sorted(prepared.refused.items())
             )
             raise OperatorError(ExitCode.UNAVAILABLE, details)
-        local = LocalIndex({p: _open(data_dir, p) for p in range(count)})
+        local = LocalIndex({p: _open(data_dir, p) for p in range(count)}, keyring=keyring)
         try:
             await _fold_to_end(
                 log, local, at_least=dict(at_least or {}), timeout_s=timeout_s, progress=progress
@@ -150,7 +155,7 @@ async def _fold_to_end(
     timeout_s: float,
     progress: Progress | None,
 ) -> None:
-    projectors = {p: Projector(index) for p, index in local.indexes.items()}
+    projectors = {p: Projector(index, keyring=local.keyring) for p, index in local.indexes.items()}
     ends = await log.end_offsets(list(projectors))
     targets = {p: max(end, at_least.get(p, -1) + 1) for p, end in ends.items()}
     total = sum(max(0, targets[p] - projector.next_offset) for p, projector in projectors.items())

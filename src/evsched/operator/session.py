@@ -22,6 +22,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from evsched.adapters.proofs import node_keyring_from_env
 from evsched.errors import EvschedError
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.operator.render import err
@@ -119,6 +120,7 @@ async def open_replica(
             at_least=at_least,
             timeout_s=options.timeout_s,
             progress=bar,
+            keyring=node_keyring_from_env(),
         )
     finally:
         bar.close()

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import math
 from pathlib import Path
-from typing import Literal
 
 import structlog
 
@@ -49,7 +48,7 @@ class Replica:
         *,
         client_id: str = "evsched-replica",
         on_commit: CommitHook | None = None,
-        keyring: NodeKeyring | Literal["env"] | None = "env",
+        keyring: NodeKeyring | None = None,
     ):
         self.settings = settings
         self.topic = Topics(settings.namespace).events
@@ -57,7 +56,7 @@ class Replica:
         self.client_id = client_id
         # Told what every committed batch folded (e.g. metrics), after it is in the index.
         self.on_commit = on_commit
-        # The node keys proofs are checked with (adapters.proofs): by default the environment's.
+        # The node keys proofs are checked with (adapters.proofs), read once by the process.
         self.keyring = keyring
         self.projectors: dict[int, Projector] = {}
         self._log: PartitionLog | None = None

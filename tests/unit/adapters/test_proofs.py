@@ -133,11 +133,13 @@ def test_a_replay_keeps_each_partitions_requirement_apart() -> None:
     proofs = LogProofs(ring)
     event = _leased()
     value = avro.encode_event(event)
-    proofs.position(
+    proofs.partition(0).position(
         partition=0, offset=0, log_at=1, event=event, value=value, proof=ring.prove(value)
     )
     assert proofs.required(0) and not proofs.required(1)
-    at = proofs.position(partition=1, offset=0, log_at=1, event=event, value=value, proof=None)
+    at = proofs.partition(1).position(
+        partition=1, offset=0, log_at=1, event=event, value=value, proof=None
+    )
     assert not at.proofs_required
 
 

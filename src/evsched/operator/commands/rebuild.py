@@ -17,7 +17,7 @@ from evsched.adapters.kafka.partition_log import KafkaPartitionLog
 from evsched.adapters.kafka.topics import Topics, partition_count
 from evsched.adapters.proofs import KEY_ENV as NODE_KEY_ENV
 from evsched.adapters.proofs import KEY_FILE_ENV as NODE_KEY_FILE_ENV
-from evsched.adapters.proofs import node_keyring_from_env
+from evsched.adapters.proofs import NodeKeyring, node_keyring_from_env
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator import rebuild_dirs
 from evsched.operator.exits import ExitCode, OperatorError
@@ -170,6 +170,7 @@ def rebuild(
 
     def main() -> ExitCode:
         settings = Settings.from_env()
+        keyring = node_keyring_from_env()  # once, for every partition's fold
         # Outside any event loop: a rebuild in this process runs one of its own per partition.
         ends = asyncio.run(_log_ends(settings))
         targets = _targets(ends, live_dir if verify else None)
@@ -178,7 +179,9 @@ def rebuild(
         if replace:
             rebuild_dirs.replace(data_dir)
         rebuild_dirs.mark(data_dir)
-        plans = [_plan(settings, t, data_dir, batch_records, archive) for t in targets]
+        plans = [
+            _plan(settings, t, data_dir, batch_records, archive, keyring=keyring) for t in targets
+        ]
         started = time.perf_counter()
         results = _run_plans(plans, processes, quiet=as_json)
         seconds = time.perf_counter() - started
@@ -188,10 +191,17 @@ def rebuild(
 
 
 def _plan(
-    settings: Settings, target: Target, data_dir: Path, batch_records: int, archive: Path | None
+    settings: Settings,
+    target: Target,
+    data_dir: Path,
+    batch_records: int,
+    archive: Path | None,
+    *,
+    keyring: NodeKeyring | None,
 ) -> PartitionPlan:
     return PartitionPlan(
         archive=archive,
+        keyring=keyring,
         bootstrap=settings.bootstrap,
         namespace=settings.namespace,
         partition=target.partition,

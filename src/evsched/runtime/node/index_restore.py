@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.partition_log import KafkaPartitionLog
+from evsched.adapters.proofs import NodeKeyring
 from evsched.core.fold import FOLD_VERSION
 from evsched.errors import IndexVersionMismatch, RestoreRefused
 from evsched.ports import PartitionLog
@@ -101,6 +102,7 @@ class IndexRestores:
         log: Any,
         done: Done,
         threads: IndexThreads,
+        keyring: NodeKeyring | None,
     ) -> None:
         self.open_log = open_log  # a reader of events partitions
         self.open_state = open_state  # a reader of changelog partitions
@@ -110,6 +112,7 @@ class IndexRestores:
         self.log = log
         self.done = done
         self.threads = threads  # the node's: each partition's index calls in order, off the loop
+        self.keyring = keyring  # the node's keys: a rebuild judges proofs as the node does
         self.tasks: dict[int, asyncio.Task[None]] = {}
 
     async def plans(
@@ -249,7 +252,9 @@ class IndexRestores:
         until = await consumer.committed(partition) or 0
         async with _reading(self.open_log([partition])) as reader:
             offload = self.threads.offload(partition)
-            return await rebuild_index(reader, self.data_dir, mismatch, until, offload)
+            return await rebuild_index(
+                reader, self.data_dir, mismatch, until, offload, keyring=self.keyring
+            )
 
     def _refused(self, exc: RestoreRefused) -> None:
         partition = exc.partition

@@ -103,7 +103,12 @@ class Node:
         self.budget = QueueBudget()  # --max-in-flight and --max-unstarted hold per node
         self.log = log.bind(node_id=config.node_id)
         # Which queues have a live worker: only those are leased (runtime.partition.presence).
-        self.presence = WorkerPresence(WorkerGroups(config.settings), SYSTEM_CLOCK, logger=self.log)
+        self.presence = WorkerPresence(
+            WorkerGroups(config.settings),
+            SYSTEM_CLOCK,
+            logger=self.log,
+            ensure_queues=self.queue_topics.ensure,  # an unusable topic is planned, and held
+        )
         self.presence.on_gain = self._wake_all
         if metrics is not None:
             metrics.watch_presence(self.presence.waiting, self.presence.workers)
@@ -136,6 +141,7 @@ class Node:
             log=self.log,
             done=self._restored,
             threads=self.threads,
+            keyring=config.node_keyring,
         )
 
     def _partition_steps(self) -> PartitionSteps:
@@ -207,6 +213,7 @@ class Node:
                 lag_gauge=gauge,
                 logger=self.log,
                 only=self.config.standby_partitions,
+                keyring=self.config.node_keyring,
             )
 
         started = await until_broker(start, what="standby reader", stop=stop)

@@ -27,6 +27,7 @@ from evsched.adapters.clock import monotonic_s
 from evsched.adapters.kafka.group_offsets import GroupOffsets
 from evsched.adapters.kafka.partition_log import KafkaPartitionLog
 from evsched.adapters.kafka.topics import Topics, partition_count
+from evsched.adapters.proofs import NodeKeyring
 from evsched.errors import BrokerUnavailable, IndexVersionMismatch
 from evsched.ports import PartitionLog, Record
 from evsched.runtime.node.index_restore import OpenLog, kafka_reader
@@ -71,8 +72,10 @@ class Standby:
         logger: Any = None,
         open_state: OpenLog | None = None,
         only: Collection[int] | None = None,
+        keyring: NodeKeyring | None = None,
     ) -> None:
         self.only = None if only is None else frozenset(only)  # --standby-partitions
+        self.keyring = keyring  # the node's keys: a copy judges proofs as its owner does
         self.reader = log  # read_committed, every events partition assigned
         self.offsets = offsets
         self.data_dir = data_dir
@@ -177,7 +180,7 @@ class Standby:
             index.close()
             self._skipped(partition, f"the log starts at {log_start}, past the index")
             return
-        projector = Projector(index)
+        projector = Projector(index, keyring=self.keyring)
         self.projectors[partition] = projector
         self.reader.seek(partition, projector.next_offset)
         self.taken.pop(partition, None)
@@ -304,6 +307,7 @@ async def kafka_standby(
     lag_gauge: Any = None,
     logger: Any = None,
     only: Collection[int] | None = None,
+    keyring: NodeKeyring | None,
 ) -> tuple[Standby, int]:
     """A started standby reading every partition of ``<ns>.events``, and how many there are."""
     topic = Topics(settings.namespace).events
@@ -318,6 +322,7 @@ async def kafka_standby(
         logger=logger,
         open_state=kafka_reader(settings, Topics(settings.namespace).state, client_id),
         only=only,
+        keyring=keyring,
     )
     await standby.start()
     return standby, count

@@ -96,9 +96,6 @@ class OwnedPartition:
     ) -> None:
         partition = index.partition
         self.presence = presence  # None: every queue counts as served
-        # Queues held for want of a worker whose dispatch topic is missing or unusable: planned
-        # as before presence, so the queue checks log them and quarantine their decisions.
-        self.unusable_held: set[str] = set()
         self.changelog = changelog  # None: this partition's index changes go to no changelog
         self.dispatch_key = dispatch_key
         # The node keys: this node's facts carry its proof, its dispatches their lease's key.
@@ -264,11 +261,6 @@ class OwnedPartition:
     ) -> list[Outgoing]:
         """One transaction, without the decisions held back (on an unusable queue, or refused)."""
         records = await hold_unusable(outgoing, self.quarantine, self.ensure_queues)
-        if self.presence is not None:
-            # An undeclared or misconfigured queue is the operator's to fix, worker or not; it
-            # stays planned (and its decisions held back) until its check passes.
-            check = set(self.presence.held_of(self.partition)) | self.unusable_held
-            self.unusable_held = set(await self.ensure_queues(check)) if check else set()
         return await self.outbox.send(records + changelog, offset=offset, holdback=self.quarantine)
 
     def _count(self, **counts: int) -> None:
@@ -390,10 +382,7 @@ class OwnedPartition:
     def _plan_leases(self, folded: Folded, now: int) -> list[planner.Lease]:
         load = self._lease_load()
         presence = self.presence
-        staffed = None if presence is None else presence.staffed()
-        if staffed is not None and self.unusable_held:
-            staffed = staffed | self.unusable_held
-        staffing = Staffing(staffed)
+        staffing = Staffing(None if presence is None else presence.staffed())
         # Only the jobs leased are decoded, unless an entry cannot stand for its state.
         planned = self.lean.plan(folded, now, load, staffing)
         leases, candidates, unread = planned or self._plan_read_all(folded, now, load, staffing)

@@ -17,6 +17,14 @@ stable. While the first look-up of a running node is on its way, nothing is leas
 within milliseconds, or fails (then every queue is leased) within the admin client's timeout, so
 a node that restarts over a day of waiting jobs does not lease them all once. Without ``run``
 (nothing looks up) every queue is leased.
+
+A queue whose dispatch topic is undeclared or misconfigured is the operator's to fix, worker or
+not: held for want of a worker, it would never reach the queue checks that log it and quarantine
+its decisions (``runtime.partition.quarantine``). So each look-up also checks the held queues'
+topics (``ensure_queues``), and a queue found unusable counts as served, so it is planned as
+before presence, until a check finds its topic usable. Its check is asked again only once the
+hold of its quarantined decisions is over: a misconfigured topic costs the broker one request
+per hold, not one per look-up.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from collections.abc import Callable, Mapping, Set
 from typing import Any
 
 from evsched.ports import Clock, WorkerPools
+from evsched.runtime.partition.quarantine import QUARANTINE_S, EnsureQueues
 
 # At most one look-up per node this often, and so the delay between a worker joining and its
 # queue's waiting jobs being leased (plus the pool's rebalance).
@@ -48,8 +57,10 @@ class WorkerPresence:
         logger: Any,
         refresh_s: float = REFRESH_S,
         demand_s: float = DEMAND_S,
+        ensure_queues: EnsureQueues | None = None,
     ) -> None:
         self._pools = pools
+        self._ensure_queues = ensure_queues  # None: no queue is checked, held ones stay held
         self._clock = clock
         self._log = logger
         self.refresh_s = refresh_s
@@ -59,6 +70,9 @@ class WorkerPresence:
         self._asked_at = -math.inf
         self._stable: dict[str, Mapping[str, int]] = {}  # pool -> its queues when last stable
         self._held: dict[int, frozenset[str]] = {}  # partition -> queues it holds jobs of
+        # Queues whose dispatch topic is unusable -> when their check may be asked again.
+        self._unusable: dict[str, float] = {}
+        self._check_told = False  # a failed queue check was logged since the last one passed
         self._kick = asyncio.Event()
         self.failing = True  # until the first answer
         self._told = False  # a failure was logged since the last answer
@@ -74,7 +88,9 @@ class WorkerPresence:
             self._kick.set()
         if self._first:
             return frozenset()
-        return None if self._served is None else self._served.keys()
+        if self._served is None:
+            return None
+        return self._served.keys() | self._unusable.keys()
 
     def held(self, partition: int, queues: Set[str]) -> None:
         """The queues ``partition`` holds due jobs of for want of a worker, as of its last plan."""
@@ -82,10 +98,6 @@ class WorkerPresence:
             # Copied, not changed in place: a metrics scrape reads it from another thread.
             held = {p: q for p, q in self._held.items() if p != partition}
             self._held = held | ({partition: frozenset(queues)} if queues else {})
-
-    def held_of(self, partition: int) -> Set[str]:
-        """The queues ``partition`` held due jobs of for want of a worker at its last plan."""
-        return self._held.get(partition, frozenset())
 
     def forget(self, partition: int) -> None:
         self.held(partition, frozenset())
@@ -140,8 +152,31 @@ class WorkerPresence:
         self._first = False
         after = self._served
         gained = before is not None and (after is None or bool(after.keys() - before.keys()))
-        if gained and self.on_gain is not None:
+        if (await self._check_queues() or gained) and self.on_gain is not None:
             self.on_gain()
+
+    async def _check_queues(self) -> bool:
+        """Check the topics of the queues held for want of a worker, and of those found unusable
+        whose hold is over; True if a queue was found unusable anew (it is planned now)."""
+        now = self._clock.monotonic_s()
+        held = {q for q in self.waiting() if q not in self._unusable}
+        due = held | {q for q, at in self._unusable.items() if at <= now}
+        if self._ensure_queues is None or not due:
+            return False
+        try:
+            found = await self._ensure_queues(due)
+        except Exception as exc:  # the broker cannot be asked: looked at again next time
+            if not self._check_told:
+                self._log.warning("queue_check_failed", error=repr(exc), queues=sorted(due))
+            self._check_told = True
+            return False
+        self._check_told = False
+        fresh = found.keys() - self._unusable.keys()
+        for queue in due - found.keys():
+            self._unusable.pop(queue, None)
+        for queue, why in found.items():
+            self._unusable[queue] = now + (QUARANTINE_S if why.hold_s is None else why.hold_s)
+        return bool(fresh)
 
     def _merge(self, pools: Mapping[str, Mapping[str, int] | None]) -> Counter[str]:
         served: Counter[str] = Counter()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import Literal, assert_never
+from typing import assert_never
 
 from evsched.adapters import avro
 from evsched.adapters.index.keys import timeline_family
@@ -17,7 +17,7 @@ from evsched.adapters.index.purge import Purge
 from evsched.adapters.index.runs import RunStart
 from evsched.adapters.index.store import IndexBatch, PartitionIndex, control_key, keyable, limit_key
 from evsched.adapters.index.writes import PreparedWrite
-from evsched.adapters.proofs import NodeKeyring, PartitionProofs, node_keyring_from_env, proof_of
+from evsched.adapters.proofs import NodeKeyring, PartitionProofs, proof_of
 from evsched.core import retention
 from evsched.core.controls import (
     QUEUE,
@@ -115,15 +115,14 @@ class Projector:
         cache_size: int = STATE_CACHE_SIZE,
         on_commit: CommitHook | None = None,
         source: str = "node",
-        keyring: NodeKeyring | Literal["env"] | None = "env",
+        keyring: NodeKeyring | None = None,
     ) -> None:
         self.index = index
         # What records prove (core.roles), checked with the node keys when this process has
-        # them: by default those of its environment (EVSCHED_NODE_KEY...), as every process
-        # that folds the same log must use the same keys to reach the same index.
-        keys = node_keyring_from_env() if keyring == "env" else keyring
+        # them: every process that folds the same log must use the same keys to reach the same
+        # index, so each reads them once at its start (EVSCHED_NODE_KEY...) and passes them in.
         required = index.tallies().get(PROOFS_REQUIRED, 0) > 0
-        self.proofs = PartitionProofs(keys, required=required)
+        self.proofs = PartitionProofs(keyring, required=required)
         self.source = source  # who the resolutions it makes are from
         # Told what each committed batch folded (metrics count verdicts without a second fold).
         self.on_commit = on_commit

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.proofs import NodeKeyring
 from evsched.core.fold import FOLD_VERSION
 from evsched.errors import IndexVersionMismatch, RestoreRefused
 from evsched.ports import PartitionLog, Record
@@ -193,6 +194,8 @@ async def rebuild_index(
     mismatch: IndexVersionMismatch,
     until: int,
     offload: Offload = in_turn,
+    *,
+    keyring: NodeKeyring | None = None,
 ) -> Rebuilt:
     """Fold the partition's log up to ``until`` (exclusive) into a fresh index, then swap it in.
 
@@ -216,7 +219,9 @@ async def rebuild_index(
     opened = functools.partial(fresh_index, scratch, partition)
     index = await made(offload, opened, PartitionIndex.close)
     try:
-        records = await Restorer(log, {partition: Projector(index)}).run_to({partition: until})
+        records = await Restorer(log, {partition: Projector(index, keyring=keyring)}).run_to(
+            {partition: until}
+        )
         applied = index.applied_offset()
     finally:
         await offload(index.close)

@@ -4,7 +4,7 @@ is leased once a worker of its queue is seen; presence that cannot be told fails
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from evsched.core.planner import PlannerBudgets
 from evsched.core.state import Status
 from evsched.runtime.node.metrics import NodeMetrics
 from evsched.runtime.partition.presence import WorkerPresence
+from evsched.runtime.partition.quarantine import QUARANTINE_S, Unusable
 from evsched.testing import FrozenClock, MemoryPools, NodeDriver
 from tests.unit.node_driver_events import enqueued, started
 
@@ -188,6 +189,46 @@ async def test_presence_that_cannot_be_told_fails_open_and_is_logged_once(
         await presence.refresh()
         assert logged.events[-1][:2] == ("info", "worker_presence_known")
         assert presence.staffed() == set()
+    finally:
+        driver.close()
+
+
+async def test_a_held_queue_whose_topic_is_unusable_is_planned_and_checked_once_per_hold(
+    tmp_path: Path, pools: MemoryPools
+) -> None:
+    clock = FrozenClock()
+    broken = {"bad": Unusable(stage="topic", reason="partitions=1, not 3")}
+    checks: list[set[str]] = []  # what the presence asked (the partition's sends ask too)
+
+    async def ensure(queues: set[str]) -> Mapping[str, Unusable]:
+        return {q: broken[q] for q in queues if q in broken}
+
+    async def checked(queues: set[str]) -> Mapping[str, Unusable]:
+        checks.append(set(queues))
+        return await ensure(queues)
+
+    presence = WorkerPresence(pools, clock, logger=Logged(), ensure_queues=checked)
+    driver = NodeDriver(
+        tmp_path, budgets=BUDGETS, clock=clock, presence=presence, ensure_queues=ensure
+    )
+    try:
+        await woken_by_presence(driver)
+        driver.append(enqueued("a", queue="bad"))
+        await driver.settle()
+        assert presence.waiting() == {"bad"}  # no worker: held
+        await presence.refresh()  # its check: unusable, so it is planned as before presence
+        assert checks == [{"bad"}] and presence.staffed() == {"bad"}
+        await driver.settle()
+        assert driver.decisions() == [] and driver.owner.quarantine.holds("a")
+        await presence.refresh()  # within the hold of its decisions: not asked again
+        assert checks == [{"bad"}]
+        clock.advance(QUARANTINE_S)
+        await presence.refresh()
+        assert checks == [{"bad"}, {"bad"}] and presence.staffed() == {"bad"}
+        broken.clear()  # repaired; still no worker: held again once its next check passes
+        clock.advance(QUARANTINE_S)
+        await presence.refresh()
+        assert checks[-1] == {"bad"} and presence.staffed() == set()
     finally:
         driver.close()
 
