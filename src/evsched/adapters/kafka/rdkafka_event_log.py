@@ -12,10 +12,10 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import structlog
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaException, Message
 
 from evsched.adapters.kafka.clients import STOP_TIMEOUT_S
+from evsched.adapters.kafka.fatal_retry import FatalRetry
 from evsched.adapters.kafka.partition_log import partition_for
 from evsched.adapters.kafka.rdkafka_atomic import RdkafkaAtomicWriter
 from evsched.adapters.kafka.rdkafka_producer import PolledProducer, producer_config
@@ -23,8 +23,6 @@ from evsched.adapters.kafka.replicas import ReplicaCheck, acknowledged, describe
 from evsched.errors import NotEnoughReplicas, PublishError
 from evsched.ports import Appended, Outbound
 from evsched.settings import Settings
-
-log = structlog.get_logger("evsched.transport")
 
 ACK_TIMEOUT_S = 60.0  # as event_log.ACK_TIMEOUT_S
 
@@ -60,6 +58,13 @@ class RdkafkaEventLog:
         self._refused: set[asyncio.Future[Any]] = set()
         self._lock = asyncio.Lock()
         self._atomic = RdkafkaAtomicWriter(settings, client_id=client_id)
+        self._retry = FatalRetry(
+            current=self._current,
+            discard=self._discard,
+            errors=(KafkaException, BufferError),
+            is_fatal=lambda producer, exc: producer.is_fatal(exc),
+            why=_why,
+        )
 
     async def start(self) -> None:
         await self._current()
@@ -74,21 +79,11 @@ class RdkafkaEventLog:
     async def append(
         self, topic: str, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
     ) -> Appended:
-        for attempt in (1, 2):
-            current = await self._current()
-            try:
-                sent = current.send(topic, key.encode(), value, headers=headers)
-                msg = await self._acknowledged(current, sent, topic, key)
-            except (KafkaException, BufferError) as exc:
-                # As KafkaEventLog: a fatal error poisons this producer only, and the event's
-                # own event_id makes a duplicate from the second attempt harmless.
-                if attempt == 1 and current.is_fatal(exc):
-                    log.warning("producer_recreated", error=repr(exc), topic=topic)
-                    await self._discard(current)
-                    continue
-                raise PublishError(f"writing to {topic!r} failed: {_why(exc)}") from exc
-            return appended(topic, msg)
-        raise AssertionError("unreachable: the second attempt returns or raises")
+        async def send(current: PolledProducer) -> Appended:
+            sent = current.send(topic, key.encode(), value, headers=headers)
+            return appended(topic, await self._acknowledged(current, sent, topic, key))
+
+        return await self._retry.append(topic, send)
 
     async def append_many(
         self, topic: str, records: Sequence[Outbound]
