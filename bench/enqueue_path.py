@@ -7,8 +7,10 @@ its own process session pinned to one core) it runs every ``--variants`` entry i
 rotates each round), each a paced open-loop load of the no-op task at ``--rate`` jobs/s for
 ``--seconds``:
 
-- ``base``: the client library's producer (idempotent, acks=all, linger_ms 0);
-- ``linger=N``: the same with ``linger_ms=N`` (records wait up to N ms to share a request);
+- ``base``: the client library's producer (idempotent, acks=all, linger 0) on ``--client``:
+  ``confluent`` (librdkafka, the library's default) or ``aiokafka`` (default: what
+  ``EVSCHED_KAFKA_CLIENT`` picks);
+- ``linger=N``: the same with a linger of N ms (records wait up to N ms to share a request);
 - ``producers=N``: N producers taking turns. aiokafka keeps one produce request in flight per
   broker connection, so an enqueue that arrives while a request is out waits for its whole round
   trip before its own request leaves; N producers have N requests out;
@@ -16,18 +18,21 @@ rotates each round), each a paced open-loop load of the no-op task at ``--rate``
   broker configs), the client as ``base``; the broker's own (2/4) are put back afterwards;
 - ``gc-freeze``: ``gc.freeze()`` in the client before the phase;
 - ``prebuilt``: every job built and encoded before the phase, then only appended (the library's
-  ``EventLog.append``): the transport's own share of an enqueue, without evsched's job building.
+  ``EventLog.append``): the transport's own share of an enqueue, without evsched's job building;
+- ``pace``: the paced load with no enqueue at all (each submit returns at once): what this probe's
+  own pacing, timers and bookkeeping cost the client. An enqueue's own CPU is ``base`` less this.
 
 Each phase prints the enqueue latency p50/p99/p99.9/max (the await of ``task.enqueue()``), the
 client's event loop lag (how late a 1 ms timer fires: p99 and max), and CPU seconds per 1,000 jobs
-of the client, broker, node and worker and the hog. With ``--request-log`` (a broker started here)
-the broker logs every request it completes (``kafka.request.logger`` at DEBUG, set live) and the
+(CPU-ms per job) of the client, broker, node and worker and the hog. The client's figure is the
+enqueue's cost and the probe's own (``pace``). With ``--request-log`` (a broker started here) the
+broker logs every request it completes (``kafka.request.logger`` at DEBUG, set live) and the
 phase also prints the client's Produce requests as the broker saw them: count, records per
 request, and the p50/p99 of each part of the broker's time (queue: waiting for an I/O thread;
 local: the append; response queue and send: the way back) against the client's own wait.
 
-Ends with one line of ``key=value`` pairs: per condition and variant, the medians over the rounds
-of enqueue p99 and loop lag p99.
+Ends with one line of ``key=value`` pairs: the client, then per condition and variant the medians
+over the rounds of enqueue p99, loop lag p99 and the client's CPU-ms per enqueue.
 
 Run: ``.venv/bin/python bench/enqueue_path.py --rounds 2 --variants base,linger=2,producers=4``.
 """
@@ -68,7 +73,9 @@ from e2e import (
     warm_up,
 )
 from evsched.adapters.kafka.event_log import KafkaEventLog
+from evsched.adapters.kafka.event_log_choice import CLIENTS, kafka_client
 from evsched.adapters.kafka.queues import FixedQueues
+from evsched.adapters.kafka.rdkafka_event_log import RdkafkaEventLog
 from evsched.adapters.kafka.topics import ensure_topics
 from evsched.client import App, Task
 from evsched.commands import encode_checked
@@ -84,7 +91,7 @@ TICK_S = 0.001
 class TakingTurns:
     """Several event logs, each append on the next: as many produce requests in flight."""
 
-    def __init__(self, logs: Sequence[KafkaEventLog]) -> None:
+    def __init__(self, logs: Sequence[EventLog]) -> None:
         self._logs = list(logs)
         self._turns = itertools.cycle(self._logs)
 
@@ -94,8 +101,10 @@ class TakingTurns:
     async def close(self) -> None:
         await asyncio.gather(*(log.close() for log in self._logs))
 
-    async def append(self, topic: str, key: str, value: bytes) -> Appended:
-        return await next(self._turns).append(topic, key, value)
+    async def append(
+        self, topic: str, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
+    ) -> Appended:
+        return await next(self._turns).append(topic, key, value, headers)
 
     async def append_many(
         self, topic: str, records: Sequence[Outbound]
@@ -116,17 +125,20 @@ class Variant:
     producers: int = 1
     freeze: bool = False  # gc.freeze() first: what exists before the phase is never collected
     prebuilt: bool = False  # jobs built and encoded before the phase: only the append is timed
+    pace: bool = False  # no enqueue: the probe's own cost
     threads: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> Variant:
         kind, _, value = text.partition("=")
-        if kind == "base" and not value:
-            return cls(text)
-        if kind == "gc-freeze" and not value:
-            return cls(text, freeze=True)
-        if kind == "prebuilt" and not value:
-            return cls(text, prebuilt=True)
+        flags = {
+            "base": cls(text),
+            "gc-freeze": cls(text, freeze=True),
+            "prebuilt": cls(text, prebuilt=True),
+            "pace": cls(text, pace=True),
+        }
+        if kind in flags and not value:
+            return flags[kind]
         if kind == "linger" and value.isdigit():
             return cls(text, linger_ms=int(value))
         if kind == "producers" and value.isdigit() and int(value) >= 1:
@@ -135,15 +147,17 @@ class Variant:
         if kind == "threads" and network.isdigit() and io.isdigit():
             return cls(text, threads={"num.network.threads": network, "num.io.threads": io})
         raise ValueError(
-            f"{text!r}: base, gc-freeze, prebuilt, linger=N, producers=N or threads=NET/IO"
+            f"{text!r}: base, gc-freeze, prebuilt, pace, linger=N, producers=N or threads=NET/IO"
         )
 
     def log(self, cluster: Cluster, client_id: str) -> EventLog:
-        def one(i: int) -> KafkaEventLog:
-            options = {"linger_ms": self.linger_ms} if self.linger_ms else {}
-            return KafkaEventLog(
-                cluster.settings, client_id=f"{client_id}-{i}", producer_options=options
-            )
+        def one(i: int) -> EventLog:
+            name = f"{client_id}-{i}"
+            if cluster.args.client == "aiokafka":
+                options = {"linger_ms": self.linger_ms} if self.linger_ms else {}
+                return KafkaEventLog(cluster.settings, client_id=name, producer_options=options)
+            linger = {"linger.ms": self.linger_ms} if self.linger_ms else {}
+            return RdkafkaEventLog(cluster.settings, client_id=name, producer_options=linger)
 
         if self.producers == 1:
             return one(0)
@@ -214,6 +228,11 @@ async def prebuilt_submit(app: App, task: Task, count: int) -> Submit:
         return job_id
 
     return submit
+
+
+async def no_submit(i: int, delayed: bool) -> str:
+    """``pace``: the probe's work around an enqueue, without the enqueue."""
+    return f"paced-{i}"
 
 
 # --- the broker's side --------------------------------------------------------------------------
@@ -299,7 +318,8 @@ class Probe:
     cluster: Cluster
     hog: Hog
     requests: RequestLog | None
-    results: dict[tuple[str, str], list[tuple[float, float]]] = field(default_factory=dict)
+    # Per (condition, variant), each round's enqueue p99, loop lag p99 and client CPU-ms per job.
+    results: dict[tuple[str, str], list[tuple[float, float, float]]] = field(default_factory=dict)
 
     def pids(self) -> dict[str, int]:
         found = {"client": os.getpid()}
@@ -336,6 +356,8 @@ class Probe:
                 submit = noop_submit(task, a.delay_s)
                 if variant.prebuilt:
                     submit = await prebuilt_submit(app, task, int(a.rate * a.seconds))
+                if variant.pace:
+                    submit = no_submit
                 with LoopLag() as lag, GcPauses() as collections:
                     sent = await paced_with(submit, a.rate, a.seconds, 0.0)
                 used = {name: _cpu_s(pid) - before[name] for name, pid in pids.items()}
@@ -359,7 +381,8 @@ class Probe:
         print(f"  client GC: {collections.line()}", flush=True)
         if self.requests is not None:
             print("  " + request_line(self.requests.produce_requests(client_id), jobs), flush=True)
-        self.results.setdefault((condition, variant.name), []).append((pct(lat, 99), pct(lags, 99)))
+        figures = (pct(lat, 99), pct(lags, 99), used["client"] / jobs * 1000)
+        self.results.setdefault((condition, variant.name), []).append(figures)
 
     def profile(self, name: str) -> subprocess.Popen[bytes] | None:
         """py-spy on this process (the client) into ``--profile``, folded stacks."""
@@ -387,12 +410,14 @@ class Probe:
                         await asyncio.sleep(a.settle_s)  # the engine's backlog drains
                 finally:
                     self.hog.stop()
-        pairs = []
+        pairs = [f"client={a.client}"]
         for (condition, name), figures in self.results.items():
             key = f"{condition}_{name}".replace("=", "").replace("/", "_")
-            p99 = statistics.median(f[0] for f in figures)
-            lag = statistics.median(f[1] for f in figures)
-            pairs.append(f"{key}_enqueue_p99_ms={p99:.2f} {key}_lag_p99_ms={lag:.2f}")
+            p99, lag, cpu = (statistics.median(f[i] for f in figures) for i in range(3))
+            pairs.append(
+                f"{key}_enqueue_p99_ms={p99:.2f} {key}_lag_p99_ms={lag:.2f} "
+                f"{key}_client_cpu_ms={cpu:.3f}"
+            )
         return " ".join(pairs)
 
 
@@ -417,6 +442,7 @@ async def measure(cluster: Cluster) -> str:
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--client", choices=CLIENTS, default=None, help="EVSCHED_KAFKA_CLIENT's")
     p.add_argument("--variants", default="base,linger=2,producers=4,threads=1/2,threads=4/8")
     p.add_argument("--conditions", default="quiet,hog", help="quiet, hog, or both (in this order)")
     p.add_argument("--rounds", type=int, default=2)
@@ -438,6 +464,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the run directory")
     p.set_defaults(rss=False, node_args="")
     args = p.parse_args(argv)
+    args.client = args.client or kafka_client()
     try:
         args.variants = [Variant.parse(text) for text in args.variants.split(",")]
     except ValueError as exc:

@@ -12,6 +12,7 @@ import typer
 import uvicorn
 
 from evsched.adapters.kafka.access import check_access
+from evsched.adapters.kafka.event_log_choice import event_log_factory
 from evsched.api.app import create_app
 from evsched.api.auth import AuthConfigError, load_tokens
 from evsched.api.dashboard import StreamCaps
@@ -123,6 +124,8 @@ def api_command(
     try:
         client = load_app(app) if app is not None else None
         settings = client.settings if client is not None else Settings.from_env()
+        # EVSCHED_KAFKA_CLIENT and the options it must translate: refused here, not in a traceback.
+        event_log_factory(settings, client_id="evsched-api")
     except SettingsError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

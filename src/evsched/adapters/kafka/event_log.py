@@ -6,8 +6,6 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import structlog
-
 from evsched.adapters.kafka.atomic_batch import AtomicWriter, appended
 from evsched.adapters.kafka.clients import (
     STOP_TIMEOUT_S,
@@ -16,13 +14,12 @@ from evsched.adapters.kafka.clients import (
     start_producer,
     stop_producer,
 )
+from evsched.adapters.kafka.fatal_retry import FatalRetry
 from evsched.adapters.kafka.partition_log import partition_for
 from evsched.adapters.kafka.replicas import ReplicaCheck, acknowledged, describe_partitions
 from evsched.errors import NotEnoughReplicas, PublishError
 from evsched.ports import Appended, Outbound
 from evsched.settings import Settings
-
-log = structlog.get_logger("evsched.transport")
 
 # The longest an append waits for its ack: twice the producer's request timeout, so a request
 # to a leader that froze can time out and go to the new leader within it. A partition that cannot
@@ -61,6 +58,13 @@ class KafkaEventLog:
         self._refused: set[asyncio.Future[Any]] = set()
         self._lock = asyncio.Lock()
         self._atomic = AtomicWriter(settings, client_id=client_id)
+        self._retry = FatalRetry(
+            current=self._current,
+            discard=self._discard,
+            errors=(KafkaError,),
+            is_fatal=lambda _producer, exc: is_fatal_producer_error(exc),
+            why=repr,
+        )
 
     async def start(self) -> None:
         await self._current()
@@ -75,24 +79,13 @@ class KafkaEventLog:
     async def append(
         self, topic: str, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
     ) -> Appended:
-        for attempt in (1, 2):
-            current = await self._current()
-            try:
-                # The send is inside the bound too: while a partition cannot take writes, a
-                # send waits for room behind the record before it (30 s, then KafkaTimeoutError).
-                sent = _sent(current, topic, value, key, headers)
-                metadata = await self._acknowledged(current, sent, topic, key)
-            except KafkaError as exc:
-                # A fatal error poisons this producer only; the event carries its own event_id,
-                # so sending it again through a new producer can at worst make a duplicate
-                # that the fold drops.
-                if attempt == 1 and is_fatal_producer_error(exc):
-                    log.warning("producer_recreated", error=repr(exc), topic=topic)
-                    await self._discard(current)
-                    continue
-                raise PublishError(f"writing to {topic!r} failed: {exc!r}") from exc
-            return appended(topic, metadata)
-        raise AssertionError("unreachable: the second attempt returns or raises")
+        async def send(current: Any) -> Appended:
+            # The send is inside the bound too: while a partition cannot take writes, a send
+            # waits for room behind the record before it (30 s, then KafkaTimeoutError).
+            sent = _sent(current, topic, value, key, headers)
+            return appended(topic, await self._acknowledged(current, sent, topic, key))
+
+        return await self._retry.append(topic, send)
 
     async def append_many(
         self, topic: str, records: Sequence[Outbound]

@@ -1,9 +1,10 @@
 """The EventLog on librdkafka (confluent-kafka): KafkaEventLog's promises on another client.
 
-Chosen with ``EVSCHED_KAFKA_CLIENT=confluent`` (``event_log_factory``); aiokafka stays the
-default. Same bounds and errors as ``event_log.KafkaEventLog``: an append returns within
-``ack_timeout_s``, acknowledged or PublishError (NotEnoughReplicas when its partition cannot take
-writes), a fatal producer error makes a new producer, and the ack carries the LogAppendTime.
+The default client (``event_log_factory``; ``EVSCHED_KAFKA_CLIENT=aiokafka`` picks the other).
+Same bounds and errors as ``event_log.KafkaEventLog``: an append returns within ``ack_timeout_s``
+(give or take ``ack_watch.TICK_S``), acknowledged or PublishError (NotEnoughReplicas when its
+partition cannot take writes), a fatal producer error makes a new producer, and the ack carries
+the LogAppendTime. The bound is one ``AckWatch`` for all appends, not a timer per append.
 """
 
 from __future__ import annotations
@@ -12,19 +13,18 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import structlog
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaException, Message
 
+from evsched.adapters.kafka.ack_watch import AckWatch
 from evsched.adapters.kafka.clients import STOP_TIMEOUT_S
+from evsched.adapters.kafka.fatal_retry import FatalRetry
 from evsched.adapters.kafka.partition_log import partition_for
 from evsched.adapters.kafka.rdkafka_atomic import RdkafkaAtomicWriter
 from evsched.adapters.kafka.rdkafka_producer import PolledProducer, producer_config
-from evsched.adapters.kafka.replicas import ReplicaCheck, acknowledged, describe_partitions
-from evsched.errors import NotEnoughReplicas, PublishError
+from evsched.adapters.kafka.replicas import ReplicaCheck, describe_partitions
+from evsched.errors import PublishError
 from evsched.ports import Appended, Outbound
 from evsched.settings import Settings
-
-log = structlog.get_logger("evsched.transport")
 
 ACK_TIMEOUT_S = 60.0  # as event_log.ACK_TIMEOUT_S
 
@@ -56,15 +56,27 @@ class RdkafkaEventLog:
         self._config = producer_config(settings, client_id=client_id, **(producer_options or {}))
         self._replicas = ReplicaCheck(lambda topic: describe_partitions(settings, topic))
         self._producer: PolledProducer | None = None
-        # As KafkaEventLog._refused: acks given up on for want of replicas, dropped at close.
+        # As KafkaEventLog._refused: acks given up on for want of replicas whose records the
+        # producer still holds (it reports each one: PolledProducer.on_late), dropped at close.
         self._refused: set[asyncio.Future[Any]] = set()
+        self._watch = AckWatch(
+            self._problems, timeout_s=ack_timeout_s, on_refused=self._refused.add
+        )
         self._lock = asyncio.Lock()
         self._atomic = RdkafkaAtomicWriter(settings, client_id=client_id)
+        self._retry = FatalRetry(
+            current=self._current,
+            discard=self._discard,
+            errors=(KafkaException, BufferError),
+            is_fatal=lambda producer, exc: producer.is_fatal(exc),
+            why=_why,
+        )
 
     async def start(self) -> None:
         await self._current()
 
     async def close(self) -> None:
+        self._watch.close()
         await self._atomic.close()
         async with self._lock:
             old, self._producer = self._producer, None
@@ -74,21 +86,12 @@ class RdkafkaEventLog:
     async def append(
         self, topic: str, key: str, value: bytes, headers: Sequence[tuple[str, bytes]] = ()
     ) -> Appended:
-        for attempt in (1, 2):
-            current = await self._current()
-            try:
-                sent = current.send(topic, key.encode(), value, headers=headers)
-                msg = await self._acknowledged(current, sent, topic, key)
-            except (KafkaException, BufferError) as exc:
-                # As KafkaEventLog: a fatal error poisons this producer only, and the event's
-                # own event_id makes a duplicate from the second attempt harmless.
-                if attempt == 1 and current.is_fatal(exc):
-                    log.warning("producer_recreated", error=repr(exc), topic=topic)
-                    await self._discard(current)
-                    continue
-                raise PublishError(f"writing to {topic!r} failed: {_why(exc)}") from exc
-            return appended(topic, msg)
-        raise AssertionError("unreachable: the second attempt returns or raises")
+        async def send(current: PolledProducer) -> Appended:
+            sent = current.send(topic, key.encode(), value, headers=headers)
+            self._watch.watch(sent, topic, key)
+            return appended(topic, await sent)
+
+        return await self._retry.append(topic, send)
 
     async def append_many(
         self, topic: str, records: Sequence[Outbound]
@@ -125,24 +128,15 @@ class RdkafkaEventLog:
         except KafkaException as exc:
             raise PublishError(f"cannot read the partitions of {topic!r}: {_why(exc)}") from exc
 
-    async def _acknowledged(
-        self, current: PolledProducer, sent: asyncio.Future[Message], topic: str, key: str
-    ) -> Message:
-        """The ack, within the timeout; NotEnoughReplicas once the partition cannot take it."""
-
-        async def problem() -> str | None:
-            count = await current.partition_count(topic)
-            return await self._replicas.problem(topic, partition_for(key, count))
-
-        try:
-            return await acknowledged(
-                sent, what=f"writing to {topic!r}", timeout_s=self._ack_timeout_s, problem=problem
-            )
-        except NotEnoughReplicas:
-            if not sent.done():  # held by the producer until it lands or is dropped
-                self._refused.add(sent)
-                sent.add_done_callback(self._refused.discard)
-            raise
+    async def _problems(self, topic: str, keys: list[str]) -> list[str | None]:
+        """For AckWatch: why each key's partition cannot take writes now (None: it can)."""
+        current = self._producer
+        if current is None:
+            return [None] * len(keys)
+        count = await current.partition_count(topic)
+        partitions = [partition_for(key, count) for key in keys]
+        found = {p: await self._replicas.problem(topic, p) for p in set(partitions)}
+        return [found[p] for p in partitions]
 
     async def _current(self) -> PolledProducer:
         if (ready := self._producer) is not None:
@@ -150,6 +144,7 @@ class RdkafkaEventLog:
         async with self._lock:
             if self._producer is None:
                 fresh = PolledProducer(self._config, bootstrap=self._settings.bootstrap)
+                fresh.on_late = self._refused.discard
                 try:
                     await fresh.start()
                 except PublishError:

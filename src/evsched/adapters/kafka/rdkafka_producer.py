@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -68,6 +68,8 @@ class PolledProducer:
         self._reports: list[Report] = []  # filled and emptied by whichever thread polls
         self._trouble: asyncio.Future[KafkaError] = self._loop.create_future()
         self.fatal: KafkaError | None = None
+        # Told of each report whose future was settled already (an ack the caller gave up on).
+        self.on_late: Callable[[asyncio.Future[Message]], None] = _ignored
         try:
             self.producer = Producer(
                 {**config, "error_cb": self._on_error, "logger": CLIENT_LOGGER}
@@ -167,10 +169,10 @@ class PolledProducer:
     ) -> None:
         self._reports.append((future, err, msg))
 
-    @staticmethod
-    def _settle(reports: list[Report]) -> None:
+    def _settle(self, reports: list[Report]) -> None:
         for future, err, msg in reports:
             if future.done():
+                self.on_late(future)
                 continue
             if err is None:
                 future.set_result(msg)
@@ -183,6 +185,10 @@ class PolledProducer:
         if err.fatal() or err.code() in _UNREACHABLE:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(_first, self._trouble, err)
+
+
+def _ignored(future: asyncio.Future[Message]) -> None:
+    return None
 
 
 def _first(future: asyncio.Future[KafkaError], err: KafkaError) -> None:

@@ -149,19 +149,29 @@ async def _within(
         if await _settled(future, max(0.0, min(check_after_s, left))):
             return future.result()
         if left <= check_after_s:
-            raise PublishError(
-                f"{what}: not acknowledged within {timeout_s:g} s (the broker may be slow or "
-                "down); it may still be written: retry with an idempotency key to be safe"
-            )
+            raise not_acknowledged(what, timeout_s)
         try:  # the look must not outlast the bound either (the producer's metadata may stall)
             cause = await asyncio.wait_for(problem(), max(0.0, deadline - monotonic_s()))
         except TimeoutError:
             cause = None
         if cause is not None:
-            raise NotEnoughReplicas(
-                f"{what}: not acknowledged: {cause}; retry once the brokers are back (it may "
-                "still be written then: use an idempotency key to be safe)"
-            )
+            raise refused(what, cause)
+
+
+def not_acknowledged(what: str, timeout_s: float) -> PublishError:
+    """The error of a write whose ack did not come within ``timeout_s``."""
+    return PublishError(
+        f"{what}: not acknowledged within {timeout_s:g} s (the broker may be slow or down); it "
+        "may still be written: retry with an idempotency key to be safe"
+    )
+
+
+def refused(what: str, cause: str) -> NotEnoughReplicas:
+    """The error of a write whose partition cannot take it now, for ``cause``."""
+    return NotEnoughReplicas(
+        f"{what}: not acknowledged: {cause}; retry once the brokers are back (it may still be "
+        "written then: use an idempotency key to be safe)"
+    )
 
 
 async def _settled(future: asyncio.Future[Any], timeout_s: float) -> bool:

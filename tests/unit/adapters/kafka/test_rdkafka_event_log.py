@@ -151,3 +151,17 @@ async def test_an_unreachable_cluster_fails_the_start_soon() -> None:
             await asyncio.wait_for(producer.start(), 5)
     finally:
         await producer.close(0.0)
+
+
+async def test_a_report_for_an_ack_given_up_on_is_told_to_on_late() -> None:
+    # The log keeps a refused record's ack until the producer reports it (closing sooner then).
+    nowhere = Settings(bootstrap="127.0.0.1:1")
+    producer = PolledProducer(producer_config(nowhere, client_id="c"), bootstrap=nowhere.bootstrap)
+    late: list[asyncio.Future[Any]] = []
+    producer.on_late = late.append
+    given_up = producer.send(TOPIC, b"k", b"v")
+    given_up.set_exception(PublishError("refused"))  # as AckWatch fails an overdue ack
+    await producer.close(0.0)  # the purge reports the record
+    assert late == [given_up]
+    with pytest.raises(PublishError):
+        given_up.result()  # the watch's error stands
