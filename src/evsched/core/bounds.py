@@ -396,11 +396,11 @@ def _decision_refusal(decision: str | None) -> str | None:
 
 
 def _bounded(field: str, value: int, low: int, high: int) -> str | None:
-    if value.__class__ is int and low <= value <= high:
+    # An exact int needs no isinstance checks (a bool is an int, and out of bounds here).
+    exact = value.__class__ is int
+    if (exact or (isinstance(value, int) and not isinstance(value, bool))) and low <= value <= high:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        return f"{field} {_show(value)} is outside [{low}, {high}]"
-    return None
+    return f"{field} {_show(value)} is outside [{low}, {high}]"
 
 
 def _optional_time(field: str, value: int | None) -> str | None:
