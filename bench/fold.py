@@ -47,7 +47,10 @@ from evsched.runtime.process.gc_policy import tune_collector
 
 T0 = 1_767_225_600_000
 IN_FLIGHT = 2_000  # jobs between enqueue and a terminal status at any moment
-DISPATCH_MS = 5_000
+# A node's default dispatch timeout (core.planner.PlannerBudgets): a job waits a few seconds for
+# its turn here, so a 5 s start deadline made most starts late, and the history a run of rejected
+# starts (fold version 8 on refuses a start past its deadline).
+DISPATCH_MS = 30_000
 RUN_LEASE_MS = 30_000
 TRACE = TraceContext(traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 
@@ -118,7 +121,7 @@ class Generator:
             attempt = state.attempt + 1
             meta = self.meta(job_id, "node-1")
             return JobLeased(**meta, token=state.token + 1, attempt=attempt, lease_ms=DISPATCH_MS)
-        if job_id in self.abandoned:
+        if job_id in self.abandoned or self.start_too_late(state):
             return self.expire(state)
         if state.status is Status.LEASED:
             meta = self.meta(job_id, "worker-7")
@@ -126,6 +129,11 @@ class Generator:
                 **meta, token=state.token, worker_id="worker-7", lease_ms=RUN_LEASE_MS
             )
         return self.running(state)
+
+    def start_too_late(self, state: JobState) -> bool:
+        """A start would come past the lease's start deadline: the node expires the lease."""
+        until = state.lease_until
+        return state.status is Status.LEASED and until is not None and self.now >= until
 
     def expire(self, state: JobState) -> JobEvent | None:
         assert state.lease_until is not None

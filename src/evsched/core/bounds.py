@@ -105,12 +105,14 @@ _RANDOM_CRON_FIELD = re.compile(r"[HhRr](\(\d+-\d+\))?(/\d+)?")
 
 def refusal(event: Event) -> str | None:
     """Why the fold must refuse ``event`` (a field breaks its documented bound), or None."""
+    # ``or`` picks the first reason, as ``_first`` does (a reason is never empty), and checks
+    # no further once one is found: this runs once per folded event.
     match event.family:
         case EventFamily.JOB:
-            return _first(
-                id_refusal("event_id", event.event_id),
-                id_refusal("job_id", event.job_id),
-                _job_refusal(event),
+            return (
+                id_refusal("event_id", event.event_id)
+                or id_refusal("job_id", event.job_id)
+                or _job_refusal(event)
             )
         case EventFamily.SCHEDULE:
             return _first(id_refusal("event_id", event.event_id), _schedule_refusal(event))
@@ -170,7 +172,10 @@ def _limit_refusal(event: QueueLimitSet | KeyLimitSet) -> str | None:
 
 
 def _first(*reasons: str | None) -> str | None:
-    return next((r for r in reasons if r is not None), None)
+    for reason in reasons:
+        if reason is not None:
+            return reason
+    return None
 
 
 def _job_refusal(event: JobEvent) -> str | None:
@@ -178,19 +183,18 @@ def _job_refusal(event: JobEvent) -> str | None:
         case JobEnqueued():
             return _enqueued_refusal(event)
         case JobLeased():
-            return _first(
-                _bounded("token", event.token, 1, MAX_TOKEN),
-                _bounded("attempt", event.attempt, 1, MAX_ATTEMPTS),
-                _bounded("lease_ms", event.lease_ms, 0, MAX_DURATION_MS),
-                _optional_time("not_before", event.not_before),
+            return (
+                _bounded("token", event.token, 1, MAX_TOKEN)
+                or _bounded("attempt", event.attempt, 1, MAX_ATTEMPTS)
+                or _bounded("lease_ms", event.lease_ms, 0, MAX_DURATION_MS)
+                or _optional_time("not_before", event.not_before)
             )
         case AttemptStarted() | LeaseRenewed():
-            return _first(
-                _bounded("token", event.token, 0, MAX_TOKEN),
-                _bounded("lease_ms", event.lease_ms, 0, MAX_DURATION_MS),
+            return _bounded("token", event.token, 0, MAX_TOKEN) or _bounded(
+                "lease_ms", event.lease_ms, 0, MAX_DURATION_MS
             )
         case AttemptCheckpointed() | AttemptSucceeded() | AttemptFailed() | LeaseExpired():
-            return _first(_bounded("token", event.token, 0, MAX_TOKEN), _failure_refusal(event))
+            return _bounded("token", event.token, 0, MAX_TOKEN) or _failure_refusal(event)
         case JobRequeued() | JobPurged():
             return _after_end_refusal(event)
         case _:
@@ -364,6 +368,8 @@ def id_refusal(field: str, value: str) -> str | None:
 
 
 def _text(field: str, value: str, limit: int, *, empty: bool = False) -> str | None:
+    if value.__class__ is str and value.isascii() and (0 if empty else 1) <= len(value) <= limit:
+        return None  # the common case, without encoding: ASCII has a byte per character
     if not isinstance(value, str):
         return f"{field} must be a string"
     try:
@@ -390,9 +396,11 @@ def _decision_refusal(decision: str | None) -> str | None:
 
 
 def _bounded(field: str, value: int, low: int, high: int) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        return f"{field} {_show(value)} is outside [{low}, {high}]"
-    return None
+    # An exact int needs no isinstance checks (a bool is an int, and out of bounds here).
+    exact = value.__class__ is int
+    if (exact or (isinstance(value, int) and not isinstance(value, bool))) and low <= value <= high:
+        return None
+    return f"{field} {_show(value)} is outside [{low}, {high}]"
 
 
 def _optional_time(field: str, value: int | None) -> str | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from evsched.core.events import Event, Position
-from evsched.core.slots import new_entry
+from evsched.core.slots import entry_of
 from evsched.core.state import Status, TimelineEntry, Verdict
 
 
@@ -17,15 +17,15 @@ def judged(
     status_after: Status | None = None,
 ) -> TimelineEntry:
     """The entry of ``event``, read at ``position``, as the fold judged it."""
-    return new_entry(
-        partition=position.partition,
-        offset=position.offset,
-        log_at=position.log_at,
-        kind=type(event).__name__,
-        event_id=event.event_id,
-        source=event.source,
-        verdict=verdict,
-        reason=reason,
-        token=token,
-        status_after=status_after,
+    return entry_of(
+        position.partition,
+        position.offset,
+        position.log_at,
+        type(event).__name__,
+        event.event_id,
+        event.source,
+        verdict,
+        reason,
+        token,
+        status_after,
     )

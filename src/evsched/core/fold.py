@@ -121,26 +121,27 @@ def _entry(
 
 
 def _step(state: JobState | None, event: JobEvent, position: Position) -> Step:
+    # The kinds are disjoint, so the order of the cases is free: the most frequent first.
     match event:
+        case (
+            AttemptStarted()
+            | AttemptSucceeded()
+            | LeaseRenewed()
+            | AttemptFailed()
+            | AttemptCheckpointed()
+            | LeaseExpired()
+        ):
+            return _token_event(state, event, position)
+        case JobLeased():
+            return _leased(state, event, position)
         case JobEnqueued():
             return _enqueued(state, event, position)
         case JobCancelled():
             return _cancelled(state, event, position)
         case JobRequeued():
             return _requeued(state, event, position)
-        case JobLeased():
-            return _leased(state, event, position)
         case JobPurged() | ChildRegistered() | ParentResolved():
             return _purged_or_workflow(state, event, position)
-        case (
-            AttemptStarted()
-            | LeaseRenewed()
-            | AttemptCheckpointed()
-            | AttemptSucceeded()
-            | AttemptFailed()
-            | LeaseExpired()
-        ):
-            return _token_event(state, event, position)
         case _:
             assert_never(event)
 

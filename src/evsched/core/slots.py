@@ -42,7 +42,10 @@ def keywords(cls: type[Any]) -> str:
 
 
 new_state: Callable[..., JobState] = slot_filler(JobState, keywords(JobState), str)
-new_entry: Callable[..., TimelineEntry] = slot_filler(TimelineEntry, keywords(TimelineEntry), str)
+# A timeline entry by position, every field given: the fold makes one per event.
+entry_of: Callable[..., TimelineEntry] = slot_filler(
+    TimelineEntry, ", ".join(f.name for f in fields(TimelineEntry)), str
+)
 _STATE_FIELDS = frozenset(f.name for f in fields(JobState))
 
 

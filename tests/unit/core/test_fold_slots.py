@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from evsched.core.events import LeaseRenewed, Position
 from evsched.core.fold import RECENT_EVENT_IDS, _applied
-from evsched.core.slots import new_entry, new_state, slot_filler
+from evsched.core.slots import entry_of, new_state, slot_filler
 from evsched.core.state import JobState, TimelineEntry
 from tests.strategies import job_states, records, timeline_entries
 
@@ -32,11 +32,11 @@ def test_new_state_equals_the_constructor(state: JobState) -> None:
 
 
 @given(entry=timeline_entries())
-def test_new_entry_equals_the_constructor_defaults_included(entry: TimelineEntry) -> None:
-    kwargs = _as_kwargs(entry)
-    assert new_entry(**kwargs) == entry
-    del kwargs["token"], kwargs["status_after"]
-    assert new_entry(**kwargs) == TimelineEntry(**kwargs)
+def test_entry_of_equals_the_constructor(entry: TimelineEntry) -> None:
+    made = entry_of(*_as_kwargs(entry).values())
+
+    assert made == entry
+    assert type(made) is TimelineEntry
 
 
 @settings(max_examples=200, deadline=None)

@@ -116,8 +116,16 @@ class _WriterCompiler:
     def _array(self, depth: int, schema: Any, expr: str, strict: bool) -> None:
         x, item = self._bind(depth, expr, None), self._fn.local()
         self._count(depth, x)
-        self._fn.line(depth + 1, f"for {item} in {x}:")
-        self.value(depth + 2, schema["items"], item, strict)
+        loop = depth + 1
+        if kind_of(resolve(self._named, schema["items"])) == "string":
+            # Ids all at once when they allow it (binary.ascii_strings), else one by one.
+            joined = self._fn.local()
+            self._fn.line(loop, f"{joined} = _ascii_strings({x})")
+            self._fn.line(loop, f"if {joined} is not None: o += {joined}")
+            self._fn.line(loop, "else:")
+            loop += 1
+        self._fn.line(loop, f"for {item} in {x}:")
+        self.value(loop + 1, schema["items"], item, strict)
         self._fn.line(depth, "o += b'\\x00'")
 
     def _map(self, depth: int, schema: Any, expr: str, strict: bool) -> None:
@@ -141,6 +149,7 @@ def _writer_function(schema: dict[str, Any], prefix: bytes) -> Function:
         "_LENGTH": binary.LENGTH,
         "_big": binary.big_varint,
         "_pack_double": binary.pack_double,
+        "_ascii_strings": binary.ascii_strings,
         "_prefix": prefix,
     }
     fn = Function("def write(value):", env)

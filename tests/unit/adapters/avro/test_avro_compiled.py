@@ -197,6 +197,32 @@ def test_long_strings_maps_and_arrays_take_the_multi_byte_length_paths() -> None
     assert READERS[JobState](encoded, 0) == state
 
 
+@pytest.mark.parametrize(
+    "ids",
+    [
+        ("4bf92f35-77b3-4da6-a3ce-929d0e0e4736", "00f067aa-0ba9-42b7-8c1e-6a4c1e2f0d11"),
+        ("", ""),  # one length, zero: every prefix is 0x00
+        ("é1", "é2"),  # one length, not ASCII: written one by one
+        ("a" * 63, "b" * 63),  # the longest whose prefix is one byte
+        ("a" * 64, "b" * 64),  # a two-byte prefix: written one by one
+        ("e-1", "e-22"),  # lengths differ: written one by one
+        ("e\udc80", "e\udc81"),  # not encodable: fastavro's refusal
+    ],
+)
+def test_arrays_of_ids_are_written_all_at_once_like_fastavro(ids: tuple[str, ...]) -> None:
+    state = dataclasses.replace(_job_state(), recent_event_ids=ids, children=ids[:1])
+    try:
+        reference = _reference_write(JobState, state)
+    except Exception:  # whatever fastavro raises, the codec refuses too
+        with pytest.raises(EncodeError):
+            avro.encode_state(state)
+        return
+
+    assert WRITERS[JobState](state) == reference
+    assert avro.encode_state(state) == reference
+    assert READERS[JobState](reference, 0) == state
+
+
 @pytest.mark.parametrize("value", [-(2**63), 2**63 - 1, *_LONG_EDGES])
 def test_every_long_boundary_encodes_like_fastavro(value: int) -> None:
     state = dataclasses.replace(_job_state(), run_at=value, lease_until=value, token=value)
