@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from evsched.errors import EvschedError
 from evsched.outbox.table import DEFAULT_TABLE, OutboxTable
@@ -33,11 +35,20 @@ def init_table_sync(dsn: str, table: str = DEFAULT_TABLE) -> None:
         raise OutboxDatabaseError(_one_line(exc)) from exc
 
 
-async def init_table(conn: psycopg.AsyncConnection[Any], table: str = DEFAULT_TABLE) -> None:
-    """``init_table_sync`` on an open async connection, in its current transaction."""
+async def init_table(
+    conn: psycopg.AsyncConnection[Any] | AsyncConnection | AsyncSession,
+    table: str = DEFAULT_TABLE,
+) -> None:
+    """``init_table_sync`` in an open async connection's current transaction (psycopg 3's, or
+    SQLAlchemy 2's connection or session): beside the application's own migrations."""
     outbox = OutboxTable(table)
-    await conn.execute(outbox.init_lock, {"key": outbox.lock_key + ".init"})
-    await conn.execute(outbox.create())
+    key = {"key": outbox.lock_key + ".init"}
+    if isinstance(conn, psycopg.AsyncConnection):
+        await conn.execute(outbox.init_lock, key)
+        await conn.execute(outbox.create())
+    else:
+        await conn.execute(text(outbox.init_lock_named), key)
+        await conn.execute(text(outbox.create()))
 
 
 def backlog_sync(dsn: str, table: str = DEFAULT_TABLE) -> Backlog:

@@ -73,6 +73,10 @@ CREATE OR REPLACE TRIGGER "{t}_notify" AFTER INSERT ON "{t}"
         return "SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))"
 
     @property
+    def init_lock_named(self) -> str:
+        return "SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"
+
+    @property
     def insert_psycopg(self) -> str:
         return f'INSERT INTO "{self.name}" (job_id, event) VALUES (%(job_id)s, %(event)s)'
 
