@@ -93,7 +93,7 @@ class Relay:
         try:
             while not stop.is_set():
                 await self.drain(conn, stop)
-                await self._report_backlog(conn, force=True)
+                await self._report_backlog(conn)  # at most once a second: a count(*)
                 await self._wait_for_rows(conn)
         finally:
             self._lead(False)
