@@ -26,7 +26,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from evsched.adapters.kafka.topics import ensure_topics
-from evsched.devstack.broker import LocalBroker
+from evsched.devstack.broker import BrokerStatus, LocalBroker
 from evsched.devstack.errors import DevstackError
 from evsched.devstack.postgres import LocalPostgres
 from evsched.devstack.process import free_port
@@ -136,6 +136,20 @@ def _local_bootstrap(
         return None
     stack.callback(broker.down)
     return status.bootstrap
+
+
+def start_private_broker(data_dir: Path) -> tuple[LocalBroker, BrokerStatus]:
+    """A broker of one test's own, for tests that stop or freeze it (the session's must never be):
+    skipped when it cannot start, failed under ``CI=true``. The caller stops it (``down``)."""
+    port, controller_port = _distinct_free_ports()
+    broker = LocalBroker(data_dir, port, controller_port, ready_timeout_s=180.0)
+    try:
+        status = broker.up()
+    except DevstackError as exc:
+        if _in_ci():
+            pytest.fail(f"private broker: {exc}")
+        pytest.skip(f"private broker: {exc}")
+    return broker, status
 
 
 @pytest.fixture(scope="session")

@@ -8,13 +8,12 @@ dir and ports, as an operator's restart would).
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.conftest import unique_name
+from tests.conftest import start_private_broker, unique_name
 from tests.integration.engine import wait_for
 from tests.integration.outbox_rig import (
     commit_orders,
@@ -28,8 +27,6 @@ from tests.integration.outbox_rig import (
 
 from evsched.adapters.kafka.topics import ensure_topics
 from evsched.devstack.broker import LocalBroker
-from evsched.devstack.errors import DevstackError
-from evsched.devstack.process import free_port
 from evsched.outbox import Outbox
 from evsched.settings import Settings
 
@@ -41,17 +38,7 @@ OUTAGE_S = 30.0
 @pytest.fixture
 def private_broker(tmp_path: Path, kafka_bootstrap: str) -> Iterator[LocalBroker]:
     """A broker for this test alone (it needs the jars the session broker uses)."""
-    port = free_port()
-    controller_port = free_port()
-    while controller_port == port:
-        controller_port = free_port()
-    broker = LocalBroker(tmp_path / "kafka", port, controller_port, ready_timeout_s=180.0)
-    try:
-        broker.up()
-    except DevstackError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"private broker: {exc}")
-        pytest.skip(f"private broker: {exc}")
+    broker, _ = start_private_broker(tmp_path / "kafka")
     try:
         yield broker
     finally:

@@ -9,22 +9,14 @@ import typer
 
 from evsched.cli.options import LogJson, MetricsAddr, metrics_port_option
 from evsched.logging import configure_logging
-from evsched.operator.commands.outbox import DSN_ENV, EXTRA_HINT
+from evsched.operator.commands.outbox import EXTRA_HINT, Dsn, Table
 from evsched.settings import Settings, SettingsError
 
 
 def relay_command(
     *,
-    dsn: Annotated[
-        str,
-        typer.Option(
-            "--dsn",
-            envvar=DSN_ENV,
-            help="The application's database, e.g. postgresql://user@host:5432/db.",
-            show_default=False,
-        ),
-    ],
-    table: Annotated[str, typer.Option("--table", help="The outbox table.")] = "evsched_outbox",
+    dsn: Dsn,
+    table: Table = "evsched_outbox",
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, max=10_000, help="Rows per send to Kafka.")
     ] = 500,
