@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
-from tests.conftest import TEST_EVENT_PARTITIONS
+from tests.conftest import TEST_EVENT_PARTITIONS, unique_name
 from tests.integration.engine import wait_for
 from tests.integration.outbox_rig import (
     commit_orders,
@@ -30,7 +30,7 @@ from tests.integration.outbox_rig import (
 from evsched.adapters.kafka.event_log_choice import event_log_factory
 from evsched.adapters.kafka.topics import Topics
 from evsched.errors import PublishError
-from evsched.outbox import Outbox
+from evsched.outbox import Outbox, init_table_sync
 from evsched.outbox.relay import Relay, RelayConfig
 from evsched.ports import Appended, EventLog, Outbound
 from evsched.settings import Settings
@@ -239,3 +239,39 @@ async def test_two_relays_at_once_relay_each_row_once_and_the_standby_takes_over
             running.stop()
     verdicts = await judge(settings)
     verdicts.assert_exactly_once(job_ids)
+
+
+async def test_a_relay_started_before_init_waits_and_a_foreign_row_does_not_stop_it(
+    postgres_dsn: str, settings: Settings
+) -> None:
+    table = unique_name("ob_late_")
+    config = RelayConfig(dsn=postgres_dsn, table=table, batch_size=10, poll_s=0.2, retry_s=0.2)
+    running = Relay(
+        config, event_log_factory(settings, client_id="it-relay"), Topics(settings.namespace).events
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+    try:
+        await wait_for(
+            lambda: _failures(running, "database"), what="the relay waiting for its table"
+        )
+        init_table_sync(postgres_dsn, table)
+        with psycopg.connect(postgres_dsn) as conn, conn.transaction():
+            # Not through Outbox.enqueue: bytes that are no event, and an empty key.
+            conn.execute(
+                f'INSERT INTO "{table}" (job_id, event) VALUES (%s, %s), (%s, %s)',
+                ("forged", b"not an avro record", "", b"\xc3\x01"),
+            )
+        app = outbox_app(settings)
+        job_ids = commit_orders(postgres_dsn, Outbox(table), app, [f"after-{n}" for n in range(15)])
+        await until_drained(postgres_dsn, table)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+    assert task.exception() is None
+    verdicts = await judge(settings)
+    assert verdicts.assert_exactly_once(job_ids) == 0
+
+
+async def _failures(relay: Relay, cause: str) -> bool:
+    return relay.instruments.failures.labels(cause)._value.get() > 0

@@ -74,10 +74,16 @@ class Relay:
                         self.config.dsn, autocommit=True
                     ) as conn:
                         await self._serve(conn, stop)
-                except psycopg.OperationalError as exc:
+                except psycopg.Error as exc:
+                    # Unreachable, restarted, or the table not made yet (evsched outbox init):
+                    # the same wait, then a new session.
                     self._lead(False)
                     self.instruments.failures.labels("database").inc()
-                    log.warning("outbox_database_unavailable", error=str(exc).strip()[:300])
+                    log.warning(
+                        "outbox_database_unavailable",
+                        error=" ".join(str(exc).split())[:300],
+                        table=self.config.table,
+                    )
                     await _pause(stop, self.config.retry_s)
         finally:
             await self._drop_log()
