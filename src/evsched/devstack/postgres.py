@@ -99,7 +99,11 @@ class LocalPostgres:
         if not (cluster / "PG_VERSION").exists():
             self._initdb(folder, cluster)
         self._child = self._spawn(folder, cluster)
-        self._await_ready(folder, Deadline(self.ready_timeout_s))
+        try:
+            self._await_ready(folder, Deadline(self.ready_timeout_s))
+        except BaseException:
+            self.down()  # never leave a server behind that nobody will stop
+            raise
         return PostgresStatus(
             dsn=self.dsn,
             pid=self._child.pid,
