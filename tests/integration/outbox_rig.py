@@ -171,6 +171,12 @@ async def judge(settings: Settings) -> Verdicts:
     return Verdicts(replay(events), Counter(e.job_id for e, _ in events))
 
 
+async def judged_once_all_there(settings: Settings, count: int) -> Verdicts | None:
+    """The judged log once it holds ``count`` jobs (for ``wait_for``); None before."""
+    verdicts = await judge(settings)
+    return verdicts if len(verdicts.copies) >= count else None
+
+
 async def until_drained(dsn: str, table: str, timeout_s: float = 60.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while (left := await asyncio.to_thread(rows, dsn, table)) > 0:

@@ -21,6 +21,7 @@ from tests.integration.outbox_rig import (
     commit_orders,
     fresh_table,
     judge,
+    judged_once_all_there,
     outbox_app,
     rows,
     start_relay,
@@ -114,16 +115,11 @@ async def test_rollback_enqueues_nothing_and_commit_enqueues_once_through_every_
 
     await until_drained(postgres_dsn, table)
     verdicts = await wait_for(
-        lambda: _judged_when(settings, len(committed)), what="4 committed jobs in the log"
+        lambda: judged_once_all_there(settings, len(committed)), what="4 committed jobs in the log"
     )
     assert verdicts.assert_exactly_once(committed) == 0
     assert not set(rolled_back) & set(verdicts.copies)
     assert rows(postgres_dsn, table) == 0
-
-
-async def _judged_when(settings: Settings, count: int):  # type: ignore[no-untyped-def]
-    verdicts = await judge(settings)
-    return verdicts if len(verdicts.copies) >= count else None
 
 
 class _CrashAfterAck:

@@ -18,7 +18,7 @@ from tests.integration.engine import wait_for
 from tests.integration.outbox_rig import (
     commit_orders,
     fresh_table,
-    judge,
+    judged_once_all_there,
     outbox_app,
     rows,
     start_relay,
@@ -74,14 +74,11 @@ async def test_rows_committed_while_the_broker_is_down_are_relayed_once_it_is_ba
         await asyncio.to_thread(private_broker.up)
         await until_drained(postgres_dsn, table, timeout_s=120)
         verdicts = await wait_for(
-            lambda: _all_there(settings, len(job_ids)), what="every job in the log", timeout_s=60
+            lambda: judged_once_all_there(settings, len(job_ids)),
+            what="every job in the log",
+            timeout_s=60,
         )
         verdicts.assert_exactly_once(job_ids)
         assert relay.proc.poll() is None, "the relay rode the outage out: " + relay.lines()
     finally:
         relay.stop()
-
-
-async def _all_there(settings: Settings, count: int):  # type: ignore[no-untyped-def]
-    verdicts = await judge(settings)
-    return verdicts if len(verdicts.copies) >= count else None
