@@ -36,7 +36,7 @@ from evsched.devstack.terminal import Terminal
 from evsched.settings import DEFAULT_EVENT_PARTITIONS, DEFAULT_NAMESPACE, Settings
 
 # Who writes on the dev stack's terminal: its processes, the broker's status and `evsched dev`.
-NAMES = ("node", "worker", "api", "relay", "demo", "kafka", "postgres", "dev")
+NAMES = ("node", "worker", "api", "relay", "demo", "kafka", "db", "dev")
 DSN_ENV = "EVSCHED_OUTBOX_DSN"
 # How long the last lines of a stopped child may take to reach the terminal.
 DRAIN_S = 5.0
@@ -145,7 +145,7 @@ class DevStack:
         self.postgres = server
         status = server.up()
         init_table_sync(status.dsn)
-        self.terminal.write("postgres", f"{status.dsn} (pid {status.pid}); outbox table ready")
+        self.terminal.write("db", f"{status.dsn} (pid {status.pid}); outbox table ready")
         return status.dsn
 
     def _queues(self) -> list[str]:
@@ -224,7 +224,7 @@ class DevStack:
         if self.postgres is not None:
             self.postgres.down()
             shutil.rmtree(self.postgres.data_dir, ignore_errors=True)
-            self.terminal.write("postgres", "stopped")
+            self.terminal.write("db", "stopped")
 
 
 def stop_on_signals() -> None:
