@@ -15,6 +15,8 @@ import contextlib
 import gc
 import os
 import secrets
+import shutil
+import tempfile
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -24,11 +26,13 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from evsched.adapters.kafka.topics import ensure_topics
-from evsched.devstack.broker import LocalBroker
+from evsched.devstack.broker import BrokerStatus, LocalBroker
 from evsched.devstack.errors import DevstackError
+from evsched.devstack.postgres import LocalPostgres
 from evsched.devstack.process import free_port
 
 BOOTSTRAP_ENV = "EVSCHED_KAFKA_BOOTSTRAP"
+POSTGRES_DSN_ENV = "EVSCHED_TEST_POSTGRES_DSN"
 TEST_EVENT_PARTITIONS = 3
 TEST_QUEUES = ("default",)
 
@@ -134,6 +138,20 @@ def _local_bootstrap(
     return status.bootstrap
 
 
+def start_private_broker(data_dir: Path) -> tuple[LocalBroker, BrokerStatus]:
+    """A broker of one test's own, for tests that stop or freeze it (the session's must never be):
+    skipped when it cannot start, failed under ``CI=true``. The caller stops it (``down``)."""
+    port, controller_port = _distinct_free_ports()
+    broker = LocalBroker(data_dir, port, controller_port, ready_timeout_s=180.0)
+    try:
+        status = broker.up()
+    except DevstackError as exc:
+        if _in_ci():
+            pytest.fail(f"private broker: {exc}")
+        pytest.skip(f"private broker: {exc}")
+    return broker, status
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The bootstrap address of a broker that lives for the whole session."""
@@ -152,6 +170,35 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 pytest.fail(f"{reason} (CI=true: broker tests must run)", pytrace=False)
             pytest.skip(reason)
         yield bootstrap
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> Iterator[str]:
+    """A PostgreSQL server for the whole session: ``EVSCHED_TEST_POSTGRES_DSN``, or a private
+    cluster (Debian's initdb and postgres) in a temp dir on a free port, like the local broker.
+
+    Skipped without the server programs, except under ``CI=true``, where that is a failure.
+    """
+    external = os.environ.get(POSTGRES_DSN_ENV, "").strip()
+    if external:
+        yield external
+        return
+    # Not under pytest's temp dir: as root, the server runs as the postgres user, who cannot
+    # enter /tmp/pytest-of-root.
+    data_dir = Path(tempfile.mkdtemp(prefix="evsched-pg-"))
+    server = LocalPostgres(data_dir, free_port(), durable=False)
+    try:
+        status = server.up()
+    except DevstackError as exc:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        if _in_ci():
+            pytest.fail(f"no PostgreSQL: {exc} (CI=true: outbox tests must run)", pytrace=False)
+        pytest.skip(f"no PostgreSQL: {exc}")
+    try:
+        yield status.dsn
+    finally:
+        server.down()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def unique_name(prefix: str) -> str:

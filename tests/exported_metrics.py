@@ -1,4 +1,4 @@
-"""The metric names evsched's API, nodes and workers export, as scrapes show them (suffixes too)."""
+"""The metric names evsched's API, nodes, workers and relays export, as scrapes show them."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
-from evsched.metrics import Metrics, WorkerInstruments, add_process_collectors
+from evsched.metrics import Metrics, RelayInstruments, WorkerInstruments, add_process_collectors
 from evsched.runtime.node.metrics import NodeMetrics
 from evsched.runtime.node.node import Node, NodeConfig
 from evsched.settings import Settings
@@ -38,14 +38,16 @@ def _registries(data_dir: Path) -> list[CollectorRegistry]:
     Node(NodeConfig(settings=Settings(), node_id="n", data_dir=data_dir), node)
     worker = WorkerInstruments()
     worker.serving(["q"])
-    registries = [api.registry, node.folded.registry, worker.registry]
-    for registry in registries[1:]:  # nodes and workers serve the process collectors too
+    relay = RelayInstruments()
+    relay.failures.labels("broker")
+    registries = [api.registry, node.folded.registry, worker.registry, relay.registry]
+    for registry in registries[1:]:  # nodes, workers and relays serve the process collectors too
         add_process_collectors(registry)
     return registries
 
 
 def exported_names(data_dir: Path) -> frozenset[str]:
-    """Every sample name a scrape of the API, a node or a worker can show."""
+    """Every sample name a scrape of the API, a node, a worker or a relay can show."""
     return frozenset(
         name
         for registry in _registries(data_dir)

@@ -482,6 +482,61 @@ class WorkerInstruments:
         self.skipped.labels(reason).inc()
 
 
+# From an outbox row's insert to the broker's acknowledgement of its event: milliseconds to minutes.
+RELAY_LAG_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 15.0, 60.0, 300.0)
+
+
+class RelayInstruments:
+    """What an outbox relay (``evsched relay``) sees: the table's backlog and its own sends."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = registry if registry is not None else CollectorRegistry()
+        self.registry = registry
+        self.pending = Gauge(
+            "evsched_outbox_rows_pending",
+            "Committed outbox rows not yet relayed to Kafka (read by every relay, leader or not).",
+            registry=registry,
+        )
+        self.oldest_age = Gauge(
+            "evsched_outbox_oldest_row_age_seconds",
+            "Age of the oldest outbox row waiting, on the database's clock; 0 when none waits.",
+            registry=registry,
+        )
+        self.lag = Histogram(
+            "evsched_outbox_relay_lag_seconds",
+            "From a row's insert to its deletion after the broker acknowledged its event.",
+            buckets=RELAY_LAG_BUCKETS_S,
+            registry=registry,
+        )
+        self.relayed = PromCounter(
+            "evsched_outbox_rows_relayed",
+            "Outbox rows this relay appended to the events topic and deleted.",
+            registry=registry,
+        )
+        self.failures = PromCounter(
+            "evsched_outbox_relay_failures",
+            "Batches this relay could not finish, by cause: broker or database.",
+            ["cause"],
+            registry=registry,
+        )
+        self.leader = Gauge(
+            "evsched_outbox_relay_leader",
+            "1 while this relay holds the table's advisory lock (the one that relays), else 0.",
+            registry=registry,
+        )
+
+    def backlog(self, rows: int, oldest_s: float) -> None:
+        self.pending.set(rows)
+        self.oldest_age.set(oldest_s)
+
+    def relayed_rows(self, ages_s: Iterable[float]) -> None:
+        count = 0
+        for age in ages_s:
+            self.lag.observe(age)
+            count += 1
+        self.relayed.inc(count)
+
+
 # The options of long-running processes that serve their metrics themselves (nodes, workers).
 def add_process_collectors(registry: CollectorRegistry) -> None:
     """``process_*`` and ``python_*`` metrics in ``registry``; calling it again adds nothing."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.conftest import unique_name
+from tests.conftest import start_private_broker, unique_name
 from tests.integration.engine import wait_for
 
 from evsched.adapters.kafka.queues import FixedQueues
@@ -24,9 +24,7 @@ from evsched.adapters.kafka.topics import ensure_topics
 from evsched.api import create_app
 from evsched.client import App
 from evsched.core import ids
-from evsched.devstack.broker import LocalBroker
-from evsched.devstack.errors import DevstackError
-from evsched.devstack.process import free_port, proc_state
+from evsched.devstack.process import proc_state
 from evsched.runtime.replica import Replica
 from evsched.settings import Settings
 
@@ -39,17 +37,7 @@ TOKEN = "frozen-broker-write-token"
 @pytest.fixture
 def private_broker(tmp_path: Path, kafka_bootstrap: str) -> Iterator[tuple[str, int]]:
     """A broker for this test alone: (bootstrap, pid). Needs the jars the session broker uses."""
-    port = free_port()
-    controller_port = free_port()
-    while controller_port == port:
-        controller_port = free_port()
-    broker = LocalBroker(tmp_path / "kafka", port, controller_port, ready_timeout_s=180.0)
-    try:
-        status = broker.up()
-    except DevstackError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"private broker: {exc}")
-        pytest.skip(f"private broker: {exc}")
+    broker, status = start_private_broker(tmp_path / "kafka")
     assert status.pid is not None
     try:
         yield status.bootstrap, status.pid

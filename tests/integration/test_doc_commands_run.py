@@ -65,6 +65,9 @@ HELP_ONLY: dict[tuple[str, ...], str] = {
     ("kafka", "down"): "stops the brokers of the default data dir, which may be a developer's",
     ("namespace", "migrate"): "moves the namespace's schedules away from under the other "
     "commands (test_namespace_migrate.py runs it; with --dry-run it runs here)",
+    ("relay",): "serves until stopped, and needs PostgreSQL (test_outbox.py runs it)",
+    ("outbox", "init"): "needs PostgreSQL (test_outbox_cli.py runs it on the test server)",
+    ("outbox", "status"): "needs PostgreSQL (test_outbox_cli.py runs it on the test server)",
 }
 # Options added to a command that would otherwise run until stopped, and why.
 RUN_WITH: dict[tuple[str, ...], tuple[str, ...]] = {

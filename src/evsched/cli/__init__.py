@@ -8,6 +8,7 @@ from evsched.cli.api import api_command
 from evsched.cli.dev import dev_command
 from evsched.cli.kafka import kafka_app
 from evsched.cli.node import node_command
+from evsched.cli.relay import relay_command
 from evsched.cli.worker import worker_command
 from evsched.logging import configure_logging
 from evsched.operator import register as register_operator_commands
@@ -20,6 +21,7 @@ app.command("api")(api_command)
 register_operator_commands(app)
 app.command("node")(node_command)
 app.command("dev")(dev_command)
+app.command("relay")(relay_command)
 
 
 def main() -> None:

@@ -1,18 +1,22 @@
 """``evsched dev``: the whole local stack in one command — broker, node, worker and API.
 
 It starts (or reuses) the local broker, provisions the namespace's topics, runs a node, a worker and
-the API as child processes, each of their lines behind the process's name (``worker │ ...``),
-optionally enqueues the example app's demo jobs, and on Ctrl-C stops the children and the broker
-it started, by their pids. The broker logs to files in its data dir, not to the terminal.
+the API as child processes (with ``--with-postgres``, also a throw-away PostgreSQL with the outbox
+table and an ``evsched relay``; its DSN in ``EVSCHED_OUTBOX_DSN``), each of their lines behind the
+process's name (``worker │ ...``), optionally enqueues the example app's demo jobs, and on Ctrl-C
+stops the children and the broker (and PostgreSQL) it started, by their pids. The broker logs to
+files in its data dir, not to the terminal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +30,14 @@ from evsched.adapters.proofs import KEY_FILE_ENV as NODE_KEY_FILE_ENV
 from evsched.adapters.proofs import generate_key as generate_node_key
 from evsched.adapters.signing import KEY_ENV, KEY_FILE_ENV, DispatchKey
 from evsched.devstack.broker import LocalBroker
+from evsched.devstack.postgres import LocalPostgres
+from evsched.devstack.process import free_port
 from evsched.devstack.terminal import Terminal
 from evsched.settings import DEFAULT_EVENT_PARTITIONS, DEFAULT_NAMESPACE, Settings
 
 # Who writes on the dev stack's terminal: its processes, the broker's status and `evsched dev`.
-NAMES = ("node", "worker", "api", "demo", "kafka", "dev")
+NAMES = ("node", "worker", "api", "relay", "demo", "kafka", "db", "dev")
+DSN_ENV = "EVSCHED_OUTBOX_DSN"
 # How long the last lines of a stopped child may take to reach the terminal.
 DRAIN_S = 5.0
 
@@ -43,6 +50,8 @@ class DevStack:
     partitions: int = DEFAULT_EVENT_PARTITIONS
     demo: bool = True
     api_port: int = 8080
+    with_postgres: bool = False
+    postgres: LocalPostgres | None = None
     children: list[subprocess.Popen[bytes]] = field(default_factory=list)
     started_broker: LocalBroker | None = None
     demo_process: subprocess.Popen[bytes] | None = None
@@ -100,6 +109,9 @@ class DevStack:
             )
         )
         env = self.env(bootstrap)
+        if self.with_postgres:
+            env[DSN_ENV] = self._start_postgres()
+            self._spawn(env, "relay", "--dsn", env[DSN_ENV])
         self._spawn(env, "node", "--data-dir", str(self.data_dir / "node"), "--node-id", "dev")
         self._spawn(env, "worker", "--app", self.app)
         api_dir = str(self.data_dir / "api")
@@ -123,6 +135,18 @@ class DevStack:
             module = self.app.partition(":")[0]
             self.demo_process = self._start("demo", [sys.executable, "-m", module], env)
         self._wait()
+
+    def _start_postgres(self) -> str:
+        """A throw-away PostgreSQL for the demo, with the outbox table: its DSN."""
+        from evsched.outbox import init_table_sync  # noqa: PLC0415 — the outbox extra
+
+        # Under /tmp: as root the server runs as the postgres user, who must reach its files.
+        server = LocalPostgres(Path(tempfile.mkdtemp(prefix="evsched-dev-pg-")), free_port())
+        self.postgres = server
+        status = server.up()
+        init_table_sync(status.dsn)
+        self.terminal.write("db", f"{status.dsn} (pid {status.pid}); outbox table ready")
+        return status.dsn
 
     def _queues(self) -> list[str]:
         from evsched.client.loader import load_app  # noqa: PLC0415 — imports the user's app
@@ -159,7 +183,12 @@ class DevStack:
             f"enqueue from Python:  EVSCHED_KAFKA_BOOTSTRAP={bootstrap} python -m examples.app\n"
             f"enqueue over HTTP:    curl -X POST {api}/v1/jobs -H 'content-type: application/json'"
             """ -d '{"task": "example.noop"}'\n"""
-            "stop everything:      Ctrl-C",
+            + (
+                f"outbox database:      {DSN_ENV}={self.postgres.dsn} (docs/outbox.md)\n"
+                if self.postgres is not None
+                else ""
+            )
+            + "stop everything:      Ctrl-C",
         )
 
     def _wait(self) -> None:
@@ -189,6 +218,13 @@ class DevStack:
         if self.started_broker is not None:
             self.started_broker.down()
             self.terminal.write("kafka", "stopped")
+        self._stop_postgres()
+
+    def _stop_postgres(self) -> None:
+        if self.postgres is not None:
+            self.postgres.down()
+            shutil.rmtree(self.postgres.data_dir, ignore_errors=True)
+            self.terminal.write("db", "stopped")
 
 
 def stop_on_signals() -> None:
@@ -213,6 +249,15 @@ def dev_command(
         bool, typer.Option("--demo/--no-demo", help="Run the app module's main() once.")
     ] = True,
     api_port: Annotated[int, typer.Option("--api-port", min=1, max=65_535)] = 8080,
+    with_postgres: Annotated[
+        bool,
+        typer.Option(
+            "--with-postgres",
+            help="Also a throw-away PostgreSQL with the outbox table, and an evsched relay.",
+        ),
+    ] = False,
 ) -> None:
     """Run the local stack: broker, node, worker and API with an app; Ctrl-C stops it all."""
-    DevStack(app=app_ref, data_dir=data_dir, demo=demo, api_port=api_port).run()
+    DevStack(
+        app=app_ref, data_dir=data_dir, demo=demo, api_port=api_port, with_postgres=with_postgres
+    ).run()

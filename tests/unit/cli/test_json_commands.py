@@ -65,6 +65,8 @@ NEEDS_BROKER: dict[tuple[str, ...], list[str]] = {
     ("workflow", "cancel"): ["job"],
     ("workflow", "requeue"): ["job"],
     ("namespace", "migrate"): ["--to", "other"],
+    # A database, not a broker: tests/integration/test_outbox_cli.py runs it on PostgreSQL.
+    ("outbox", "status"): ["--dsn", "postgresql://nobody@127.0.0.1:1/none"],
 }
 
 CHILD = textwrap.dedent(

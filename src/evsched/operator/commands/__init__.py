@@ -11,6 +11,7 @@ from evsched.operator.commands import (
     export,
     jobs,
     namespace,
+    outbox,
     queues,
     rebuild,
     replay,
@@ -47,6 +48,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(queues.queues_app(), name="queues", epilog=EXIT_CODES_HELP)
     app.add_typer(workflow.workflow_app(), name="workflow", epilog=EXIT_CODES_HELP)
     app.add_typer(namespace.namespace_app(), name="namespace", epilog=EXIT_CODES_HELP)
+    app.add_typer(outbox.outbox_app(), name="outbox", epilog=EXIT_CODES_HELP)
 
 
 __all__ = ["EXIT_CODES_HELP", "register"]
