@@ -50,7 +50,7 @@ from evsched.adapters.kafka.partition_log import KafkaPartitionLog
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.rebuild import PartitionPlan, rebuild_one
 from evsched.ports import Outgoing
-from evsched.runtime.projection.changelog import ChangelogWriter, Meta
+from evsched.runtime.projection.changelog import META_FORMAT, ChangelogWriter, Meta
 from evsched.runtime.projection.changelog_restore import restore_partition
 from evsched.runtime.projection.projector import Projector
 from evsched.runtime.projection.restore import restore
@@ -62,13 +62,14 @@ RETENTION_MS = 60_000  # at a job per millisecond of log time: about 60k live jo
 
 
 def changelog_records(index: PartitionIndex, topic: str) -> tuple[list[Outgoing], Counter[str]]:
-    """What compaction leaves of the index's changelog: its mirrored keys (live ones only: a
-    purge's deletes were tombstones) and the meta record; and the keys per column family."""
+    """What compaction leaves of the index's changelog: a record per live job (its state and
+    timeline) and per other mirrored key (a purge's deletes were tombstones), and the meta
+    record; and the records per family (``job`` for the jobs' records)."""
     writer = ChangelogWriter(topic, 0)
-    changes = [*index.mirrored()]
-    records = [*writer.snapshot(changes)]
+    records = [*writer.snapshot(index)]
+    families = Counter(key.partition(b"\x00")[0].decode() for r in records if (key := r.key))
     records.append(writer.meta(Meta(index.applied_offset(), FOLD_VERSION)))
-    return records, Counter(family for family, _, _ in changes)
+    return records, families
 
 
 async def write_changelog(bootstrap: str, records: list[Outgoing]) -> None:
@@ -218,7 +219,8 @@ def main() -> None:
     jobs = max(1, round(args.events / EVENTS_PER_JOB))
     shown = "off" if args.retention_ms is None else args.retention_ms
     kept = "" if args.retention_ms is None else f"-r{args.retention_ms}"
-    namespace = f"benchrestore-{jobs}-{args.tail}-{args.seed}{kept}"
+    # The changelog's format in the name: a run of another format writes its own ``<ns>.state``.
+    namespace = f"benchrestore-f{META_FORMAT}-{jobs}-{args.tail}-{args.seed}{kept}"
     settings = Settings(bootstrap=bootstrap, namespace=namespace, event_partitions=1)
     end = asyncio.run(the_log(settings, jobs, args.seed, args.retention_ms))
     work = Path(tempfile.mkdtemp(prefix="evsched-restore-"))
