@@ -61,6 +61,12 @@ EVENTS_PER_JOB = 4.4  # what the generated histories average, purges aside (one 
 RETENTION_MS = 60_000  # at a job per millisecond of log time: about 60k live jobs at the end
 
 
+def state_topic(settings: Settings) -> str:
+    """The changelog's topic: one per format, so runs of the code before a format change (their
+    log generated once) and after it write changelogs of their own beside the same log."""
+    return f"{settings.namespace}.state" + ("" if META_FORMAT == 1 else f".f{META_FORMAT}")
+
+
 def changelog_records(index: PartitionIndex, topic: str) -> tuple[list[Outgoing], Counter[str]]:
     """What compaction leaves of the index's changelog: a record per live job (its state and
     timeline) and per other mirrored key (a purge's deletes were tombstones), and the meta
@@ -113,7 +119,7 @@ async def take_over(settings: Settings, end: int, data_dir: Path) -> dict[str, A
     started = time.perf_counter()
     async with KafkaPartitionLog(
         settings,
-        f"{settings.namespace}.state",
+        state_topic(settings),
         [0],
         client_id="bench-restore",
         max_partition_fetch_bytes=16 << 20,
@@ -206,7 +212,7 @@ def snapshot(settings: Settings, at: int, directory: Path) -> tuple[int, int, Co
     index = PartitionIndex(directory, 0)
     try:
         live_jobs = sum(1 for _ in index.jobs())
-        records, families = changelog_records(index, f"{settings.namespace}.state")
+        records, families = changelog_records(index, state_topic(settings))
     finally:
         index.close()
     asyncio.run(write_changelog(settings.bootstrap, records))
@@ -219,8 +225,7 @@ def main() -> None:
     jobs = max(1, round(args.events / EVENTS_PER_JOB))
     shown = "off" if args.retention_ms is None else args.retention_ms
     kept = "" if args.retention_ms is None else f"-r{args.retention_ms}"
-    # The changelog's format in the name: a run of another format writes its own ``<ns>.state``.
-    namespace = f"benchrestore-f{META_FORMAT}-{jobs}-{args.tail}-{args.seed}{kept}"
+    namespace = f"benchrestore-{jobs}-{args.tail}-{args.seed}{kept}"
     settings = Settings(bootstrap=bootstrap, namespace=namespace, event_partitions=1)
     end = asyncio.run(the_log(settings, jobs, args.seed, args.retention_ms))
     work = Path(tempfile.mkdtemp(prefix="evsched-restore-"))

@@ -43,7 +43,13 @@ import struct
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 
-from evsched.adapters.index.keys import JOBS, TIMELINE, job_timeline_prefix, timeline_job
+from evsched.adapters.index.keys import (
+    JOBS,
+    TIMELINE,
+    job_timeline_prefix,
+    prefix_end,
+    timeline_job,
+)
 from evsched.adapters.index.store import DERIVED_FAMILIES, STAGED_JOBS, PartitionIndex
 from evsched.adapters.index.writes import Change, PreparedWrite
 from evsched.ports import Outgoing, PartitionLog, Record
@@ -64,6 +70,12 @@ JOB_RECORD = "job"
 _JOB_HEAD = struct.Struct(">BI")
 _ENTRY_HEAD = struct.Struct(">8sI")
 JOB_FORMAT = 2
+# A job's record holds its timeline entries up to this many bytes in all; the others (a huge
+# event, or a job with thousands of them, a forger's included) go as records of their own
+# (``timeline``, a NUL, the index key), which the job's record lists by offset (length
+# ``OWN_RECORD``): a record stays well below the topic's 4 MB (topics.STATE_MAX_MESSAGE_BYTES).
+INLINE_ENTRIES_BYTES = 512 << 10
+OWN_RECORD = 0xFFFFFFFF
 
 # Kafka Streams writes a store's cache out at each commit (100 ms under exactly-once). A job's
 # life here is a few steps (enqueued, leased, started, ended) spread over tens of milliseconds
@@ -130,19 +142,41 @@ def decode_change(record: Record) -> Change | None:
     return family.decode(), key, record.value
 
 
-def encode_job(state: bytes | None, entries: Iterable[tuple[bytes, bytes]]) -> bytes | None:
-    """A job's record: its state and timeline entries; None (a tombstone) when it has neither."""
+def job_records(
+    job_id: bytes, state: bytes | None, entries: Iterable[tuple[bytes, bytes]]
+) -> list[tuple[bytes, bytes | None]]:
+    """A job's records as (key, value): its own record, after the entries that do not fit in it
+    (past ``INLINE_ENTRIES_BYTES``), each a ``timeline`` record of its own that it lists."""
+    listed: list[tuple[bytes, bytes | None]] = []
+    out: list[tuple[bytes, bytes | None]] = []
+    inline = 0
+    prefix = job_timeline_prefix(job_id)
+    for suffix, value in entries:
+        if inline + len(value) <= INLINE_ENTRIES_BYTES:
+            inline += len(value)
+            listed.append((suffix, value))
+        else:
+            out.append((change_key(TIMELINE, prefix + suffix), value))
+            listed.append((suffix, None))
+    out.append((change_key(JOB_RECORD, job_id), encode_job(state, listed)))
+    return out
+
+
+def encode_job(state: bytes | None, entries: Iterable[tuple[bytes, bytes | None]]) -> bytes | None:
+    """A job's record: its state and timeline entries (None: an entry sent as its own record,
+    listed by offset only); None (a tombstone) when it has neither state nor entries."""
     parts = [_JOB_HEAD.pack(JOB_FORMAT, 0 if state is None else len(state)), state or b""]
     for suffix, value in entries:
-        parts.append(_ENTRY_HEAD.pack(suffix, len(value)))
-        parts.append(value)
+        parts.append(_ENTRY_HEAD.pack(suffix, OWN_RECORD if value is None else len(value)))
+        parts.append(value or b"")
     if state is None and len(parts) == 2:
         return None
     return b"".join(parts)
 
 
-def job_changes(job_id: bytes, value: bytes) -> list[Change]:
-    """The ``jobs`` and ``timeline`` puts a job's record stands for; ValueError if malformed."""
+def job_changes(job_id: bytes, value: bytes) -> tuple[list[Change], set[bytes]]:
+    """The ``jobs`` and ``timeline`` puts a job's record stands for, and the ``timeline`` keys
+    of every entry it lists (those sent as records of their own too); ValueError if malformed."""
     form, size = _JOB_HEAD.unpack_from(value)
     if form != JOB_FORMAT:
         raise ValueError(f"job record of format {form}, not {JOB_FORMAT}")
@@ -152,14 +186,17 @@ def job_changes(job_id: bytes, value: bytes) -> list[Change]:
         changes.append((JOBS, job_id, value[at : at + size]))
         at += size
     prefix = job_timeline_prefix(job_id)
+    listed: set[bytes] = set()
     while at < len(value):
         suffix, length = _ENTRY_HEAD.unpack_from(value, at)
         at += _ENTRY_HEAD.size
-        changes.append((TIMELINE, prefix + suffix, value[at : at + length]))
-        at += length
+        listed.add(prefix + suffix)
+        if length != OWN_RECORD:
+            changes.append((TIMELINE, prefix + suffix, value[at : at + length]))
+            at += length
     if at != len(value):
         raise ValueError("job record ends inside an entry")
-    return changes
+    return changes, listed
 
 
 class ChangelogWriter:
@@ -204,8 +241,9 @@ class ChangelogWriter:
         if self.dirty_since is None:
             return []
         out = [
-            self._record(change_key(JOB_RECORD, job_id), encode_job(state, entries))
+            self._record(key, value)
             for job_id, state, entries in index.job_records(sorted(self._jobs))
+            for key, value in job_records(job_id, state, entries)
         ]
         out += [
             self._record(change_key(family, key), index.get(family, key))
@@ -241,7 +279,8 @@ class ChangelogWriter:
             else:
                 continue
         for job_id, state, entries in index.job_records(sorted(ids)):
-            yield self._record(change_key(JOB_RECORD, job_id), encode_job(state, entries))
+            for key, value in job_records(job_id, state, entries):
+                yield self._record(key, value)
         for family, key, value in index.mirrored():
             if family != JOBS and not (family == TIMELINE and timeline_job(key) is not None):
                 yield self._record(change_key(family, key), value)
@@ -285,21 +324,27 @@ async def restore_into(
     start = (await log.start_offsets([partition]))[partition]
     end = (await log.end_offsets([partition]))[partition]
     found: Meta | None = None
+    loose: set[bytes] = set()  # jobs with timeline entries sent as records of their own
     async for records in _read(log, partition, start, end):
         for first in range(0, len(records), LOAD_CHUNK_RECORDS):
             chunk = records[first : first + LOAD_CHUNK_RECORDS]
-            found = await offload(functools.partial(_load, index, chunk)) or found
+            found = await offload(functools.partial(_load, index, chunk, loose)) or found
     if found is not None:
         meta = found
+        if meta.format != META_FORMAT:
+            loose.clear()  # format 1: every entry is a record of its own, and no job's lists it
         after: bytes | None = b""
         while after is not None:
-            after = await offload(functools.partial(_unstage, index, after))
+            after = await offload(functools.partial(_unstage, index, after, loose))
+        await offload(functools.partial(_drop_unlisted, index, loose))
         await offload(lambda: index.finish_load(meta.applied_offset, meta.fold_version))
     return found
 
 
-def _load(index: PartitionIndex, records: list[Record]) -> Meta | None:
-    """Write the changes of ``records`` into ``index``; the newest meta among them, if any."""
+def _load(index: PartitionIndex, records: list[Record], loose: set[bytes]) -> Meta | None:
+    """Write the changes of ``records`` into ``index``; the newest meta among them, if any.
+
+    Jobs whose timeline entries came as records of their own are added to ``loose``."""
     changes: list[Change] = []
     found: Meta | None = None
     for record in records:
@@ -311,23 +356,43 @@ def _load(index: PartitionIndex, records: list[Record]) -> Meta | None:
             changes.append((STAGED_JOBS, change[1], change[2]))
         elif change[0] not in DERIVED_FAMILIES:  # format 1 mirrored ``keys``: derived now
             changes.append(change)
+            if change[0] == TIMELINE and (job_id := timeline_job(change[1])) is not None:
+                loose.add(job_id)
     index.load(changes)
     return found
 
 
-def _unstage(index: PartitionIndex, start: bytes) -> bytes | None:
+def _unstage(index: PartitionIndex, start: bytes, loose: set[bytes]) -> bytes | None:
     """Unpack up to ``LOAD_CHUNK_RECORDS`` staged job records from key ``start`` on; the key to
-    go on from, None once all are."""
+    go on from, None once all are.
+
+    A ``loose`` job's entries that its newest record does not list are older records of their
+    own, which the job has deleted since (a purge): they go."""
     changes: list[Change] = []
     last: bytes | None = None
     for count, (job_id, value) in enumerate(index.scan(STAGED_JOBS, start), start=1):
-        changes += job_changes(job_id, value)
+        puts, listed = job_changes(job_id, value)
+        changes += puts
+        if job_id in loose:
+            loose.discard(job_id)
+            changes += [(TIMELINE, key, None) for key in _timeline_keys(index, job_id) - listed]
         changes.append((STAGED_JOBS, job_id, None))
         last = job_id
         if count >= LOAD_CHUNK_RECORDS:
             break
     index.load(changes)
     return None if last is None else last + SEPARATOR
+
+
+def _drop_unlisted(index: PartitionIndex, loose: set[bytes]) -> None:
+    """Delete the entries of ``loose`` jobs that no job record lists (the job is gone)."""
+    for job_id in sorted(loose):
+        index.load([(TIMELINE, key, None) for key in sorted(_timeline_keys(index, job_id))])
+
+
+def _timeline_keys(index: PartitionIndex, job_id: bytes) -> set[bytes]:
+    prefix = job_timeline_prefix(job_id)
+    return {key for key, _ in index.scan(TIMELINE, prefix, prefix_end(prefix))}
 
 
 async def changelog_keys(log: PartitionLog, partition: int) -> set[bytes]:

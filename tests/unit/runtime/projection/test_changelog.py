@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from evsched.adapters.index.keys import KEYS, job_timeline_prefix
+from evsched.adapters.index.keys import KEYS, job_timeline_prefix, timeline_job
 from evsched.adapters.index.store import JOBS, TIMELINE, IndexBatch, PartitionIndex
 from evsched.core.events import Effect
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.planner import PlannerBudgets
 from evsched.ports import Outgoing, Record
+from evsched.runtime.projection import changelog as changelog_module
 from evsched.runtime.projection.changelog import (
     JOB_RECORD,
     META_KEY,
@@ -122,7 +123,9 @@ async def test_each_flush_has_one_record_per_changed_job_and_ends_with_a_meta_re
             timeline = [*driver.owner.index.scan(TIMELINE, job_timeline_prefix(job_id))]
             mine = [(k, v) for k, v in timeline if k.startswith(job_timeline_prefix(job_id))]
             expected = [(JOBS, job_id, driver.owner.index.get(JOBS, job_id))]
-            assert job_changes(job_id, change[2]) == expected + [(TIMELINE, k, v) for k, v in mine]
+            puts, listed = job_changes(job_id, change[2])
+            assert puts == expected + [(TIMELINE, k, v) for k, v in mine]
+            assert listed == {k for k, _ in mine}
 
 
 async def test_a_job_changed_across_flushes_gets_a_record_in_each(driver: NodeDriver) -> None:
@@ -226,7 +229,7 @@ async def test_a_purged_job_keeps_a_record_of_its_mark_then_a_tombstone(
     assert driver.job("a") is None
     last = [decode_change(r) for r in _state_records(driver)[-1]]
     [(_, _, value)] = [c for c in last if c is not None and c[:2] == (JOB_RECORD, b"a")]
-    assert value is not None and [c[0] for c in job_changes(b"a", value)] == [TIMELINE]
+    assert value is not None and [c[0] for c in job_changes(b"a", value)[0]] == [TIMELINE]
     restored, _ = await _restored(driver, tmp_path / "restored")
     try:
         assert restored.job("a") is None and restored.job("kept") is not None
@@ -290,17 +293,24 @@ async def test_a_changelog_of_format_1_still_restores(driver: NodeDriver, tmp_pa
 
 
 def test_a_job_record_round_trips_and_a_malformed_one_is_refused() -> None:
-    entries = [(struct.pack(">Q", 7), b"entry"), (struct.pack(">Q", 9), b"")]
+    entries: list[tuple[bytes, bytes | None]] = [
+        (struct.pack(">Q", 7), b"entry"),
+        (struct.pack(">Q", 9), b""),
+        (struct.pack(">Q", 11), None),  # sent as a record of its own
+    ]
     value = encode_job(b"state", entries)
     assert value is not None
     prefix = job_timeline_prefix(b"j1")
-    assert job_changes(b"j1", value) == [
-        (JOBS, b"j1", b"state"),
-        (TIMELINE, prefix + struct.pack(">Q", 7), b"entry"),
-        (TIMELINE, prefix + struct.pack(">Q", 9), b""),
-    ]
+    assert job_changes(b"j1", value) == (
+        [
+            (JOBS, b"j1", b"state"),
+            (TIMELINE, prefix + struct.pack(">Q", 7), b"entry"),
+            (TIMELINE, prefix + struct.pack(">Q", 9), b""),
+        ],
+        {prefix + struct.pack(">Q", n) for n in (7, 9, 11)},
+    )
     assert encode_job(None, []) is None
-    assert job_changes(b"j1", encode_job(None, entries) or b"")[0][0] == TIMELINE
+    assert job_changes(b"j1", encode_job(None, entries) or b"")[0][0][0] == TIMELINE
     with pytest.raises(ValueError, match="format"):
         job_changes(b"j1", b"\x09" + value[1:])
     with pytest.raises((ValueError, struct.error)):
@@ -330,3 +340,24 @@ def test_meta_covers_only_a_complete_snapshot_of_this_fold_reaching_the_log_star
     assert not Meta(99, FOLD_VERSION, complete=False).covers(FOLD_VERSION, log_start=0)
     assert decode_meta(b"\x03" + bytes(17)) is None  # a format this version does not know
     assert decode_meta(b"\x01" + bytes(17)) == Meta(0, 0, format=1)
+
+
+async def test_a_job_too_large_for_one_record_sends_its_entries_on_their_own(
+    driver: NodeDriver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries past the record's budget (a huge event, a forger's thousands) go as records of
+    their own, listed by the job's; a restore drops those its newest record no longer lists."""
+    monkeypatch.setattr(changelog_module, "INLINE_ENTRIES_BYTES", 200)
+    driver.append(enqueue("a"), enqueue("kept", run_at=10**13))
+    await run_to_success(driver, "a")
+    await _flush(driver)
+    [flush] = _state_records(driver)
+    own = [c for r in flush if (c := decode_change(r)) and c[0] == TIMELINE]
+    assert {timeline_job(key) for _, key, _ in own} == {b"a"} and len(own) >= 2
+    assert all(len(r.value or b"") < 1_000 for r in flush if r.key and r.key.startswith(b"job"))
+    assert await _restored_digest(driver, tmp_path / "whole") == driver.owner.index.digest()
+    driver.advance(60.0)  # "a" is purged: its entries but the purge's go, not listed any more
+    await driver.settle()
+    await _flush(driver)
+    assert len(driver.job_timeline("a")) == 1
+    assert await _restored_digest(driver, tmp_path / "purged") == driver.owner.index.digest()
