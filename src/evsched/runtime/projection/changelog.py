@@ -276,8 +276,6 @@ class ChangelogWriter:
                 ids.add(key)
             elif family == TIMELINE and (job_id := timeline_job(key)) is not None:
                 ids.add(job_id)
-            else:
-                continue
         for job_id, state, entries in index.job_records(sorted(ids)):
             for key, value in job_records(job_id, state, entries):
                 yield self._record(key, value)
