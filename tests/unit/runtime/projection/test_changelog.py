@@ -184,10 +184,16 @@ async def test_a_crash_between_commit_and_index_leaves_a_whole_snapshot(
         assert index.digest() == driver.owner.index.digest()
     finally:
         index.close()
+    await _restart_and_compare(driver, tmp_path / "restored")
+
+
+async def _restart_and_compare(driver: NodeDriver, directory: Path) -> None:
+    """Reopen the driver's index as a new owner, let it catch up and flush, and check that a
+    restore of the changelog then equals its index."""
     await driver.restart()
     await driver.settle()
     await _flush(driver)
-    assert await _restored_digest(driver, tmp_path / "restored") == driver.owner.index.digest()
+    assert await _restored_digest(driver, directory) == driver.owner.index.digest()
 
 
 async def test_an_index_ahead_of_its_changelog_is_restored_and_refolded_to_a_whole_changelog(
@@ -211,10 +217,7 @@ async def test_an_index_ahead_of_its_changelog_is_restored_and_refolded_to_a_who
     shutil.rmtree(own)
     index, _ = await _restored(driver, own)
     index.close()
-    await driver.restart()
-    await driver.settle()
-    await _flush(driver)
-    assert await _restored_digest(driver, tmp_path / "restored") == driver.owner.index.digest()
+    await _restart_and_compare(driver, tmp_path / "restored")
 
 
 async def test_a_purged_job_keeps_a_record_of_its_mark_then_a_tombstone(
