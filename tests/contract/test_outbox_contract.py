@@ -14,7 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
 from evsched.adapters.kafka import clients as kafka
-from evsched.adapters.kafka.partition_outbox import KafkaOutbox
+from evsched.adapters.kafka.node_transactions import NodeTransactions
 from evsched.adapters.kafka.topics import Topics, ensure_topics
 from evsched.errors import Fenced, RecordRefused
 from evsched.ports import ConsumerOffset, Outgoing, PartitionOutbox
@@ -76,7 +76,7 @@ class KafkaKit:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topics = Topics(settings.namespace)
-        self.started: list[KafkaOutbox] = []
+        self.started: list[NodeTransactions] = []
 
     async def create_topics(self) -> None:
         ns = self.settings.namespace
@@ -91,8 +91,14 @@ class KafkaKit:
             await admin.close()
 
     async def outbox(self, transactional_id: str) -> PartitionOutbox:
-        box = KafkaOutbox(self.settings, transactional_id=transactional_id, client_id="contract")
-        self.started.append(box)
+        node = NodeTransactions(
+            self.settings,
+            transactional_id=transactional_id,
+            client_id="contract",
+            group_metadata=None,
+        )
+        self.started.append(node)
+        box = node.for_partition(0)
         await box.start()
         return box
 

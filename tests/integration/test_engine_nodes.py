@@ -3,15 +3,20 @@ the index equal to a rebuild from the log, cron slots fired exactly once."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import signal
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from tests.conftest import unique_name
 from tests.integration.engine import Proc, Stack, wait_for
 
+from evsched.adapters import avro
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core.events import JobEnqueued, ScheduleFired
@@ -168,3 +173,185 @@ async def test_a_frozen_node_comes_back_as_a_zombie_and_commits_nothing_twice(
     assert await succeeded_count(stack, jobs) == len(jobs)
     assert zombie.popen.poll() is None and heir.popen.poll() is None  # both lived through it
     await stack.check()
+
+
+# --- a frozen node's open transaction (exactly-once v2, KIP-447) ------------------------------
+# The node is caught with a transaction open: frozen (SIGSTOP), it stays frozen only if an events
+# partition's last stable offset lags its high watermark and an effects partition's too;
+# otherwise it is thawed at once and caught again. Frozen past its session, its partitions go to
+# an heir; thawed, it finds its generation gone.
+
+# Freezes tried before the node is caught with a transaction open (each lasts a few ms).
+CATCH_TRIES = 200
+
+
+def _consumer(stack: Stack, isolation: str) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": stack.settings.bootstrap,
+            "group.id": f"probe-{isolation}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+
+
+def _ends(consumer: Consumer, topic: str, partitions: int) -> dict[int, int]:
+    return {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[1]
+        for p in range(partitions)
+    }
+
+
+def _read(consumer: Consumer, topic: str, partition: int, start: int, end: int) -> dict[int, bytes]:
+    """The records of [start, end) a consumer of its isolation level returns, by offset."""
+    consumer.assign([TopicPartition(topic, partition, start)])
+    found: dict[int, bytes] = {}
+    idle = 0
+    while idle < 5:
+        batch = consumer.consume(500, 0.5)
+        if not batch:
+            idle += 1
+            continue
+        for msg in batch:
+            if msg.error() is None and start <= (msg.offset() or 0) < end:
+                found[msg.offset() or 0] = msg.value() or b""
+        if max((m.offset() or 0) for m in batch) >= end - 1:
+            break
+    consumer.unassign()
+    return found
+
+
+@contextlib.contextmanager
+def _probes(stack: Stack) -> Iterator[tuple[Consumer, Consumer]]:
+    committed, uncommitted = (
+        _consumer(stack, "read_committed"),
+        _consumer(stack, "read_uncommitted"),
+    )
+    try:
+        yield committed, uncommitted
+    finally:
+        committed.close()
+        uncommitted.close()
+
+
+@contextlib.asynccontextmanager
+async def _load(stack: Stack) -> AsyncIterator[list[str]]:
+    """Jobs with effects enqueued without a pause: the node is in a transaction most of the time."""
+    jobs: list[str] = []
+    stop = asyncio.Event()
+
+    async def feed() -> None:
+        async with stack.app() as app:
+            task = app.get_task("s.effect")
+            while not stop.is_set():
+                jobs.append(await task.enqueue(f"load-{len(jobs)}"))
+
+    feeding = asyncio.create_task(feed())
+    try:
+        yield jobs
+    finally:
+        stop.set()
+        await feeding
+
+
+def _gaps(
+    committed: Consumer, uncommitted: Consumer, topic: str, partitions: int
+) -> dict[int, tuple[int, int]]:
+    """Partitions whose last stable offset lags the high watermark: [lso, hw)."""
+    stable, high = _ends(committed, topic, partitions), _ends(uncommitted, topic, partitions)
+    return {p: (stable[p], high[p]) for p in range(partitions) if stable[p] < high[p]}
+
+
+def _nodes_decisions(records: dict[int, bytes], source: str) -> dict[int, str]:
+    """The offsets of ``source``'s decisions among ``records`` (foreign bytes are skipped)."""
+    found: dict[int, str] = {}
+    for offset, value in records.items():
+        with contextlib.suppress(Exception):
+            event = avro.decode_event(value)
+            if event.source == source and not isinstance(event, JobEnqueued):
+                found[offset] = type(event).__name__
+    return found
+
+
+async def _catch_open_transaction(
+    stack: Stack, node: Proc, committed: Consumer, uncommitted: Consumer
+) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
+    """Freeze ``node`` with a transaction holding decisions and effects open; its gaps."""
+    topics, partitions = stack.topics, stack.partitions
+    for _ in range(CATCH_TRIES):
+        node.signal(signal.SIGSTOP)
+        events = _gaps(committed, uncommitted, topics.events, partitions)
+        effects = _gaps(committed, uncommitted, topics.effects, 1)
+        if events and effects:
+            return events, effects
+        node.signal(signal.SIGCONT)
+        await asyncio.sleep(0.05)  # let it reach its next transaction
+    raise AssertionError(f"no transaction caught open in {CATCH_TRIES} freezes")
+
+
+def _log_lines(proc: Proc, event: str) -> list[dict[str, object]]:
+    lines = []
+    for line in proc.log().splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if entry.get("event") == event:
+                lines.append(entry)
+    return lines
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+async def test_a_frozen_nodes_open_transaction_aborts_decisions_effects_and_offsets(
+    stack: Stack,
+) -> None:
+    zombie = stack.start_node("node-1", "--dispatch-timeout-s", "5")
+    await wait_for(lambda: _logged(zombie, "partition_assigned"), what="node-1 to own")
+    stack.start_worker("worker-1", "--lease-s", "3", "--concurrency", "16")
+    with _probes(stack) as (committed, uncommitted):
+        async with _load(stack) as jobs:
+            await wait_for(succeeded_at_least(stack, jobs, 20), what="a flow of jobs")
+            events_gaps, effects_gaps = await _catch_open_transaction(
+                stack, zombie, committed, uncommitted
+            )
+            # What the group's offsets were, open transaction aside.
+            offsets_before = {p: await stack.node_committed(p) for p in range(stack.partitions)}
+        heir = stack.start_node("node-2", "--dispatch-timeout-s", "5")
+        await wait_for(
+            lambda: _as_async(len(_log_lines(heir, "partition_assigned")) >= stack.partitions),
+            what="node-2 to take every partition over",
+            timeout_s=90,
+        )
+        zombie.signal(signal.SIGCONT)
+        jobs = list(jobs)
+        await wait_for(lambda: all_terminal(stack, jobs), what="every job to end", timeout_s=120)
+        assert await succeeded_count(stack, jobs) == len(jobs)
+
+        # The open transaction's decisions and effects were written, and never became visible.
+        aborted_decisions = 0
+        for p, (start, end) in events_gaps.items():
+            written = _nodes_decisions(
+                _read(uncommitted, stack.topics.events, p, start, end), "node-node-1"
+            )
+            visible = _read(committed, stack.topics.events, p, start, end)
+            assert not written.keys() & visible.keys(), (p, written, sorted(visible))
+            aborted_decisions += len(written)
+        assert aborted_decisions > 0
+        for p, (start, end) in effects_gaps.items():
+            assert _read(uncommitted, stack.topics.effects, p, start, end)
+            assert _read(committed, stack.topics.effects, p, start, end) == {}
+
+    # Its offsets too: the heir found the group's offsets as they were before that transaction.
+    taken = {
+        int(str(e["partition"])): e["committed"] for e in _log_lines(heir, "partition_assigned")
+    }
+    assert taken == offsets_before
+    # And the zombie learnt it was fenced rather than committing.
+    assert any(e["fenced"] for e in _log_lines(zombie, "transaction_failed"))
+    assert zombie.popen.poll() is None and heir.popen.poll() is None
+    await stack.check()
+
+
+async def _as_async(value: bool) -> bool:
+    return value

@@ -21,8 +21,8 @@ import structlog
 from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.groups import GroupOwners
-from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
-from evsched.adapters.kafka.partition_outbox import KafkaOutbox
+from evsched.adapters.kafka.node_transactions import NodeTransactions, PartitionSender
+from evsched.adapters.kafka.rdkafka_group import RdkafkaGroupConsumer
 from evsched.adapters.kafka.topics import Topics
 from evsched.adapters.kafka.worker_groups import WorkerGroups
 from evsched.adapters.proofs import NodeKeyring
@@ -81,7 +81,13 @@ class NodeConfig:
         return Topics(self.settings.namespace).node_group
 
     def transactional_id(self, partition: int) -> str:
+        """A partition's outbox id where each partition has its own (the in-memory twin's)."""
         return f"{self.settings.namespace}.node.p{partition}"
+
+    @property
+    def node_transactional_id(self) -> str:
+        """The node's one transactional producer: a restart of this node id fences the last."""
+        return f"{self.settings.namespace}.node.{self.node_id}"
 
 
 class Node:
@@ -96,7 +102,14 @@ class Node:
             metrics.node.watch_owned(lambda: list(self.owned))
         self.lock = asyncio.Lock()  # partitions open, close and are adopted one holder at a time
         self.queue_topics = QueueTopics(config.settings)
-        self._consumer: KafkaGroupConsumer | None = None
+        self._consumer: RdkafkaGroupConsumer | None = None
+        # Every partition's outputs and offsets, one transaction per tick (exactly-once v2).
+        self.transactions = NodeTransactions(
+            config.settings,
+            transactional_id=config.node_transactional_id,
+            client_id=f"evsched-node-{config.node_id}",
+            group_metadata=self._group_metadata,
+        )
         self.group_owners = GroupOwners(config.settings)
         self._generation = 0  # bumped on every assignment change
         self.rebalancing = False  # between the group's revoke and assign callbacks
@@ -182,6 +195,7 @@ class Node:
             async with self.lock:
                 await self._close_all()
             await self.threads.stop()
+            await self.transactions.close()
             await consumer.close()
             await self.group_owners.close()
             await self.presence.close()
@@ -194,7 +208,7 @@ class Node:
         for runner in self.owned.values():
             runner.owner.wake()
 
-    async def _start_standby(self, consumer: KafkaGroupConsumer, stop: asyncio.Event) -> None:
+    async def _start_standby(self, consumer: RdkafkaGroupConsumer, stop: asyncio.Event) -> None:
         """Hold every partition not assigned here as a standby copy (``runtime.node.standby``)."""
         gauge = None if self.metrics is None else self.metrics.node.standby_lag
 
@@ -217,8 +231,8 @@ class Node:
             mine = set(consumer.assignment()) | set(self.owned) | set(self.health.phases())
             await self.standby.hold(unowned(count, mine))
 
-    async def _start_consumer(self) -> KafkaGroupConsumer:
-        consumer = KafkaGroupConsumer(
+    async def _start_consumer(self) -> RdkafkaGroupConsumer:
+        consumer = RdkafkaGroupConsumer(
             self.config.settings,
             self.topics.events,
             group_id=self.config.group_id,
@@ -234,7 +248,7 @@ class Node:
             raise
         return consumer
 
-    async def _poll_once(self, consumer: KafkaGroupConsumer) -> None:
+    async def _poll_once(self, consumer: RdkafkaGroupConsumer) -> None:
         """Fetch, and hand each partition's records to its runner; never waits for a step."""
         generation = self._generation
         batches = await consumer.read_all(self.config.max_idle_ms / 1000, self.config.max_records)
@@ -255,7 +269,7 @@ class Node:
         async with self.lock:
             await self._adopt_orphans(consumer)
 
-    async def _adopt_orphans(self, consumer: KafkaGroupConsumer) -> None:
+    async def _adopt_orphans(self, consumer: RdkafkaGroupConsumer) -> None:
         """Reopen assigned partitions that failed (to open, to step) once their wait is over, and
         open those whose index was restored (``PartitionOpener.adopt``).
 
@@ -303,7 +317,7 @@ class Node:
         await self.opener.open_assigned(consumer, partitions)
 
     async def _restored(
-        self, consumer: KafkaGroupConsumer, partition: int, plan: OpenPlan | None
+        self, consumer: RdkafkaGroupConsumer, partition: int, plan: OpenPlan | None
     ) -> None:
         """The partition's index was restored: the poll loop opens it once its producer has
         started (``PartitionOpener.restored``), unless it was revoked meanwhile."""
@@ -333,7 +347,7 @@ class Node:
 
     def _opened(
         self,
-        consumer: KafkaGroupConsumer,
+        consumer: RdkafkaGroupConsumer,
         runner: PartitionRunner,
         *,
         seed: bool,
@@ -355,18 +369,20 @@ class Node:
             end_offset=end,
         )
 
-    async def _start_outbox(self, partition: int) -> KafkaOutbox:
-        """The partition's transactional outbox, started: this fences any older one."""
-        outbox = KafkaOutbox(
-            self.config.settings,
-            client_id=f"evsched-node-{self.config.node_id}-p{partition}",
-            transactional_id=self.config.transactional_id(partition),
-        )
+    async def _start_outbox(self, partition: int) -> PartitionSender:
+        """The partition's outbox: its sends join the node's transactions (started once)."""
+        outbox = self.transactions.for_partition(partition)
         await outbox.start()
         return outbox
 
+    def _group_metadata(self) -> object:
+        consumer = self._consumer
+        if consumer is None:
+            raise BrokerUnavailable("the node's group consumer is not started")
+        return consumer.group_metadata()
+
     def _owner(
-        self, index: PartitionIndex, outbox: KafkaOutbox, committed: int | None, end: int
+        self, index: PartitionIndex, outbox: PartitionSender, committed: int | None, end: int
     ) -> OwnedPartition:
         metrics = self.metrics
         return OwnedPartition(

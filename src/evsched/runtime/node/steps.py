@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from evsched.adapters.clock import monotonic_s, now_ms
-from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
+from evsched.adapters.kafka.rdkafka_group import RdkafkaGroupConsumer
 from evsched.errors import BrokerUnavailable, Fenced, PartitionRevoked
 from evsched.runtime.node.health import NodeHealth
 from evsched.runtime.node.index_restore import IndexRestores
@@ -59,7 +59,7 @@ class PartitionSteps:
         self.log = logger
 
     async def run(
-        self, consumer: KafkaGroupConsumer, runner: PartitionRunner, *, seed: bool = False
+        self, consumer: RdkafkaGroupConsumer, runner: PartitionRunner, *, seed: bool = False
     ) -> None:
         """Step one partition whenever it has records or its next wake time comes.
 
@@ -118,7 +118,7 @@ class PartitionSteps:
         traceback.clear_frames(exc.__traceback__)
 
     async def _fenced(
-        self, consumer: KafkaGroupConsumer, runner: PartitionRunner, reason: str
+        self, consumer: RdkafkaGroupConsumer, runner: PartitionRunner, reason: str
     ) -> None:
         """The partition's producer was fenced: by a new owner, or by the broker aborting a
         transaction that outlived its timeout (``runtime.node.ownership``). The group says which."""

@@ -36,7 +36,7 @@ from evsched.core.events import (
 )
 from evsched.core.proposals import fire_refusal, job_refusal
 from evsched.core.roles import proof_role
-from evsched.core.state import JobState, ScheduleState, Status
+from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.partition.budget import QueueBudget, QueueLoad
 from evsched.runtime.partition.lease_plan import (
@@ -234,15 +234,15 @@ class OwnedPartition:
         if offset > self.committed_to and self.uncommitted_since is None:
             self.uncommitted_since = now
         # Effects go out with the offset of the records they came from, in one transaction: that
-        # is what makes them exactly once. Leases, expiries and fires are derived from state, not
-        # from records (after a crash the new owner folds them back before deciding anything),
-        # so their transactions need no offset; offsets alone go out every so often.
-        forwarded = folded.effects or folded.resolutions or folded.forwards
-        with_offset = bool(forwarded) or self._offset_due(now)
+        # is what makes them exactly once. Every transaction carries the offset, with the group's
+        # generation: the coordinator refuses it from a zombie, whose transaction then aborts
+        # whole (``adapters.kafka.node_transactions``). Records whose fold sends nothing wait for
+        # the next transaction, or go out as an offset alone every so often.
+        with_offset = bool(outgoing or changelog) or self._offset_due(now)
         self._count(steps=1, records=len(records))
-        if outgoing or with_offset or changelog:
+        if with_offset:
             ours = ConsumerOffset(self.topics.events, self.partition, offset, self.group_id)
-            sent = await self._send(outgoing, ours if with_offset else None, changelog)
+            sent = await self._send(outgoing, ours, changelog)
             self._count(transactions=1, effects=len(folded.effects))
             decisions = [o for o in sent if o.decision is not None]
         for entity in self.quarantine.take_fresh():
@@ -256,7 +256,8 @@ class OwnedPartition:
         self._count(decisions=len(decisions))
         if self.budget is not None and freed:
             self.budget.freed(self.partition)
-        self.wake_at = self._next_wake(now, saturated=len(decisions) >= self.scan_limit)
+        saturated = len(decisions) >= self.scan_limit or _lease_ended(folded, now)
+        self.wake_at = self._next_wake(now, saturated=saturated)
         return len(decisions)
 
     async def _send(
@@ -547,6 +548,16 @@ class OwnedPartition:
         """Leave the node's budget; a node closes the index itself, off the event loop."""
         if self.budget is not None:
             self.budget.leave(self.partition, self)
+
+
+def _lease_ended(folded: Folded, now: int) -> bool:
+    """Whether this step folded a lease already over by the node's clock: its expiry is planned
+    from the index, which holds it from this step's commit on, so the next step comes at once
+    (``next_due_at`` looks only past ``now``)."""
+    return any(
+        s.status in ACTIVE_STATUSES and s.lease_until is not None and s.lease_until <= now
+        for s in folded.batch.jobs.values()
+    )
 
 
 def _effect_record(topics: Topics, accepted: AcceptedEffect) -> Outgoing:
