@@ -172,7 +172,7 @@ class Holdback(Protocol):
 class PartitionOutbox(Protocol):
     """Sends one events partition's outputs and consumer offset atomically (a transaction).
 
-    ``KafkaOutbox`` in ``evsched.adapters.kafka.partition_outbox``; ``testing.MemoryOutbox``
+    ``PartitionSender`` in ``evsched.adapters.kafka.node_transactions``; ``testing.MemoryOutbox``
     is the twin.
     """
 

@@ -1,4 +1,4 @@
-"""The PartitionOutbox contract, for the twin (``MemoryOutbox``) and Kafka (``KafkaOutbox``) alike:
+"""The PartitionOutbox contract, for the twin (``MemoryOutbox``) and Kafka (``PartitionSender``):
 records and the consumer offset become visible to a read_committed reader together, only once
 committed; a fenced outbox raises ``Fenced`` and commits nothing; order per key holds; a refused
 record holds back its own decision only, and a refused effect fails the send whole."""

@@ -1,4 +1,5 @@
-"""The events topic's read side on aiokafka: a partition reader and the node's group consumer.
+"""The events topic's read side on aiokafka: a partition reader (the node's group member is on
+librdkafka: ``rdkafka_group``).
 
 Both speak plain partition numbers and ``ports.Record``s, and map the client's errors to
 evsched's own: a partition no longer assigned raises ``PartitionRevoked``, any other client
@@ -12,13 +13,11 @@ from collections.abc import Collection, Iterable, Iterator
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import IllegalStateError, KafkaError
 from aiokafka.partitioner import murmur2
 from aiokafka.structs import TopicPartition
 
 from evsched.adapters.kafka import clients as kafka
-from evsched.adapters.kafka.client_logs import group_joined
 from evsched.errors import BrokerUnavailable, PartitionRevoked
 from evsched.ports import Record
 from evsched.settings import Settings
@@ -146,73 +145,3 @@ class Rebalance(Protocol):
     async def revoked(self, partitions: list[int]) -> None: ...
 
     async def assigned(self, partitions: list[int]) -> None: ...
-
-
-class KafkaGroupConsumer(_Reader):
-    """The node's member of the events topic's consumer group: reads what the group assigns.
-
-    Offsets are never committed here (the node's transactions carry them); ``listener`` is
-    called around every rebalance, possibly before ``start`` returns.
-    """
-
-    def __init__(
-        self,
-        settings: Settings,
-        topic: str,
-        *,
-        group_id: str,
-        client_id: str,
-        max_records: int,
-        listener: Rebalance,
-    ) -> None:
-        consumer = kafka.consumer(
-            settings,
-            group_id=group_id,
-            client_id=client_id,
-            max_poll_records=max_records,
-            **kafka.group_timeouts(settings),
-        )
-        super().__init__(topic, consumer)
-        consumer.subscribe([topic], listener=_Listener(listener))
-
-    async def start(self) -> None:
-        await start_consumer(self._consumer, f"join the group of {self.topic}")
-        group_joined()  # a subscribed consumer's start returns once it has its assignment
-
-    def assignment(self) -> set[int]:
-        return {tp.partition for tp in self._consumer.assignment()}
-
-    def member_id(self) -> str | None:
-        """This consumer's member id in the group (None until it joined, or once it left)."""
-        # aiokafka keeps it on its group coordinator only; "" is Kafka's unknown member id.
-        member = getattr(getattr(self._consumer, "_coordinator", None), "member_id", "")
-        return str(member) or None
-
-    def pause(self, partition: int) -> None:
-        with broker_errors(f"pause p{partition}"):
-            self._consumer.pause(self._tp(partition))
-
-    def resume(self, partition: int) -> None:
-        with broker_errors(f"resume p{partition}"):
-            self._consumer.resume(self._tp(partition))
-
-    async def committed(self, partition: int) -> int | None:
-        """The group's committed offset of ``partition`` (None: nothing committed yet)."""
-        with broker_errors(f"committed offset of p{partition}"):
-            offset: int | None = await self._consumer.committed(self._tp(partition))
-            return offset
-
-    async def read_all(self, timeout_s: float, max_records: int) -> dict[int, list[Record]]:
-        """Records of every assigned, unpaused partition."""
-        return await self.read((), timeout_s, max_records)
-
-
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, target: Rebalance) -> None:
-        self.target = target
-
-    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        await self.target.revoked([tp.partition for tp in revoked])
-
-    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        await self.target.assigned([tp.partition for tp in assigned])

@@ -1,8 +1,9 @@
 """The node: owns events partitions through a consumer group, folds them and runs the scheduler.
 
-Kafka's group assignment is the ownership: there is no election of our own. Each owned partition
-gets a transactional producer whose id is bound to the partition, so a new owner's producer fences
-a zombie's, and the fold rejects whatever a zombie still manages to write. Each assigned partition
+Kafka's group assignment is the ownership: there is no election of our own. The node's one
+transactional producer commits every owned partition's outputs with their offsets, sent with the
+group's generation, so a zombie's transaction aborts (``adapters.kafka.node_transactions``), and
+the fold rejects whatever a zombie still manages to write. Each assigned partition
 goes through the phases of ``runtime.node.lifecycle``: it opens (``runtime.node.opener``), or is
 restored first (``runtime.node.index_restore``), then runs in a task of its own until it is revoked
 or fails; the group's callbacks are ``runtime.node.rebalance``.

@@ -2,8 +2,9 @@
 
 A partition reopened after a failed step or a transaction the broker aborted
 (``runtime.node.ownership``), or opened once its index was restored
-(``runtime.node.index_restore``), needs a
-new transactional producer, and a producer's start waits for the transaction coordinator, which
+(``runtime.node.index_restore``), needs the
+node's transactional producer started (again, after a fatal error), and its start waits for the
+transaction coordinator, which
 cannot answer while its own partition of ``__transaction_state`` lacks in-sync replicas: for as
 long as the brokers stay down. Awaited in the poll loop under the node's lock, that wait held every
 other partition's records, and the group's rebalance callbacks, behind it. Here each start is a

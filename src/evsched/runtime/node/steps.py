@@ -1,8 +1,8 @@
 """Each owned partition's task: step it whenever it has records or its next wake time comes, and
 let go of it when a step fails or its producer is fenced.
 
-Each owned partition runs on its own, so a due lease waits for its own partition's transaction
-only, never for another partition's fold or round trips. A partition let go of is dropped from
+Each owned partition runs on its own, so a due lease never waits for another partition's fold;
+their sends meet in the node's next transaction (``adapters.kafka.node_transactions``). A partition let go of is dropped from
 memory and closed; the node's poll loop reopens it from its index, which stays consistent with the
 log, after a wait that grows while it keeps failing, unless another member of the group owns it
 now (``runtime.node.ownership``).
