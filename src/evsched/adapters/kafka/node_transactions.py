@@ -14,7 +14,7 @@ What fences a zombie (KIP-447, as Kafka Streams' exactly-once v2):
 - a new owner reads the committed offset with ``require_stable`` (read_committed,
   ``rdkafka_group``): it waits for a pending transaction holding that partition's offset to commit
   or abort, so it never decides beside a zombie's transaction in flight;
-- the broker aborts a transaction left open past ``TRANSACTION_TIMEOUT_MS``;
+- the broker aborts a transaction left open past ``TRANSACTION_TIMEOUT_MS`` (a killed node's);
 - the node's transactional id is its node id: a restarted node fences its previous incarnation.
 
 A record the broker refuses (too large, its topic missing or not allowed) holds back its decision
@@ -44,9 +44,10 @@ log = structlog.get_logger("evsched.node")
 
 # What one transaction call may take (init, offsets, commit, abort).
 CALL_TIMEOUT_S = 30.0
-# The broker aborts a transaction left open this long (a frozen node's): well inside the time a
-# take-over waits for stable offsets, and above a slow step's transaction.
-TRANSACTION_TIMEOUT_MS = 10_000
+# The broker aborts a transaction left open this long (a killed or frozen node's): a new owner of
+# its partitions waits for that before it reads their offsets. Far above a tick's transaction
+# (milliseconds); see docs/operations.md "Failover" for the broker's check interval.
+TRANSACTION_TIMEOUT_MS = 5_000
 # How long a transaction waits for a dispatch topic's metadata before holding its decisions back.
 METADATA_WAIT_S = 10.0
 # Transactions tried per tick while records are refused: each failed try finds or holds back at

@@ -1,6 +1,6 @@
 """The node's member of the events topic's consumer group on librdkafka (confluent-kafka).
 
-The same surface as ``partition_log.KafkaGroupConsumer`` (plain partition numbers,
+The surface the node asks of its group member (plain partition numbers,
 ``ports.Record``s, evsched's errors), plus ``group_metadata()``: what a transaction's offsets are
 sent with, so the group coordinator refuses them from a member of an older generation and the
 whole transaction aborts (exactly-once v2, KIP-447; ``node_transactions``).
