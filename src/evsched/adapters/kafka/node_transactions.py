@@ -139,6 +139,27 @@ class NodeTransactions:
         self._standalone: dict[str, Any] = {}  # group metadata without membership, by group id
         self.transactions = 0  # committed
 
+    async def fence(self, transactional_id: str) -> None:
+        """Abort whatever ``transactional_id``'s producer has open, and fence it: a producer of
+        that id takes its epoch. Our own id is fenced by ``start`` already."""
+        if transactional_id == self.transactional_id:
+            return
+        log.warning("transaction_fencing", transactional_id=transactional_id)
+        config = producer_config(
+            self.settings,
+            client_id=self.client_id,
+            **{"transactional.id": transactional_id, "logger": CLIENT_LOGGER},
+        )
+        fencer = Producer(config)
+        try:
+            await asyncio.to_thread(fencer.init_transactions, CALL_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning(
+                "transaction_fence_failed", transactional_id=transactional_id, error=repr(exc)
+            )
+        finally:
+            await asyncio.to_thread(_dispose, fencer)
+
     def for_partition(self, partition: int) -> PartitionSender:
         return PartitionSender(self, partition)
 
@@ -317,8 +338,15 @@ class NodeTransactions:
         producer.begin_transaction()
         try:
             self._produce_all(producer, sends, delivered, reports)
+            # The metadata names this producer: a new owner finding these offsets held by an open
+            # transaction fences it by that name (rdkafka_group.committed).
             offsets = [
-                TopicPartition(s.offset.topic, s.offset.partition, s.offset.next_offset)
+                TopicPartition(
+                    s.offset.topic,
+                    s.offset.partition,
+                    s.offset.next_offset,
+                    metadata=self.transactional_id,
+                )
                 for s in sends
                 if s.offset is not None
             ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from typing import Any
 
 from confluent_kafka import (
@@ -43,6 +43,9 @@ CLIENT_LOGGER = logging.getLogger("evsched.rdkafka")
 
 # How long a blocking metadata or offsets call may take.
 CALL_TIMEOUT_S = 10.0
+# How long a committed offset may be held by an open transaction before its owner is fenced: a
+# live owner's transaction takes milliseconds, and a clean revoke ends it before the group moves.
+PENDING_WAIT_S = 2.0
 # The longest a node may take between two fetches (a step, a revoke's closes) before the group
 # counts it gone; librdkafka also uses it as the rebalance timeout.
 MAX_POLL_INTERVAL_MS = 30_000
@@ -114,7 +117,12 @@ class RdkafkaGroupConsumer:
         self.max_records = max_records
         self._listener = listener
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._consumer = Consumer(consumer_config(settings, group_id=group_id, client_id=client_id))
+        self._config = consumer_config(settings, group_id=group_id, client_id=client_id)
+        self._consumer = Consumer(self._config)
+        # Reads the last committer of an offset a transaction holds (never joins the group).
+        self._unstable: Consumer | None = None
+        # Fences a transactional id (the node's NodeTransactions.fence); None: wait instead.
+        self.fence: Callable[[str], Awaitable[None]] | None = None
         self._assigned: set[int] = set()
         self._closed = False
         # Pauses, resumes and seeks asked for while a rebalance callback runs: librdkafka would
@@ -141,6 +149,9 @@ class RdkafkaGroupConsumer:
         self._closed = True
         with contextlib.suppress(KafkaException, RuntimeError):
             await asyncio.to_thread(self._consumer.close)
+        if self._unstable is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                await asyncio.to_thread(self._unstable.close)
 
     def group_metadata(self) -> Any:
         """This member's group, generation and member id, as a transaction's offsets carry them."""
@@ -194,13 +205,39 @@ class RdkafkaGroupConsumer:
         return self._sought.get(partition, -1)
 
     async def committed(self, partition: int) -> int | None:
-        """The group's committed offset (None: nothing committed); waits for stable offsets."""
-        with _errors(f"committed offset of p{partition}"):
-            found = await asyncio.to_thread(
-                self._consumer.committed, [self._tp(partition)], CALL_TIMEOUT_S
-            )
+        """The group's committed offset (None: nothing committed); waits for stable offsets.
+
+        A transaction still open holds them: a dead or frozen owner's. After
+        ``PENDING_WAIT_S`` the last committer of the partition (named by its offsets' metadata,
+        ``node_transactions``) is fenced through ``fence``, which aborts that transaction at
+        once instead of when the broker's timeout does.
+        """
+        tp = self._tp(partition)
+        if self.fence is None:
+            return await self._stable(tp, CALL_TIMEOUT_S)
+        with contextlib.suppress(BrokerUnavailable):
+            return await self._stable(tp, PENDING_WAIT_S)
+        last = await self._last_committer(tp)
+        if last:
+            await self.fence(last)
+        return await self._stable(tp, CALL_TIMEOUT_S)
+
+    async def _stable(self, tp: TopicPartition, timeout_s: float) -> int | None:
+        with _errors(f"committed offset of p{tp.partition}"):
+            found = await asyncio.to_thread(self._consumer.committed, [tp], timeout_s)
+        if found[0].error is not None:
+            raise BrokerUnavailable(f"committed offset of p{tp.partition}: {found[0].error}")
         offset = found[0].offset
         return None if offset == OFFSET_INVALID or offset < 0 else int(offset)
+
+    async def _last_committer(self, tp: TopicPartition) -> str | None:
+        """The metadata of the partition's last stable offset commit (read_uncommitted)."""
+        if self._unstable is None:
+            self._unstable = Consumer({**self._config, "isolation.level": "read_uncommitted"})
+        with contextlib.suppress(KafkaException, RuntimeError):
+            found = await asyncio.to_thread(self._unstable.committed, [tp], CALL_TIMEOUT_S)
+            return found[0].metadata or None
+        return None
 
     async def start_offsets(self, partitions: Collection[int]) -> dict[int, int]:
         return await self._watermarks(partitions, low=True)
@@ -225,7 +262,7 @@ class RdkafkaGroupConsumer:
     async def read_all(self, timeout_s: float, max_records: int) -> dict[int, list[Record]]:
         """Records of every assigned, unpaused partition (rebalances are served meanwhile)."""
         with _errors(f"fetch from {self.topic}"):
-            messages = await asyncio.to_thread(self._consumer.consume, max_records, timeout_s)
+            messages = await asyncio.to_thread(self._fetch, timeout_s, max_records)
         batches: dict[int, list[Record]] = {}
         for msg in messages:
             err = msg.error()
@@ -237,6 +274,14 @@ class RdkafkaGroupConsumer:
             if partition in self._assigned:
                 batches.setdefault(partition, []).append(_record(msg))
         return batches
+
+    def _fetch(self, timeout_s: float, max_records: int) -> list[Message]:
+        """What is fetched, once the first record comes (within ``timeout_s``): librdkafka's
+        batch consume would wait out its whole timeout to fill the batch, at every record."""
+        first = self._consumer.poll(timeout_s)
+        if first is None:
+            return []
+        return [first, *self._consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
 
     def _owned(self, partition: int, what: str) -> None:
         if partition not in self._assigned:

@@ -241,6 +241,7 @@ class Node:
             max_records=self.config.max_records,
             listener=NodeRebalance(self),
         )
+        consumer.fence = self.transactions.fence  # a dead owner's open transaction
         self._consumer = consumer  # the group may assign partitions before start() returns
         try:
             await consumer.start()

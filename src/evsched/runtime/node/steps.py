@@ -2,10 +2,10 @@
 let go of it when a step fails or its producer is fenced.
 
 Each owned partition runs on its own, so a due lease never waits for another partition's fold;
-their sends meet in the node's next transaction (``adapters.kafka.node_transactions``). A partition let go of is dropped from
-memory and closed; the node's poll loop reopens it from its index, which stays consistent with the
-log, after a wait that grows while it keeps failing, unless another member of the group owns it
-now (``runtime.node.ownership``).
+their sends meet in the node's next transaction (``adapters.kafka.node_transactions``). A
+partition let go of is dropped from memory and closed; the node's poll loop reopens it from its
+index, which stays consistent with the log, after a wait that grows while it keeps failing,
+unless another member of the group owns it now (``runtime.node.ownership``).
 """
 
 from __future__ import annotations
