@@ -1,4 +1,5 @@
-"""The PartitionOutbox contract, for the twin (``MemoryOutbox``) and Kafka (``KafkaOutbox``) alike:
+"""The PartitionOutbox contract, for the twin (``MemoryOutbox``) and Kafka, a producer per partition
+(``KafkaOutbox``) or a share of the node's transactions (``PartitionSender``), alike:
 records and the consumer offset become visible to a read_committed reader together, only once
 committed; a fenced outbox raises ``Fenced`` and commits nothing; order per key holds; a refused
 record holds back its own decision only, and a refused effect fails the send whole."""
@@ -14,6 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import TopicPartition
 
 from evsched.adapters.kafka import clients as kafka
+from evsched.adapters.kafka.node_transactions import NodeTransactions
 from evsched.adapters.kafka.partition_outbox import KafkaOutbox
 from evsched.adapters.kafka.topics import Topics, ensure_topics
 from evsched.errors import Fenced, RecordRefused
@@ -73,10 +75,11 @@ class MemoryKit:
 class KafkaKit:
     """The real broker: one-partition topics, the small one with max.message.bytes set."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, tick: bool) -> None:
         self.settings = settings
         self.topics = Topics(settings.namespace)
-        self.started: list[KafkaOutbox] = []
+        self.tick = tick  # the node's shared transactions, or a producer per partition
+        self.started: list[NodeTransactions | KafkaOutbox] = []
 
     async def create_topics(self) -> None:
         ns = self.settings.namespace
@@ -91,8 +94,22 @@ class KafkaKit:
             await admin.close()
 
     async def outbox(self, transactional_id: str) -> PartitionOutbox:
-        box = KafkaOutbox(self.settings, transactional_id=transactional_id, client_id="contract")
-        self.started.append(box)
+        box: PartitionOutbox
+        if self.tick:
+            node = NodeTransactions(
+                self.settings,
+                transactional_id=transactional_id,
+                client_id="contract",
+                group_metadata=None,
+            )
+            self.started.append(node)
+            box = node.for_partition(0)
+        else:
+            own = KafkaOutbox(
+                self.settings, transactional_id=transactional_id, client_id="contract"
+            )
+            self.started.append(own)
+            box = own
         await box.start()
         return box
 
@@ -141,7 +158,13 @@ class KafkaKit:
 Kit = MemoryKit | KafkaKit
 
 
-@pytest.fixture(params=["memory", pytest.param("kafka", marks=pytest.mark.broker)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("kafka", marks=pytest.mark.broker),
+        pytest.param("kafka-tick", marks=pytest.mark.broker),
+    ]
+)
 async def kit(request: pytest.FixtureRequest) -> AsyncIterator[Kit]:
     made: Kit
     if request.param == "memory":
@@ -149,7 +172,8 @@ async def kit(request: pytest.FixtureRequest) -> AsyncIterator[Kit]:
     else:
         bootstrap = request.getfixturevalue("kafka_bootstrap")
         namespace = unique_name("t")
-        made = KafkaKit(Settings(bootstrap=bootstrap, namespace=namespace, event_partitions=1))
+        settings = Settings(bootstrap=bootstrap, namespace=namespace, event_partitions=1)
+        made = KafkaKit(settings, tick=request.param == "kafka-tick")
         await made.create_topics()
     try:
         yield made

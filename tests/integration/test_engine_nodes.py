@@ -65,6 +65,8 @@ async def test_node_sigkill_and_restart_loses_nothing_and_matches_a_rebuild(
     restarted = stack.start_node("node-1", "--dispatch-timeout-s", "3")
     await wait_for(lambda: all_terminal(stack, jobs + more), what="every job to finish")
     assert await succeeded_count(stack, jobs + more) == 200
+    # The workers' successes are in the log before the node folds them: its effects, once it has.
+    await stack.check()
     assert restarted.stop() == 0
 
     # I4: each partition's live index equals a fresh fold of the log up to the same offset, as

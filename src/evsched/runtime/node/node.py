@@ -2,16 +2,19 @@
 
 Kafka's group assignment is the ownership: there is no election of our own. Each owned partition
 gets a transactional producer whose id is bound to the partition, so a new owner's producer fences
-a zombie's, and the fold rejects whatever a zombie still manages to write. Each assigned partition
-goes through the phases of ``runtime.node.lifecycle``: it opens (``runtime.node.opener``), or is
-restored first (``runtime.node.index_restore``), then runs in a task of its own until it is revoked
-or fails; the group's callbacks are ``runtime.node.rebalance``.
+a zombie's (or, with ``EVSCHED_NODE_TRANSACTIONS=tick``, the node's one producer commits every
+partition's outputs with offsets the group's generation fences:
+``adapters.kafka.node_transactions``), and the fold rejects whatever a zombie still manages to
+write. Each assigned partition goes through the phases of ``runtime.node.lifecycle``: it opens
+(``runtime.node.opener``), or is restored first (``runtime.node.index_restore``), then runs in a
+task of its own until it is revoked or fails; the group's callbacks are ``runtime.node.rebalance``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +24,10 @@ import structlog
 from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.groups import GroupOwners
+from evsched.adapters.kafka.node_transactions import NodeOutbox, NodeTransactions
 from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
 from evsched.adapters.kafka.partition_outbox import KafkaOutbox
+from evsched.adapters.kafka.rdkafka_group import GroupMember, RdkafkaGroupConsumer
 from evsched.adapters.kafka.topics import Topics
 from evsched.adapters.kafka.worker_groups import WorkerGroups
 from evsched.adapters.proofs import NodeKeyring
@@ -57,6 +62,8 @@ POLL_RETRY_S = 1.0
 # records (less broker and node CPU per job, shorter tails on a busy box; docs/bench-log.md);
 # a partition idle for longer steps at once.
 STEP_INTERVAL_MS = 20
+# "tick": one transaction per node tick (NodeConfig.tick_transactions); "partition": the default.
+TRANSACTIONS_ENV = "EVSCHED_NODE_TRANSACTIONS"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,13 +82,25 @@ class NodeConfig:
     node_keyring: NodeKeyring | None = field(default=None, repr=False)
     standby: bool = False  # keep warm indexes of the partitions this node does not own
     standby_partitions: frozenset[int] | None = None  # of those, only these (None: all)
+    # One librdkafka transaction per node tick over every partition, fenced by the group's
+    # generation (exactly-once v2, adapters.kafka.node_transactions); False: a transactional
+    # producer per partition (aiokafka), the default while the tick mode is proven under take-over.
+    tick_transactions: bool = field(
+        default_factory=lambda: os.environ.get(TRANSACTIONS_ENV, "partition") == "tick"
+    )
 
     @property
     def group_id(self) -> str:
         return Topics(self.settings.namespace).node_group
 
     def transactional_id(self, partition: int) -> str:
+        """A partition's own producer's id (without tick transactions)."""
         return f"{self.settings.namespace}.node.p{partition}"
+
+    @property
+    def node_transactional_id(self) -> str:
+        """The node's one transactional producer: a restart of this node id fences the last."""
+        return f"{self.settings.namespace}.node.{self.node_id}"
 
 
 class Node:
@@ -96,7 +115,14 @@ class Node:
             metrics.node.watch_owned(lambda: list(self.owned))
         self.lock = asyncio.Lock()  # partitions open, close and are adopted one holder at a time
         self.queue_topics = QueueTopics(config.settings)
-        self._consumer: KafkaGroupConsumer | None = None
+        self._consumer: GroupMember | None = None
+        # Every partition's outputs and offsets, one transaction per tick (exactly-once v2).
+        self.transactions = NodeTransactions(
+            config.settings,
+            transactional_id=config.node_transactional_id,
+            client_id=f"evsched-node-{config.node_id}",
+            group_metadata=self._group_metadata,
+        )
         self.group_owners = GroupOwners(config.settings)
         self._generation = 0  # bumped on every assignment change
         self.rebalancing = False  # between the group's revoke and assign callbacks
@@ -188,6 +214,7 @@ class Node:
             async with self.lock:
                 await self._close_all()
             await self.threads.stop()
+            await self.transactions.close()
             await consumer.close()
             await self.group_owners.close()
             await self.presence.close()
@@ -200,7 +227,7 @@ class Node:
         for runner in self.owned.values():
             runner.owner.wake()
 
-    async def _start_standby(self, consumer: KafkaGroupConsumer, stop: asyncio.Event) -> None:
+    async def _start_standby(self, consumer: GroupMember, stop: asyncio.Event) -> None:
         """Hold every partition not assigned here as a standby copy (``runtime.node.standby``)."""
         gauge = None if self.metrics is None else self.metrics.node.standby_lag
 
@@ -224,8 +251,9 @@ class Node:
             mine = set(consumer.assignment()) | set(self.owned) | set(self.health.phases())
             await self.standby.hold(unowned(count, mine))
 
-    async def _start_consumer(self) -> KafkaGroupConsumer:
-        consumer = KafkaGroupConsumer(
+    async def _start_consumer(self) -> GroupMember:
+        kind = RdkafkaGroupConsumer if self.config.tick_transactions else KafkaGroupConsumer
+        consumer: GroupMember = kind(
             self.config.settings,
             self.topics.events,
             group_id=self.config.group_id,
@@ -233,6 +261,8 @@ class Node:
             max_records=self.config.max_records,
             listener=NodeRebalance(self),
         )
+        if isinstance(consumer, RdkafkaGroupConsumer):
+            consumer.fence = self.transactions.fence  # a dead owner's open transaction
         self._consumer = consumer  # the group may assign partitions before start() returns
         try:
             await consumer.start()
@@ -241,7 +271,7 @@ class Node:
             raise
         return consumer
 
-    async def _poll_once(self, consumer: KafkaGroupConsumer) -> None:
+    async def _poll_once(self, consumer: GroupMember) -> None:
         """Fetch, and hand each partition's records to its runner; never waits for a step."""
         generation = self._generation
         batches = await consumer.read_all(self.config.max_idle_ms / 1000, self.config.max_records)
@@ -262,7 +292,7 @@ class Node:
         async with self.lock:
             await self._adopt_orphans(consumer)
 
-    async def _adopt_orphans(self, consumer: KafkaGroupConsumer) -> None:
+    async def _adopt_orphans(self, consumer: GroupMember) -> None:
         """Reopen assigned partitions that failed (to open, to step) once their wait is over, and
         open those whose index was restored (``PartitionOpener.adopt``).
 
@@ -309,9 +339,7 @@ class Node:
                 await self.standby.release(partitions)
         await self.opener.open_assigned(consumer, partitions)
 
-    async def _restored(
-        self, consumer: KafkaGroupConsumer, partition: int, plan: OpenPlan | None
-    ) -> None:
+    async def _restored(self, consumer: GroupMember, partition: int, plan: OpenPlan | None) -> None:
         """The partition's index was restored: the poll loop opens it once its producer has
         started (``PartitionOpener.restored``), unless it was revoked meanwhile."""
         async with self.lock:  # never in the middle of a revoke, which gives up its start
@@ -345,7 +373,7 @@ class Node:
 
     def _opened(
         self,
-        consumer: KafkaGroupConsumer,
+        consumer: GroupMember,
         runner: PartitionRunner,
         *,
         seed: bool,
@@ -367,18 +395,29 @@ class Node:
             end_offset=end,
         )
 
-    async def _start_outbox(self, partition: int) -> KafkaOutbox:
-        """The partition's transactional outbox, started: this fences any older one."""
-        outbox = KafkaOutbox(
-            self.config.settings,
-            client_id=f"evsched-node-{self.config.node_id}-p{partition}",
-            transactional_id=self.config.transactional_id(partition),
-        )
+    async def _start_outbox(self, partition: int) -> NodeOutbox:
+        """The partition's outbox, started: its share of the node's transactions (tick mode), or
+        a transactional producer of its own, whose start fences any older one."""
+        outbox: NodeOutbox
+        if self.config.tick_transactions:
+            outbox = self.transactions.for_partition(partition)
+        else:
+            outbox = KafkaOutbox(
+                self.config.settings,
+                client_id=f"evsched-node-{self.config.node_id}-p{partition}",
+                transactional_id=self.config.transactional_id(partition),
+            )
         await outbox.start()
         return outbox
 
+    def _group_metadata(self) -> object:
+        consumer = self._consumer
+        if not isinstance(consumer, RdkafkaGroupConsumer):
+            raise BrokerUnavailable("the node's librdkafka group member is not started")
+        return consumer.group_metadata()
+
     def _owner(
-        self, index: PartitionIndex, outbox: KafkaOutbox, committed: int | None, end: int
+        self, index: PartitionIndex, outbox: NodeOutbox, committed: int | None, end: int
     ) -> OwnedPartition:
         metrics = self.metrics
         return OwnedPartition(
@@ -403,6 +442,7 @@ class Node:
             ),
             keyring=self.config.node_keyring,
             presence=self.presence,
+            offset_fences=self.config.tick_transactions,
         )
 
     async def _drop(self, runner: PartitionRunner) -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from evsched.adapters.index.store import PartitionIndex
-from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
-from evsched.adapters.kafka.partition_outbox import KafkaOutbox
+from evsched.adapters.kafka.node_transactions import NodeOutbox
+from evsched.adapters.kafka.rdkafka_group import GroupMember
 from evsched.errors import IndexVersionMismatch
 from evsched.runtime.node.health import NodeHealth
 from evsched.runtime.node.index_restore import IndexRestores
@@ -33,9 +33,9 @@ from evsched.runtime.projection.changelog_restore import Action, OpenPlan
 from evsched.runtime.projection.index_threads import IndexThreads, seek_to_index
 
 # The partition's outbox, made and started (this fences any older one).
-StartOutbox = Callable[[int], Awaitable[KafkaOutbox]]
+StartOutbox = Callable[[int], Awaitable[NodeOutbox]]
 # The partition's owner on its open index and started outbox, at the group's offset and log end.
-MakeOwner = Callable[[PartitionIndex, KafkaOutbox, int | None, int], OwnedPartition]
+MakeOwner = Callable[[PartitionIndex, NodeOutbox, int | None, int], OwnedPartition]
 
 
 class Opened(Protocol):
@@ -43,7 +43,7 @@ class Opened(Protocol):
 
     def __call__(
         self,
-        consumer: KafkaGroupConsumer,
+        consumer: GroupMember,
         runner: PartitionRunner,
         *,
         seed: bool,
@@ -76,12 +76,12 @@ class PartitionOpener:
         self.opened = opened
         self.log = logger
         self.openings = Openings(health, self.failed, logger)  # outside the group's callbacks
-        self.outbox_starts: OutboxStarts[KafkaOutbox] = OutboxStarts(start_outbox, logger=logger)
+        self.outbox_starts: OutboxStarts[NodeOutbox] = OutboxStarts(start_outbox, logger=logger)
         # Partitions whose index was restored, waiting for their producer to start, each with the
         # plan to open it by (None: plan again).
         self._restored: dict[int, OpenPlan | None] = {}
 
-    async def adopt(self, consumer: KafkaGroupConsumer, unowned: Iterable[int]) -> None:
+    async def adopt(self, consumer: GroupMember, unowned: Iterable[int]) -> None:
         """Reopen each of the ``unowned`` assigned partitions that waits for it: its index was
         restored, or it failed (to open, to step) and its wait is over.
 
@@ -114,11 +114,11 @@ class PartitionOpener:
 
     async def _reopen(
         self,
-        consumer: KafkaGroupConsumer,
+        consumer: GroupMember,
         partition: int,
         plan: OpenPlan | None,
         *,
-        outbox: KafkaOutbox | Exception,
+        outbox: NodeOutbox | Exception,
     ) -> None:
         """Open the partition again with its started ``outbox`` (or why it did not start); by
         ``plan`` when one was made, else planned anew."""
@@ -142,7 +142,7 @@ class PartitionOpener:
             "partition_open_failed", partition=partition, error=repr(exc), failures=failures
         )
 
-    async def open_assigned(self, consumer: KafkaGroupConsumer, partitions: list[int]) -> None:
+    async def open_assigned(self, consumer: GroupMember, partitions: list[int]) -> None:
         """Open the partitions of an assignment side by side (their fetches are held already)."""
         # Each index opens on a thread, side by side (``index_threads.seek_to_index``).
         opening = [self.index(consumer, p) for p in partitions]
@@ -160,14 +160,14 @@ class PartitionOpener:
         )
 
     async def _open_logged(
-        self, consumer: KafkaGroupConsumer, index: PartitionIndex, plan: OpenPlan | BaseException
+        self, consumer: GroupMember, index: PartitionIndex, plan: OpenPlan | BaseException
     ) -> None:
         try:
             await self.open(consumer, index, plan)
         except Exception as exc:
             self.failed(index.partition, exc)
 
-    async def index(self, consumer: KafkaGroupConsumer, partition: int) -> PartitionIndex | None:
+    async def index(self, consumer: GroupMember, partition: int) -> PartitionIndex | None:
         """The partition's index, paused and sought (None: a rebuild started, or it failed)."""
         self.health.move(partition, Phase.OPENING)
         try:
@@ -180,10 +180,10 @@ class PartitionOpener:
 
     async def open(
         self,
-        consumer: KafkaGroupConsumer,
+        consumer: GroupMember,
         index: PartitionIndex,
         plan: OpenPlan | BaseException,
-        started: KafkaOutbox | None = None,
+        started: NodeOutbox | None = None,
     ) -> None:
         """Run the partition on its (open) index as planned; ``plan`` may be why none was made.
         ``started``: its outbox, started already (else started here)."""

@@ -1,11 +1,11 @@
 """Each owned partition's task: step it whenever it has records or its next wake time comes, and
 let go of it when a step fails or its producer is fenced.
 
-Each owned partition runs on its own, so a due lease waits for its own partition's transaction
-only, never for another partition's fold or round trips. A partition let go of is dropped from
-memory and closed; the node's poll loop reopens it from its index, which stays consistent with the
-log, after a wait that grows while it keeps failing, unless another member of the group owns it
-now (``runtime.node.ownership``).
+Each owned partition runs on its own, so a due lease never waits for another partition's fold;
+their sends meet in the node's next transaction (``adapters.kafka.node_transactions``). A
+partition let go of is dropped from memory and closed; the node's poll loop reopens it from its
+index, which stays consistent with the log, after a wait that grows while it keeps failing,
+unless another member of the group owns it now (``runtime.node.ownership``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from evsched.adapters.clock import monotonic_s, now_ms
-from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
+from evsched.adapters.kafka.rdkafka_group import GroupMember
 from evsched.errors import BrokerUnavailable, Fenced, PartitionRevoked
 from evsched.runtime.node.health import NodeHealth
 from evsched.runtime.node.index_restore import IndexRestores
@@ -59,7 +59,7 @@ class PartitionSteps:
         self.log = logger
 
     async def run(
-        self, consumer: KafkaGroupConsumer, runner: PartitionRunner, *, seed: bool = False
+        self, consumer: GroupMember, runner: PartitionRunner, *, seed: bool = False
     ) -> None:
         """Step one partition whenever it has records or its next wake time comes.
 
@@ -117,9 +117,7 @@ class PartitionSteps:
         # would keep its lock and the reopen fail with "No locks available".
         traceback.clear_frames(exc.__traceback__)
 
-    async def _fenced(
-        self, consumer: KafkaGroupConsumer, runner: PartitionRunner, reason: str
-    ) -> None:
+    async def _fenced(self, consumer: GroupMember, runner: PartitionRunner, reason: str) -> None:
         """The partition's producer was fenced: by a new owner, or by the broker aborting a
         transaction that outlived its timeout (``runtime.node.ownership``). The group says which."""
         partition = runner.owner.partition

@@ -38,7 +38,7 @@ from evsched.core.events import (
 )
 from evsched.core.proposals import fire_refusal, job_refusal
 from evsched.core.roles import proof_role
-from evsched.core.state import JobState, ScheduleState, Status
+from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.partition.budget import QueueBudget, QueueLoad
 from evsched.runtime.partition.lease_plan import (
@@ -95,8 +95,12 @@ class OwnedPartition:
         changelog: ChangelogWriter | None = None,
         keyring: NodeKeyring | None = None,
         presence: WorkerPresence | None = None,
+        offset_fences: bool = False,
     ) -> None:
         partition = index.partition
+        # Every transaction carries the consumer offset (one transaction per node tick: it is the
+        # fence); otherwise only those with effects, and every OFFSET_COMMIT_INTERVAL_MS.
+        self.offset_fences = offset_fences
         self.presence = presence  # None: every queue counts as served
         self.changelog = changelog  # None: this partition's index changes go to no changelog
         self.dispatch_key = dispatch_key
@@ -234,11 +238,15 @@ class OwnedPartition:
         # Effects go out with the offset of the records they came from, in one transaction: that
         # is what makes them exactly once. Leases, expiries and fires are derived from state, not
         # from records (after a crash the new owner folds them back before deciding anything),
-        # so their transactions need no offset; offsets alone go out every so often.
+        # so their transactions need no offset; offsets alone go out every so often. Under one
+        # transaction per node tick every transaction carries it: with the group's generation it
+        # is what fences a zombie (``adapters.kafka.node_transactions``).
         forwarded = folded.effects or folded.resolutions or folded.forwards
-        with_offset = bool(forwarded) or self._offset_due(now)
+        sending = bool(outgoing or changelog)
+        fence = self.offset_fences and sending
+        with_offset = bool(forwarded) or self._offset_due(now) or fence
         self._count(steps=1, records=len(records))
-        if outgoing or with_offset or changelog:
+        if sending or with_offset:
             ours = ConsumerOffset(self.topics.events, self.partition, offset, self.group_id)
             sent = await self._send(outgoing, ours if with_offset else None, changelog)
             self._flushed(changelog)
@@ -256,7 +264,8 @@ class OwnedPartition:
         self._count(decisions=len(decisions))
         if self.budget is not None and freed:
             self.budget.freed(self.partition)
-        self.wake_at = self._next_wake(now, saturated=len(decisions) >= self.scan_limit)
+        saturated = len(decisions) >= self.scan_limit or _lease_ended(folded, now)
+        self.wake_at = self._next_wake(now, saturated=saturated)
         return len(decisions)
 
     async def _send(
@@ -566,6 +575,16 @@ class OwnedPartition:
         """Leave the node's budget; a node closes the index itself, off the event loop."""
         if self.budget is not None:
             self.budget.leave(self.partition, self)
+
+
+def _lease_ended(folded: Folded, now: int) -> bool:
+    """Whether this step folded a lease already over by the node's clock: its expiry is planned
+    from the index, which holds it from this step's commit on, so the next step comes at once
+    (``next_due_at`` looks only past ``now``)."""
+    return any(
+        s.status in ACTIVE_STATUSES and s.lease_until is not None and s.lease_until <= now
+        for s in folded.batch.jobs.values()
+    )
 
 
 def _effect_record(topics: Topics, accepted: AcceptedEffect) -> Outgoing:

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from evsched.adapters import avro
 from evsched.adapters.index.store import PartitionIndex
-from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
+from evsched.adapters.kafka.rdkafka_group import RdkafkaGroupConsumer
 from evsched.adapters.kafka.topics import Topics
 from evsched.core import planner
 from evsched.core.events import JobEnqueued
@@ -223,7 +223,7 @@ class RefusingConsumer:
 
 async def test_an_index_opened_for_a_partition_that_then_fails_is_closed(tmp_path: Path) -> None:
     node = Node(NodeConfig(settings=Settings(namespace="ns"), node_id="n", data_dir=tmp_path))
-    consumer = cast(KafkaGroupConsumer, RefusingConsumer())
+    consumer = cast(RdkafkaGroupConsumer, RefusingConsumer())
     node.health.assigned([0])
     assert await node.opener.index(consumer, 0) is None
     assert node.health.phase(0) is Phase.FAILED

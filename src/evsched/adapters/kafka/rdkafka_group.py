@@ -1,0 +1,347 @@
+"""The node's member of the events topic's consumer group on librdkafka (confluent-kafka).
+
+The surface of ``partition_log.KafkaGroupConsumer`` (plain partition numbers,
+``ports.Record``s, evsched's errors), plus ``group_metadata()``: what a transaction's offsets are
+sent with, so the group coordinator refuses them from a member of an older generation and the
+whole transaction aborts (exactly-once v2, KIP-447; ``node_transactions``).
+
+librdkafka's blocking calls run on worker threads. It serves the group's rebalance callbacks
+inside ``consume`` (or ``close``), on the thread that called it: each is handed to the event loop
+and that thread waits for it, so the group rejoins only once the node has closed what it lost
+(eager protocol, ``roundrobin`` like aiokafka's default: both clients can share a group while a
+cluster is upgraded). Offsets are never committed here; read_committed offset fetches require
+stable offsets, so a new owner waits for a zombie's pending transaction to end before it reads the
+committed offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Collection, Iterator
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from evsched.adapters.kafka import clients as kafka
+from evsched.adapters.kafka.client_logs import group_joined
+from evsched.adapters.kafka.partition_log import KafkaGroupConsumer, Rebalance
+from evsched.adapters.kafka.rdkafka_options import rdkafka_config
+from evsched.errors import BrokerUnavailable, PartitionRevoked
+from evsched.ports import Record
+from evsched.settings import Settings
+
+CLIENT_LOGGER = logging.getLogger("evsched.rdkafka")
+
+# How long a blocking metadata or offsets call may take.
+CALL_TIMEOUT_S = 10.0
+# How long a committed offset may be held by an open transaction before its owner is fenced: a
+# live owner's transaction takes milliseconds, and a clean revoke ends it before the group moves.
+PENDING_WAIT_S = 2.0
+# The longest a node may take between two fetches (a step, a revoke's closes) before the group
+# counts it gone; librdkafka also uses it as the rebalance timeout.
+MAX_POLL_INTERVAL_MS = 30_000
+# Errors a fetch reports that leave the consumer working: it retries them itself.
+_PASSING = frozenset(
+    {
+        KafkaError._PARTITION_EOF,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._MAX_POLL_EXCEEDED,
+    }
+)
+
+
+def consumer_config(settings: Settings, *, group_id: str, client_id: str) -> dict[str, Any]:
+    """A read_committed group member without auto-commit, timed as aiokafka's (clients)."""
+    timeouts = kafka.group_timeouts(settings)
+    return {
+        "bootstrap.servers": settings.bootstrap,
+        "group.id": group_id,
+        "client.id": client_id,
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "roundrobin",
+        "session.timeout.ms": timeouts["session_timeout_ms"],
+        "heartbeat.interval.ms": timeouts["heartbeat_interval_ms"],
+        "max.poll.interval.ms": max(MAX_POLL_INTERVAL_MS, timeouts["rebalance_timeout_ms"]),
+        # As aiokafka's consumer (clients.consumer): batches under load, 10 ms at most.
+        "fetch.wait.max.ms": 10,
+        "fetch.min.bytes": 64 << 10,
+        **rdkafka_config(settings.kafka_options),
+        "logger": CLIENT_LOGGER,
+    }
+
+
+@contextlib.contextmanager
+def _errors(what: str) -> Iterator[None]:
+    try:
+        yield
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError) and err.code() in (
+            KafkaError._STATE,
+            KafkaError._UNKNOWN_PARTITION,
+        ):
+            raise PartitionRevoked(f"{what}: {err.str()}") from exc
+        raise BrokerUnavailable(f"{what}: {exc!r}") from exc
+    except RuntimeError as exc:  # "Consumer closed"
+        raise BrokerUnavailable(f"{what}: {exc!r}") from exc
+
+
+class RdkafkaGroupConsumer:
+    """The node's group member on librdkafka; ``listener`` is told of every rebalance."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        topic: str,
+        *,
+        group_id: str,
+        client_id: str,
+        max_records: int,
+        listener: Rebalance,
+    ) -> None:
+        self.topic = topic
+        self.max_records = max_records
+        self._listener = listener
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._config = consumer_config(settings, group_id=group_id, client_id=client_id)
+        self._consumer = Consumer(self._config)
+        # Reads the last committer of an offset a transaction holds (never joins the group).
+        self._unstable: Consumer | None = None
+        # Fences a transactional id (the node's NodeTransactions.fence); None: wait instead.
+        self.fence: Callable[[str], Awaitable[None]] | None = None
+        self._assigned: set[int] = set()
+        self._closed = False
+        # Pauses, resumes and seeks asked for while a rebalance callback runs: librdkafka would
+        # wait for the callback to end (a deadlock), so the callback's thread makes them after.
+        self._in_callback = False
+        self._deferred: list[Callable[[], None]] = []
+        self._sought: dict[int, int] = {}  # the last offset each partition was sought to
+
+    async def start(self) -> None:
+        """Subscribe, once the cluster answered (BrokerUnavailable if it does not in time)."""
+        self._loop = asyncio.get_running_loop()
+        with _errors(f"join the group of {self.topic}"):
+            await asyncio.to_thread(self._consumer.list_topics, self.topic, CALL_TIMEOUT_S)
+            self._consumer.subscribe(
+                [self.topic],
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_revoke,
+            )
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(KafkaException, RuntimeError):
+            await asyncio.to_thread(self._consumer.close)
+        if self._unstable is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                await asyncio.to_thread(self._unstable.close)
+
+    def group_metadata(self) -> Any:
+        """This member's group, generation and member id, as a transaction's offsets carry them."""
+        with _errors("group metadata"):
+            return self._consumer.consumer_group_metadata()
+
+    def assignment(self) -> set[int]:
+        return set(self._assigned)
+
+    def member_id(self) -> str | None:
+        """This member's id in the group (None until it joined, or once it left)."""
+        with contextlib.suppress(RuntimeError, KafkaException):
+            return self._consumer.memberid() or None
+        return None
+
+    def _tp(self, partition: int, offset: int | None = None) -> TopicPartition:
+        if offset is None:
+            return TopicPartition(self.topic, partition)
+        return TopicPartition(self.topic, partition, offset)
+
+    def seek(self, partition: int, offset: int) -> None:
+        self._apply(partition, "seek", lambda: self._consumer.seek(self._tp(partition, offset)))
+        self._sought[partition] = offset
+
+    def pause(self, partition: int) -> None:
+        self._apply(partition, "pause", lambda: self._consumer.pause([self._tp(partition)]))
+
+    def resume(self, partition: int) -> None:
+        self._apply(partition, "resume", lambda: self._consumer.resume([self._tp(partition)]))
+
+    def _apply(self, partition: int, what: str, call: Callable[[], None]) -> None:
+        self._owned(partition, what)
+        if self._in_callback:
+            self._deferred.append(call)
+            return
+        with _errors(f"{what} p{partition}"):
+            call()
+
+    async def position(self, partition: int) -> int:
+        """The next offset a fetch of ``partition`` reads (past transaction markers).
+
+        librdkafka forgets it on a seek until the next fetch; meanwhile the offset sought stands
+        for it (lower or equal: a fold is found caught up late, never early). Never asks the
+        broker: a step asks it while the group's callbacks may be waiting for that step.
+        """
+        self._owned(partition, "position")
+        with _errors(f"position of p{partition}"):
+            found = self._consumer.position([self._tp(partition)])[0]
+        if found.offset >= 0:
+            return int(found.offset)
+        return self._sought.get(partition, -1)
+
+    async def committed(self, partition: int) -> int | None:
+        """The group's committed offset (None: nothing committed); waits for stable offsets.
+
+        A transaction still open holds them: a dead or frozen owner's. After
+        ``PENDING_WAIT_S`` the last committer of the partition (named by its offsets' metadata,
+        ``node_transactions``) is fenced through ``fence``, which aborts that transaction at
+        once instead of when the broker's timeout does.
+        """
+        tp = self._tp(partition)
+        if self.fence is None:
+            return await self._stable(tp, CALL_TIMEOUT_S)
+        with contextlib.suppress(BrokerUnavailable):
+            return await self._stable(tp, PENDING_WAIT_S)
+        last = await self._last_committer(tp)
+        if last:
+            await self.fence(last)
+        return await self._stable(tp, CALL_TIMEOUT_S)
+
+    async def _stable(self, tp: TopicPartition, timeout_s: float) -> int | None:
+        with _errors(f"committed offset of p{tp.partition}"):
+            found = await asyncio.to_thread(self._consumer.committed, [tp], timeout_s)
+        if found[0].error is not None:
+            raise BrokerUnavailable(f"committed offset of p{tp.partition}: {found[0].error}")
+        offset = found[0].offset
+        return None if offset == OFFSET_INVALID or offset < 0 else int(offset)
+
+    async def _last_committer(self, tp: TopicPartition) -> str | None:
+        """The metadata of the partition's last stable offset commit (read_uncommitted)."""
+        if self._unstable is None:
+            self._unstable = Consumer({**self._config, "isolation.level": "read_uncommitted"})
+        with contextlib.suppress(KafkaException, RuntimeError):
+            found = await asyncio.to_thread(self._unstable.committed, [tp], CALL_TIMEOUT_S)
+            return found[0].metadata or None
+        return None
+
+    async def start_offsets(self, partitions: Collection[int]) -> dict[int, int]:
+        return await self._watermarks(partitions, low=True)
+
+    async def end_offsets(self, partitions: Collection[int]) -> dict[int, int]:
+        """Each partition's last stable offset (read_committed): where a fold is caught up."""
+        return await self._watermarks(partitions, low=False)
+
+    async def _watermarks(self, partitions: Collection[int], *, low: bool) -> dict[int, int]:
+        def read() -> dict[int, int]:
+            found: dict[int, int] = {}
+            for p in partitions:
+                lo, hi = self._consumer.get_watermark_offsets(
+                    self._tp(p), timeout=CALL_TIMEOUT_S, cached=False
+                )
+                found[p] = lo if low else hi
+            return found
+
+        with _errors(f"offsets of {self.topic}"):
+            return await asyncio.to_thread(read)
+
+    async def read_all(self, timeout_s: float, max_records: int) -> dict[int, list[Record]]:
+        """Records of every assigned, unpaused partition (rebalances are served meanwhile)."""
+        with _errors(f"fetch from {self.topic}"):
+            messages = await asyncio.to_thread(self._fetch, timeout_s, max_records)
+        batches: dict[int, list[Record]] = {}
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.code() in _PASSING:
+                    continue
+                raise BrokerUnavailable(f"fetch from {self.topic}: {err.str()}")
+            partition = msg.partition()
+            if partition in self._assigned:
+                batches.setdefault(partition, []).append(_record(msg))
+        return batches
+
+    def _fetch(self, timeout_s: float, max_records: int) -> list[Message]:
+        """What is fetched, once the first record comes (within ``timeout_s``): librdkafka's
+        batch consume would wait out its whole timeout to fill the batch, at every record."""
+        first = self._consumer.poll(timeout_s)
+        if first is None:
+            return []
+        return [first, *self._consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
+
+    def _owned(self, partition: int, what: str) -> None:
+        if partition not in self._assigned:
+            raise PartitionRevoked(f"{what} p{partition}: not assigned")
+
+    # --- the group's callbacks, on the thread inside consume() or close() -------------------
+
+    def _on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        partitions = [tp.partition for tp in tps if tp.topic == self.topic]
+        # Assigned here, not after the callback, so the listener can pause and seek them.
+        consumer.assign(tps)
+        self._assigned = set(partitions)
+        group_joined()
+        self._handed(self._listener.assigned(partitions))
+
+    def _on_revoke(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        partitions = [tp.partition for tp in tps if tp.topic == self.topic]
+        try:
+            self._handed(self._listener.revoked(partitions))
+        finally:
+            self._assigned -= set(partitions)
+            with contextlib.suppress(KafkaException, RuntimeError):
+                consumer.unassign()
+
+    def _handed(self, call: Any) -> None:
+        """Run the listener's coroutine on the event loop; this thread waits for it to end, then
+        makes the pauses, resumes and seeks it asked for."""
+        loop = self._loop
+        assert loop is not None, "rebalance before start"
+        self._in_callback = True
+        try:
+            asyncio.run_coroutine_threadsafe(call, loop).result()
+        finally:
+            self._in_callback = False
+            deferred, self._deferred = self._deferred, []
+            for made in deferred:
+                with contextlib.suppress(KafkaException, RuntimeError):
+                    made()
+
+
+def _record(msg: Message) -> Record:
+    _, log_at = msg.timestamp()
+    return Record(
+        topic=msg.topic() or "",
+        partition=msg.partition() or 0,
+        offset=msg.offset() or 0,
+        log_at=log_at,
+        key=msg.key(),
+        value=msg.value(),
+        headers=_headers(msg),
+    )
+
+
+def _headers(msg: Message) -> tuple[tuple[str, bytes], ...]:
+    raw = msg.headers()
+    if not isinstance(raw, list):
+        return ()
+    return tuple((name, value if isinstance(value, bytes) else b"") for name, value in raw)
+
+
+# The node's group member: aiokafka's (a producer per partition) or librdkafka's (one transaction
+# per node tick, EVSCHED_NODE_TRANSACTIONS=tick).
+GroupMember = KafkaGroupConsumer | RdkafkaGroupConsumer
