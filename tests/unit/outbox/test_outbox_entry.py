@@ -104,7 +104,13 @@ def test_the_table_notifies_its_own_channel() -> None:
     assert table.listen == 'LISTEN "shop_outbox"'
 
 
-def test_the_commands_refuse_a_bad_table_or_an_unreachable_database_in_one_line() -> None:
+def test_the_commands_refuse_a_bad_table_or_an_unreachable_database_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from evsched.cli import relay as relay_cli
+
+    # Logging to the runner's stderr, closed after the call, would break every later test's logs.
+    monkeypatch.setattr(relay_cli, "configure_logging", lambda **kw: None)
     bad = runner.invoke(evsched, ["outbox", "init", "--dsn", "postgresql://x", "--table", "A-b"])
     assert bad.exit_code == 2, bad.output
     assert "table: 'A-b' is not a lower-case identifier" in bad.output
