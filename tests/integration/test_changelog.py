@@ -116,7 +116,9 @@ async def test_a_restore_from_the_changelog_equals_a_full_fold_at_its_offset(
                 stack.settings, stack.topics.events, [partition], client_id="t-fold"
             ) as events:
                 await restore(
-                    events, {partition: Projector(folded)}, {partition: meta.applied_offset + 1}
+                    events,
+                    {partition: Projector(folded, keyring=stack.keyring)},
+                    {partition: meta.applied_offset + 1},
                 )
             index = PartitionIndex(tmp_path / "restored" / f"p{partition:04d}", partition)
             live = PartitionIndex(stack.node_data("node-1") / f"p{partition:04d}", partition)

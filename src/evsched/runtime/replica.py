@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import math
 from pathlib import Path
+from typing import Literal
 
 import structlog
 
@@ -18,7 +19,7 @@ from evsched.adapters.clock import monotonic_s
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.partition_log import KafkaPartitionLog, partition_for
 from evsched.adapters.kafka.topics import Topics, partition_count
-from evsched.adapters.proofs import NodeKeyring
+from evsched.adapters.proofs import NodeKeyring, node_keyring_from_env
 from evsched.core.state import JobState, TimelineEntry
 from evsched.errors import BrokerUnavailable, EvschedError
 from evsched.ports import PartitionLog
@@ -48,7 +49,7 @@ class Replica:
         *,
         client_id: str = "evsched-replica",
         on_commit: CommitHook | None = None,
-        keyring: NodeKeyring | None = None,
+        keyring: NodeKeyring | Literal["env"] | None = "env",
     ):
         self.settings = settings
         self.topic = Topics(settings.namespace).events
@@ -56,8 +57,10 @@ class Replica:
         self.client_id = client_id
         # Told what every committed batch folded (e.g. metrics), after it is in the index.
         self.on_commit = on_commit
-        # The node keys proofs are checked with (adapters.proofs), read once by the process.
-        self.keyring = keyring
+        # The node keys proofs are checked with (adapters.proofs): those the process read once,
+        # or by default the environment's, read here once for all the replica's partitions (a
+        # replica without the keys of a proven log would refuse its node facts as unproven).
+        self.keyring = node_keyring_from_env() if keyring == "env" else keyring
         self.projectors: dict[int, Projector] = {}
         self._log: PartitionLog | None = None
         self._changed = asyncio.Condition()
