@@ -18,17 +18,19 @@ from evsched.client import App, Context
 from evsched.core.events import JobEnqueued, TraceContext
 from evsched.errors import InvalidEnqueue
 from evsched.settings import Settings
-from evsched.testing import FrozenClock, MemoryLog
+from evsched.testing import MemoryLog
 from tests.otel_sdk import exporter, hex_ids, parent_id
 from tests.unit.runtime.driver.test_trace_propagation import (
     NS,
     TRACE_ID,
     TRACEPARENT,
     active_span,
+    app,
+    log,
     run_job,
 )
 
-__all__ = ["exporter"]  # the fixture
+__all__ = ["app", "exporter", "log"]  # the fixtures
 
 
 def named(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
@@ -39,25 +41,14 @@ def named(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
     return found
 
 
-def make_app(log: MemoryLog) -> App:
-    app = App(Settings(namespace=NS), name="unit", log_factory=lambda: log, clock=FrozenClock())
-
-    @app.task(name="traced")
-    async def traced(x: int) -> int:
-        return x
-
-    return app
-
-
 def test_without_an_sdk_there_is_no_tracer() -> None:
     assert spans.tracer() is None
 
 
 async def test_an_untraced_enqueue_makes_a_producer_span_that_the_job_carries(
-    exporter: InMemorySpanExporter,
+    exporter: InMemorySpanExporter, app: App, log: MemoryLog
 ) -> None:
-    log = MemoryLog()
-    job_id = await make_app(log).enqueue("traced", 1)
+    job_id = await app.enqueue("traced", 1)
     (span,) = exporter.get_finished_spans()
     (event,) = log.events(JobEnqueued)
     assert isinstance(event, JobEnqueued)
@@ -78,10 +69,9 @@ async def test_an_untraced_enqueue_makes_a_producer_span_that_the_job_carries(
 
 
 async def test_a_given_trace_stays_the_jobs_and_parents_the_enqueue_span(
-    exporter: InMemorySpanExporter,
+    exporter: InMemorySpanExporter, app: App, log: MemoryLog
 ) -> None:
-    log = MemoryLog()
-    await make_app(log).get_task("traced").options(traceparent=TRACEPARENT).enqueue(1)
+    await app.get_task("traced").options(traceparent=TRACEPARENT).enqueue(1)
     (span,) = exporter.get_finished_spans()
     (event,) = log.events(JobEnqueued)
     assert isinstance(event, JobEnqueued)
@@ -90,29 +80,29 @@ async def test_a_given_trace_stays_the_jobs_and_parents_the_enqueue_span(
     assert parent_id(span) == "b7ad6b7169203331"
 
 
-async def test_an_enqueue_inside_a_span_is_its_child(exporter: InMemorySpanExporter) -> None:
-    log = MemoryLog()
+async def test_an_enqueue_inside_a_span_is_its_child(
+    exporter: InMemorySpanExporter, app: App
+) -> None:
     with active_span(int(TRACE_ID, 16), 0x1122334455667788):
-        await make_app(log).enqueue("traced", 1)
+        await app.enqueue("traced", 1)
     (span,) = exporter.get_finished_spans()
     assert (hex_ids(span)[0], parent_id(span)) == (TRACE_ID, "1122334455667788")
 
 
 def test_enqueue_sync_parents_the_span_with_the_calling_threads_span(
-    exporter: InMemorySpanExporter,
+    exporter: InMemorySpanExporter, app: App
 ) -> None:
-    log = MemoryLog()
-    app = make_app(log)
     with app, active_span(int(TRACE_ID, 16), 0x1122334455667788):
         app.enqueue_sync("traced", 1)
     (span,) = exporter.get_finished_spans()
     assert (hex_ids(span)[0], parent_id(span)) == (TRACE_ID, "1122334455667788")
 
 
-async def test_a_refused_enqueue_ends_its_span_as_an_error(exporter: InMemorySpanExporter) -> None:
-    log = MemoryLog()
+async def test_a_refused_enqueue_ends_its_span_as_an_error(
+    exporter: InMemorySpanExporter, app: App, log: MemoryLog
+) -> None:
     with pytest.raises(InvalidEnqueue):
-        await make_app(log).enqueue("traced", 1, 2)  # one argument too many
+        await app.enqueue("traced", 1, 2)  # one argument too many
     (span,) = exporter.get_finished_spans()
     assert span.status.status_code is StatusCode.ERROR
     assert span.status.description == "InvalidEnqueue"
@@ -121,9 +111,8 @@ async def test_a_refused_enqueue_ends_its_span_as_an_error(exporter: InMemorySpa
 
 @pytest.mark.parametrize("sync", [False, True], ids=["async-handler", "sync-handler"])
 async def test_an_attempt_has_lease_dispatch_and_run_spans_and_the_handlers_spans_nest(
-    exporter: InMemorySpanExporter, sync: bool
+    exporter: InMemorySpanExporter, log: MemoryLog, sync: bool
 ) -> None:
-    log = MemoryLog()
     app = App(Settings(namespace=NS), name="unit", log_factory=lambda: log)
     handler_tracer = otel_trace.get_tracer("the-handler")
 
@@ -173,9 +162,8 @@ async def test_an_attempt_has_lease_dispatch_and_run_spans_and_the_handlers_span
 
 
 async def test_a_failed_attempts_run_span_is_an_error_naming_its_type(
-    exporter: InMemorySpanExporter,
+    exporter: InMemorySpanExporter, log: MemoryLog
 ) -> None:
-    log = MemoryLog()
     app = App(Settings(namespace=NS), name="unit", log_factory=lambda: log)
 
     @app.task(name="fails", max_attempts=1)
