@@ -122,6 +122,7 @@ class Node:
             transactional_id=config.node_transactional_id,
             client_id=f"evsched-node-{config.node_id}",
             group_metadata=self._group_metadata,
+            checked_queues=self.queue_topics.known,
         )
         self.group_owners = GroupOwners(config.settings)
         self._generation = 0  # bumped on every assignment change
