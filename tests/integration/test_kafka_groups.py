@@ -8,6 +8,7 @@ from tests.conftest import unique_name
 from tests.integration.engine import wait_for
 
 from evsched.adapters.kafka.groups import GroupOwners, partition_owners
+from evsched.adapters.kafka.partition_log import GroupMembership
 from evsched.adapters.kafka.rdkafka_group import RdkafkaGroupConsumer
 from evsched.adapters.kafka.topics import Topics, ensure_topics
 from evsched.devstack.process import free_port
@@ -79,14 +80,14 @@ async def test_a_node_finds_itself_by_member_id_in_the_assignment(kafka_bootstra
     await ensure_topics(kafka_bootstrap, namespace, event_partitions=2, queues=())
     topics = Topics(namespace)
     settings = Settings(bootstrap=kafka_bootstrap, namespace=namespace, event_partitions=2)
-    consumer = RdkafkaGroupConsumer(
-        settings,
-        topics.events,
+    member = GroupMembership(
+        settings=settings,
+        topic=topics.events,
         group_id=topics.node_group,
         client_id="evsched-node-a",
         max_records=10,
-        listener=_Quiet(),
     )
+    consumer = RdkafkaGroupConsumer(member, listener=_Quiet())
     assert consumer.member_id() is None
     owners = GroupOwners(settings)
     await consumer.start()

@@ -33,7 +33,7 @@ from confluent_kafka import (
 
 from evsched.adapters.kafka import clients as kafka
 from evsched.adapters.kafka.client_logs import group_joined
-from evsched.adapters.kafka.partition_log import KafkaGroupConsumer, Rebalance
+from evsched.adapters.kafka.partition_log import GroupMembership, KafkaGroupConsumer, Rebalance
 from evsched.adapters.kafka.rdkafka_options import rdkafka_config
 from evsched.errors import BrokerUnavailable, PartitionRevoked
 from evsched.ports import Record
@@ -103,21 +103,14 @@ def _errors(what: str) -> Iterator[None]:
 class RdkafkaGroupConsumer:
     """The node's group member on librdkafka; ``listener`` is told of every rebalance."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        topic: str,
-        *,
-        group_id: str,
-        client_id: str,
-        max_records: int,
-        listener: Rebalance,
-    ) -> None:
-        self.topic = topic
-        self.max_records = max_records
+    def __init__(self, member: GroupMembership, *, listener: Rebalance) -> None:
+        self.topic = member.topic
+        self.max_records = member.max_records
         self._listener = listener
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._config = consumer_config(settings, group_id=group_id, client_id=client_id)
+        self._config = consumer_config(
+            member.settings, group_id=member.group_id, client_id=member.client_id
+        )
         self._consumer = Consumer(self._config)
         # Reads the last committer of an offset a transaction holds (never joins the group).
         self._unstable: Consumer | None = None

@@ -25,7 +25,7 @@ from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.groups import GroupOwners
 from evsched.adapters.kafka.node_transactions import NodeOutbox, NodeTransactions
-from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
+from evsched.adapters.kafka.partition_log import GroupMembership, KafkaGroupConsumer
 from evsched.adapters.kafka.partition_outbox import KafkaOutbox
 from evsched.adapters.kafka.rdkafka_group import GroupMember, RdkafkaGroupConsumer
 from evsched.adapters.kafka.topics import Topics
@@ -122,6 +122,7 @@ class Node:
             transactional_id=config.node_transactional_id,
             client_id=f"evsched-node-{config.node_id}",
             group_metadata=self._group_metadata,
+            checked_queues=self.queue_topics.known,
         )
         self.group_owners = GroupOwners(config.settings)
         self._generation = 0  # bumped on every assignment change
@@ -253,14 +254,14 @@ class Node:
 
     async def _start_consumer(self) -> GroupMember:
         kind = RdkafkaGroupConsumer if self.config.tick_transactions else KafkaGroupConsumer
-        consumer: GroupMember = kind(
-            self.config.settings,
-            self.topics.events,
+        member = GroupMembership(
+            settings=self.config.settings,
+            topic=self.topics.events,
             group_id=self.config.group_id,
             client_id=f"evsched-node-{self.config.node_id}",
             max_records=self.config.max_records,
-            listener=NodeRebalance(self),
         )
+        consumer: GroupMember = kind(member, listener=NodeRebalance(self))
         if isinstance(consumer, RdkafkaGroupConsumer):
             consumer.fence = self.transactions.fence  # a dead owner's open transaction
         self._consumer = consumer  # the group may assign partitions before start() returns

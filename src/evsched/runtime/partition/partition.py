@@ -36,7 +36,7 @@ from evsched.core.events import (
 )
 from evsched.core.proposals import fire_refusal, job_refusal
 from evsched.core.roles import proof_role
-from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status
+from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.partition.budget import QueueBudget, QueueLoad
 from evsched.runtime.partition.lease_plan import (
@@ -261,7 +261,10 @@ class OwnedPartition:
         self._count(decisions=len(decisions))
         if self.budget is not None and freed:
             self.budget.freed(self.partition)
-        saturated = len(decisions) >= self.scan_limit or _lease_ended(folded, now)
+        # A lease this step folded that is already over: its expiry is planned from the index,
+        # which holds it from this step's commit on, so the next step comes at once
+        # (``next_due_at`` looks only past ``now``).
+        saturated = len(decisions) >= self.scan_limit or folded.lease_ended(now)
         self.wake_at = self._next_wake(now, saturated=saturated)
         return len(decisions)
 
@@ -545,16 +548,6 @@ class OwnedPartition:
         """Leave the node's budget; a node closes the index itself, off the event loop."""
         if self.budget is not None:
             self.budget.leave(self.partition, self)
-
-
-def _lease_ended(folded: Folded, now: int) -> bool:
-    """Whether this step folded a lease already over by the node's clock: its expiry is planned
-    from the index, which holds it from this step's commit on, so the next step comes at once
-    (``next_due_at`` looks only past ``now``)."""
-    return any(
-        s.status in ACTIVE_STATUSES and s.lease_until is not None and s.lease_until <= now
-        for s in folded.batch.jobs.values()
-    )
 
 
 def _effect_record(topics: Topics, accepted: AcceptedEffect) -> Outgoing:
