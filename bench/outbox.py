@@ -91,7 +91,7 @@ def services(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
 
 
 class Relay:
-    client = "aiokafka"
+    client = "confluent"
 
     def __init__(self, dsn: str, settings: Settings, log: Path) -> None:
         env = {
@@ -363,7 +363,7 @@ def main() -> None:
     parser.add_argument(
         "--kafka-client",
         choices=["aiokafka", "confluent"],
-        default=os.environ.get("EVSCHED_KAFKA_CLIENT", "aiokafka"),
+        default=os.environ.get("EVSCHED_KAFKA_CLIENT", "confluent"),
         help="The relay's Kafka client (EVSCHED_KAFKA_CLIENT).",
     )
     args = parser.parse_args()
