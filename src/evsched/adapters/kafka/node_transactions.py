@@ -279,7 +279,9 @@ class NodeTransactions:
                 if attempt == TRANSACTION_TRIES:
                     raise RecordRefused(f"records refused in {attempt} transactions") from exc
                 continue
-            except KafkaException as exc:
+            except KafkaException as exc:  # begin_transaction's, outside _aborted
+                if _fatal(exc):
+                    self._broken = True  # a fatal producer fails every later call: replace it
                 raise _mapped(exc) from exc
             self.transactions += 1
             for s in live:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from evsched.adapters.kafka.node_transactions import NodeTransactions
 from evsched.errors import BrokerUnavailable, Fenced
@@ -66,3 +67,34 @@ async def test_a_failed_tick_leaves_the_committer_alive_for_the_next(
     await transactions.close()
     with pytest.raises(BrokerUnavailable):
         await transactions.send(0, [], None, _Holdback())  # type: ignore[arg-type]
+
+
+async def test_a_producer_failing_fatally_outside_a_transaction_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    transactions = NodeTransactions(
+        Settings(namespace="ns"), transactional_id="ns.node.n", client_id="n", group_metadata=None
+    )
+
+    def transact(sends: Sequence[Any]) -> None:  # begin_transaction of a fenced producer
+        raise KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance", True))
+
+    async def no_metadata(sends: Sequence[Any]) -> None:
+        return None
+
+    monkeypatch.setattr(transactions, "_transact", transact)
+    monkeypatch.setattr(transactions, "_hold_without_metadata", no_metadata)
+    transactions._producer = object()  # type: ignore[assignment]
+    transactions._wake = asyncio.Event()
+    transactions._task = asyncio.create_task(transactions._commits())
+    with pytest.raises(Fenced):
+        await transactions.send(0, [], None, _Holdback())  # type: ignore[arg-type]
+
+    async def replaced() -> None:
+        while transactions._producer is not None:
+            await asyncio.sleep(0.01)
+
+    # Dropped, so the partitions' reopens start a new producer (before: every later tick
+    # failed on the same fenced producer, forever).
+    await asyncio.wait_for(replaced(), 5)
+    await transactions.close()
