@@ -251,7 +251,8 @@ class NodeTransactions:
                 )
                 for s in sends:
                     if not s.done.done():
-                        s.done.set_exception(exc)
+                        s.done.set_exception(_own_copy(exc))
+                del exc  # its traceback holds this coroutine's frame
                 if self._broken:
                     await self._discard()
 
@@ -281,7 +282,9 @@ class NodeTransactions:
                 if attempt == TRANSACTION_TRIES:
                     raise RecordRefused(f"records refused in {attempt} transactions") from exc
                 continue
-            except KafkaException as exc:
+            except KafkaException as exc:  # begin_transaction's, outside _aborted
+                if _fatal(exc):
+                    self._broken = True  # a fatal producer fails every later call: replace it
                 raise _mapped(exc) from exc
             self.transactions += 1
             for s in live:
@@ -487,6 +490,21 @@ def _refusals(
             }
         )
     return _Refused(suspects=named)
+
+
+def _own_copy(exc: Exception) -> Exception:
+    """A send's own exception for a failed tick, without the committer's frames.
+
+    A step that fails clears the frames of what it raised (``runtime.node.steps``: index
+    handles); one exception shared by every send carried the committer's frame, and clearing
+    the frame of a suspended coroutine closes it: the committer died ("cannot reuse already
+    awaited coroutine") and every later send waited forever.
+    """
+    try:
+        copy = type(exc)(*exc.args)
+    except Exception:
+        copy = BrokerUnavailable(repr(exc))
+    return copy
 
 
 def _fatal(exc: BaseException) -> bool:

@@ -194,7 +194,11 @@ class Node:
         consumer = await until_broker(self._start_consumer, what="events consumer", stop=stop)
         if consumer is None:
             return  # stopped before the broker answered
-        self.log.info("node_started", group_id=self.config.group_id)
+        self.log.info(
+            "node_started",
+            group_id=self.config.group_id,
+            transactions="tick" if self.config.tick_transactions else "partition",
+        )
         presence = asyncio.create_task(self.presence.run(stop))
         try:
             if self.config.standby:
