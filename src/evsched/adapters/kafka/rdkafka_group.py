@@ -128,7 +128,7 @@ class RdkafkaGroupConsumer:
             member.settings, group_id=member.group_id, client_id=member.client_id
         )
         self._consumer = Consumer(self._config)
-        self._thread = ConsumerThread(f"evsched-{client_id}-group")
+        self._thread = ConsumerThread(f"evsched-{member.client_id}-group")
         # Asks committed offsets and watermarks (read_committed: stable offsets, the last stable
         # offset) without waiting for the member's fetches; never joins the group.
         self._offsets: Consumer | None = None
