@@ -23,7 +23,16 @@ async def test_owners_follow_the_group_assignment_through_a_rebalance(kafka_boot
     await ensure_topics(kafka_bootstrap, namespace, event_partitions=4, queues=())
     topics = Topics(namespace)
     settings = Settings(bootstrap=kafka_bootstrap, namespace=namespace, event_partitions=4)
-    assert await partition_owners(settings, topics.node_group, topics.events) == {}
+
+    async def answered() -> tuple[dict[int, str]] | None:
+        # A fresh broker has no group coordinator until __consumer_offsets is created.
+        try:
+            return (await partition_owners(settings, topics.node_group, topics.events),)
+        except BrokerUnavailable:
+            return None
+
+    (before,) = await wait_for(answered, what="the group coordinator to answer", timeout_s=60)
+    assert before == {}
 
     def member(name: str) -> AIOKafkaConsumer:
         return AIOKafkaConsumer(
