@@ -64,24 +64,27 @@ async def _committed(stack: Stack) -> dict[int, int]:
 
 
 async def _snapshot_covers(stack: Stack, committed: dict[int, int]) -> dict[int, int]:
-    """How far each partition may be trimmed: below the group's offset and below the offset
-    after the changelog's newest snapshot (a node flushes it once per interval, so it may lag
-    the offset; in production retention trims days behind both)."""
+    """Wait until the changelog's newest snapshot of every partition covers the group's offset
+    there (``committed``), which may then be trimmed: returns it.
+
+    A node flushes its changelog once per interval, so the snapshot lags the offsets it commits
+    by up to an interval; and a node killed before its flush leaves none: ask while it lives.
+    """
 
     async def snapshots() -> dict[int, int] | None:
-        covered: dict[int, int] = {}
         for partition, offset in committed.items():
             async with KafkaPartitionLog(
                 stack.settings, stack.topics.state, [partition], client_id="t-covers"
             ) as state:
                 meta = await latest_meta(state, partition)
-            if meta is None:  # the first flush is at most an interval away
+            if meta is None or meta.applied_offset + 1 < offset:  # the flush is an interval away
                 await asyncio.sleep(0.5)
                 return None
-            covered[partition] = min(offset, meta.applied_offset + 1)
-        return covered
+        return committed
 
-    return await wait_for(snapshots, what="a snapshot of every partition", timeout_s=DEADLINE_S)
+    return await wait_for(
+        snapshots, what="a snapshot of every partition at its offset", timeout_s=DEADLINE_S
+    )
 
 
 async def _work(stack: Stack, count: int) -> list[str]:
@@ -154,11 +157,13 @@ async def test_a_takeover_after_the_owners_data_dir_was_deleted_and_the_log_trim
         # Asked before the kill: a replica may see the jobs succeed before the node has folded
         # the successes and committed its offsets, and a dead node commits nothing (ci17 waited
         # here past the test's timeout). It may commit more before the kill: that is kept.
-        committed = await _committed(stack)
+        # Its changelog is flushed once per interval: a kill before the first flush would leave
+        # none (the jobs may all succeed within it), and then nothing may be trimmed.
+        covered = await _snapshot_covers(stack, await _committed(stack))
         node_a.kill()
         shutil.rmtree(stack.node_data("node-a"))
         # Everything the group committed and the changelog holds may go.
-        await stack.trim(await _snapshot_covers(stack, committed))
+        await stack.trim(covered)
         node_b = stack.start_node("node-b")
         restored = await wait_for(
             lambda: _every_partition(node_b, "partition_index_restored"),
