@@ -368,6 +368,11 @@ class Node:
     async def _closed(self, runner: PartitionRunner) -> None:
         """Wait for the runner's step in flight, then close its partition (revoked)."""
         await runner.stopped()
+        try:  # so the next owner finds the changelog as far as the index (else it restores)
+            await runner.owner.flush_changelog()
+        except Exception as exc:  # e.g. fenced: the next owner restores from the changelog
+            partition = runner.owner.partition
+            self.log.warning("changelog_flush_failed", partition=partition, error=repr(exc))
         await self._close(runner.owner)
         self.log.info("partition_revoked", partition=runner.owner.partition, **runner.owner.stats)
 
@@ -435,7 +440,11 @@ class Node:
             instruments=None if metrics is None else metrics.node.partition(index.partition),
             budget=self.budget,
             dispatch_key=self.config.dispatch_key,
-            changelog=ChangelogWriter(self.topics.state, index.partition),
+            changelog=ChangelogWriter(
+                self.topics.state,
+                index.partition,
+                interval_ms=self.config.settings.changelog_interval_ms,
+            ),
             keyring=self.config.node_keyring,
             presence=self.presence,
             offset_fences=self.config.tick_transactions,
