@@ -368,6 +368,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     Relay.client = args.kafka_client
+    # A SIGTERM (``timeout``'s) unwinds like Ctrl-C, so the private PostgreSQL and broker stop.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with services(args) as (bootstrap, dsn):
         log = Path(tempfile.gettempdir()) / f"bench-outbox-relay-{os.getpid()}.log"
         figures, orders, settings = asyncio.run(rates(args, bootstrap, dsn, log))
