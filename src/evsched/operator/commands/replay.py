@@ -15,6 +15,12 @@ from evsched.adapters.archive.history_file import HistoryFileError, read_history
 from evsched.adapters.proofs import KEY_FILE_ENV, NodeKeyring, node_keyring_from_env
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.archive_history import archive_history
+from evsched.operator.commands.replay_decisions import (
+    Overrides,
+    judge_archive,
+    judge_history,
+    print_judged,
+)
 from evsched.operator.exits import ExitCode, OperatorError
 from evsched.operator.render import emit_json, err, out
 from evsched.operator.replay import (
@@ -177,12 +183,58 @@ def replay(
             help="Rewrite the outcome with the current fold (after an intended change).",
         ),
     ] = False,
+    decisions: Annotated[
+        bool,
+        typer.Option(
+            "--decisions",
+            help="Re-plan the nodes' decisions (leases, their order, expiries, purges, fires) "
+            "at each recorded step and compare them with the recorded ones, with the planner "
+            "settings of <name>.decisions.json (--expected with --archive).",
+        ),
+    ] = False,
+    dispatch_timeout_ms: Annotated[
+        int | None,
+        typer.Option(
+            "--dispatch-timeout-ms", min=1, help="With --decisions: the nodes' dispatch timeout."
+        ),
+    ] = None,
+    prelease_ms: Annotated[
+        int | None,
+        typer.Option("--prelease-ms", min=0, help="With --decisions: the nodes' --prelease-ms."),
+    ] = None,
+    lag_ms: Annotated[
+        int | None,
+        typer.Option(
+            "--lag-ms",
+            min=0,
+            help="With --decisions: how long before a step a job's last event may still have "
+            "been unknown to the node (default 1000).",
+        ),
+    ] = None,
     as_json: Json = False,
 ) -> None:
     """Fold recorded histories with the current code; report the first divergence.
 
     Exit 0 when every history folds to its recorded outcome, 1 when one diverges.
     """
+    overrides = Overrides(
+        dispatch_timeout_ms=dispatch_timeout_ms, prelease_ms=prelease_ms, lag_ms=lag_ms
+    )
+    if decisions:
+        _replay_decisions(
+            files,
+            archive=archive,
+            expected=expected,
+            update_expected=update_expected,
+            overrides=overrides,
+            as_json=as_json,
+        )
+        return
+    if overrides != Overrides():
+        raise typer.BadParameter(
+            "--dispatch-timeout-ms, --prelease-ms and --lag-ms go with --decisions",
+            param_hint="--decisions",
+        )
     try:
         if archive is not None:
             done = check_archive(
@@ -199,6 +251,42 @@ def replay(
         raise typer.Exit(int(ExitCode.UNAVAILABLE)) from None
     _print(checked, as_json)
     if not all(c.comparison.identical for c in checked):
+        raise typer.Exit(int(ExitCode.FAILED))
+
+
+def _replay_decisions(
+    files: list[Path] | None,
+    *,
+    archive: Path | None,
+    expected: Path | None,
+    update_expected: bool,
+    overrides: Overrides,
+    as_json: bool,
+) -> None:
+    try:
+        if archive is not None:
+            if files:
+                raise typer.BadParameter(
+                    "--archive replays the archive: name no files", param_hint="FILES"
+                )
+            judged = [judge_archive(archive, expected, overrides)]
+        else:
+            if not files:
+                raise typer.BadParameter(
+                    "name history files or folders, or --archive", param_hint="FILES"
+                )
+            judged = [
+                judge_history(h, overrides, keyring_for(h), update=update_expected)
+                for h in histories(files)
+            ]
+    except OperatorError as exc:
+        err.print(f"[red]error:[/red] {escape(exc.message)}")
+        raise typer.Exit(int(exc.code)) from None
+    except (HistoryFileError, ArchiveError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(int(ExitCode.UNAVAILABLE)) from None
+    print_judged(judged, as_json)
+    if not all(j.identical for j in judged):
         raise typer.Exit(int(ExitCode.FAILED))
 
 
