@@ -132,6 +132,8 @@ class _Step:
     source: str
     now: int
     leases: list[tuple[JobState, JobLeased, int]] = field(default_factory=list)
+    # The jobs the planner could have leased at the step, as folded before its first lease.
+    eligible: list[JobState] = field(default_factory=list)
 
 
 def diff_history(
@@ -172,6 +174,8 @@ class _Walk:
         self.step: _Step | None = None
         # The queues and keys some limit governs: their jobs wait for permits, not for the order.
         self.limited: set[str] = set()
+        # The scheduled jobs by partition: what a step's lease order is checked against.
+        self.scheduled: dict[int, set[str]] = {}
 
     def feed(self, event: Event, position: Position) -> None:
         partition, offset = position.partition, position.offset
@@ -182,6 +186,8 @@ class _Walk:
         entry = self.replay.feed(event, position)
         if event.family is EventFamily.LIMIT:
             self.limited.add(_limit_of(event))
+        elif event.family is EventFamily.JOB or event.family is EventFamily.PERMIT:
+            self._track(partition, event.job_id)
         if node and isinstance(event, PermitRequested | PermitGranted | QueuePermit):
             self.diff.unjudged += 1
         if not node or not isinstance(event, JobLeased | LeaseExpired | JobPurged | ScheduleFired):
@@ -203,13 +209,39 @@ class _Walk:
         ):
             return
         self.close_step()
-        self.step = _Step(partition=partition, source=event.source, now=event.emitted_at)
+        step = _Step(partition=partition, source=event.source, now=event.emitted_at)
+        step.eligible = list(self._eligible(step))
+        self.step = step
+
+    def _track(self, partition: int, job_id: str) -> None:
+        state = self.replay.jobs.get(job_id)
+        scheduled = self.scheduled.setdefault(partition, set())
+        if state is not None and state.status is Status.SCHEDULED:
+            scheduled.add(job_id)
+        else:
+            scheduled.discard(job_id)
+
+    def _eligible(self, step: _Step) -> Iterator[JobState]:
+        """The scheduled jobs of the step's partition the planner could lease at its clock and
+        the node knew of; those of a paused queue or a limited queue or key are left out."""
+        horizon = step.now + self.model.budgets.prelease_ms
+        known_by = step.now - self.model.lag_ms
+        paused = self.replay.paused(step.partition, QUEUE)
+        for job_id in self.scheduled.get(step.partition, ()):
+            state = self.replay.jobs[job_id]
+            if (
+                state.run_at <= horizon
+                and state.updated_at <= known_by
+                and state.queue not in paused
+                and not self.limited.intersection(limit_names(state))
+            ):
+                yield state
 
     def close_step(self) -> None:
         step, self.step = self.step, None
         if step is None or not step.leases:
             return
-        self.diff.note(ORDER, _order_divergence(step, self.replay, self.model, self.limited))
+        self.diff.note(ORDER, _order_divergence(step))
 
 
 def _limit_of(event: Event) -> str:
@@ -286,53 +318,24 @@ def _why_not(kind: str, state: Any, now: int, model: DecisionModel) -> str:
     return f"no slot of the schedule is due at {now}"
 
 
-def _order_divergence(
-    step: _Step, replay: Replay, model: DecisionModel, limited: set[str]
-) -> Divergence | None:
+def _order_divergence(step: _Step) -> Divergence | None:
     """Whether the step's leases are in the planner's order, and none of a queue passed over a
     job the planner would lease first (one the node knew of: folded ``lag_ms`` before the step)."""
     order = planner.due_order
-    leased = {event.job_id for _, event, _ in step.leases}
     prior: tuple[JobState, int] | None = None
     for state, _event, offset in step.leases:
         if prior is not None and order(state) < order(prior[0]):
             return _order_report(step, state, prior[0], prior[1], "leased before")
         prior = (state, offset)
-    paused = replay.paused(step.partition, QUEUE)
     last: dict[str, tuple[JobState, int]] = {}
     for state, _event, offset in step.leases:
         last[state.queue] = (state, offset)
-    for other in _eligible(
-        replay, step, model=model, limited=limited, paused=paused, leased=leased
-    ):
+    leased = {event.job_id for _, event, _ in step.leases}
+    for other in step.eligible:
         tail = last.get(other.queue)
-        if tail is not None and order(other) < order(tail[0]):
+        if tail is not None and other.job_id not in leased and order(other) < order(tail[0]):
             return _order_report(step, other, tail[0], tail[1], "passed over")
     return None
-
-
-def _eligible(
-    replay: Replay,
-    step: _Step,
-    *,
-    model: DecisionModel,
-    limited: set[str],
-    paused: Any,
-    leased: set[str],
-) -> Iterator[JobState]:
-    horizon = step.now + model.budgets.prelease_ms
-    known_by = step.now - model.lag_ms
-    for state in replay.jobs.values():
-        if (
-            state.partition == step.partition
-            and state.status is Status.SCHEDULED
-            and state.run_at <= horizon
-            and state.updated_at <= known_by
-            and state.job_id not in leased
-            and state.queue not in paused
-            and not limited.intersection(limit_names(state))
-        ):
-            yield state
 
 
 def _order_report(
