@@ -141,9 +141,11 @@ def diff_history(
     model: DecisionModel,
     *,
     keyring: NodeKeyring | None = None,
+    judge_from: int = 0,
 ) -> DecisionDiff:
-    """Replay ``events`` (any order; walked by partition and offset) and judge its decisions."""
-    walk = _Walk(model)
+    """Replay ``events`` (any order; walked by partition and offset) and judge its decisions;
+    those below offset ``judge_from`` are only folded (the state a range's steps plan from)."""
+    walk = _Walk(model, judge_from)
     proofs = LogProofs(keyring)
     for logged in sorted(events, key=lambda e: (e.partition, e.offset)):
         walk.diff.events += 1
@@ -167,8 +169,9 @@ def diff_history(
 class _Walk:
     """The fold of a history so far, the decisions judged against it, the open lease step."""
 
-    def __init__(self, model: DecisionModel) -> None:
+    def __init__(self, model: DecisionModel, judge_from: int = 0) -> None:
         self.model = model
+        self.judge_from = judge_from
         self.replay = Replay()
         self.diff = DecisionDiff()
         self.step: _Step | None = None
@@ -179,7 +182,7 @@ class _Walk:
 
     def feed(self, event: Event, position: Position) -> None:
         partition, offset = position.partition, position.offset
-        node = event.source.startswith(NODE_PREFIX)
+        node = event.source.startswith(NODE_PREFIX) and offset >= self.judge_from
         before = _state_of(self.replay, event)
         if isinstance(event, JobLeased) and node:
             self._step_for(partition, event)

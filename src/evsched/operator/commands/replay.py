@@ -16,12 +16,15 @@ from evsched.adapters.proofs import KEY_FILE_ENV, NodeKeyring, node_keyring_from
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.archive_history import archive_history
 from evsched.operator.commands.replay_decisions import (
+    Judged,
     Overrides,
     judge_archive,
     judge_history,
+    judge_live,
     print_judged,
 )
 from evsched.operator.exits import ExitCode, OperatorError
+from evsched.operator.export import LogRange
 from evsched.operator.render import emit_json, err, out
 from evsched.operator.replay import (
     Outcome,
@@ -31,7 +34,7 @@ from evsched.operator.replay import (
     fold_history,
 )
 from evsched.operator.replay_check import Comparison, compare
-from evsched.operator.session import Json
+from evsched.operator.session import Json, guarded
 
 HISTORY_SUFFIX = ".history.avro"
 KEY_SUFFIX = ".node-key"
@@ -202,6 +205,22 @@ def replay(
         int | None,
         typer.Option("--prelease-ms", min=0, help="With --decisions: the nodes' --prelease-ms."),
     ] = None,
+    partition: Annotated[
+        int | None,
+        typer.Option(
+            "--partition", min=0, help="With --decisions: replay this partition of the live log."
+        ),
+    ] = None,
+    start: Annotated[
+        int | None,
+        typer.Option(
+            "--from", min=0, help="With --partition: the first offset judged (folded from 0)."
+        ),
+    ] = None,
+    end: Annotated[
+        int | None,
+        typer.Option("--to", min=0, help="With --partition: the last offset (inclusive)."),
+    ] = None,
     lag_ms: Annotated[
         int | None,
         typer.Option(
@@ -220,10 +239,12 @@ def replay(
     overrides = Overrides(
         dispatch_timeout_ms=dispatch_timeout_ms, prelease_ms=prelease_ms, lag_ms=lag_ms
     )
+    selection = _live_selection(decisions, partition, start, end)
     if decisions:
         _replay_decisions(
             files,
             archive=archive,
+            selection=selection,
             expected=expected,
             update_expected=update_expected,
             overrides=overrides,
@@ -258,36 +279,68 @@ def _replay_decisions(
     files: list[Path] | None,
     *,
     archive: Path | None,
+    selection: LogRange | None,
     expected: Path | None,
     update_expected: bool,
     overrides: Overrides,
     as_json: bool,
 ) -> None:
+    sources = [bool(files), archive is not None, selection is not None]
+    if sum(sources) != 1:
+        raise typer.BadParameter(
+            "name history files or folders, or --archive DIR, or --partition (--from/--to)",
+            param_hint="FILES",
+        )
+    if selection is not None:
+        live: list[Judged] = []
+        guarded(lambda: live.append(judge_live(selection, expected, overrides)[0]))
+        judged = live
+    else:
+        judged = _judge_files(files, archive, expected, overrides, update_expected)
+    print_judged(judged, as_json)
+    if not all(j.identical for j in judged):
+        raise typer.Exit(int(ExitCode.FAILED))
+
+
+def _live_selection(
+    decisions: bool, partition: int | None, start: int | None, end: int | None
+) -> LogRange | None:
+    """The range of the live log ``--partition``/``--from``/``--to`` name, if they do."""
+    if partition is None:
+        if start is not None or end is not None:
+            raise typer.BadParameter(
+                "offsets belong to one partition: add --partition", param_hint="--from/--to"
+            )
+        return None
+    if not decisions:
+        raise typer.BadParameter(
+            "the live log is replayed with --decisions", param_hint="--partition"
+        )
+    if start is not None and end is not None and end < start:
+        raise typer.BadParameter(f"--to {end} is before --from {start}", param_hint="--to")
+    return LogRange(partition=partition, start=start or 0, end=end)
+
+
+def _judge_files(
+    files: list[Path] | None,
+    archive: Path | None,
+    expected: Path | None,
+    overrides: Overrides,
+    update_expected: bool,
+) -> list[Judged]:
     try:
         if archive is not None:
-            if files:
-                raise typer.BadParameter(
-                    "--archive replays the archive: name no files", param_hint="FILES"
-                )
-            judged = [judge_archive(archive, expected, overrides)]
-        else:
-            if not files:
-                raise typer.BadParameter(
-                    "name history files or folders, or --archive", param_hint="FILES"
-                )
-            judged = [
-                judge_history(h, overrides, keyring_for(h), update=update_expected)
-                for h in histories(files)
-            ]
+            return [judge_archive(archive, expected, overrides)]
+        return [
+            judge_history(h, overrides, keyring_for(h), update=update_expected)
+            for h in histories(files or [])
+        ]
     except OperatorError as exc:
         err.print(f"[red]error:[/red] {escape(exc.message)}")
         raise typer.Exit(int(exc.code)) from None
     except (HistoryFileError, ArchiveError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(int(ExitCode.UNAVAILABLE)) from None
-    print_judged(judged, as_json)
-    if not all(j.identical for j in judged):
-        raise typer.Exit(int(ExitCode.FAILED))
 
 
 def _check_files(files: list[Path], expected: Path | None, update_expected: bool) -> list[Checked]:

@@ -3,13 +3,14 @@ divergence of each kind (``operator.decisions``)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
 
-from evsched.adapters.archive.history_file import read_history
+from evsched.adapters.archive.history_file import LoggedEvent, read_history
 from evsched.adapters.proofs import NodeKeyring, node_keyring_from_env
 from evsched.operator.archive_history import archive_history
 from evsched.operator.decision_corpus import (
@@ -20,7 +21,9 @@ from evsched.operator.decision_corpus import (
 )
 from evsched.operator.decisions import DecisionDiff, DecisionModel, Divergence, diff_history
 from evsched.operator.exits import ExitCode, OperatorError
+from evsched.operator.export import LogRange, range_events
 from evsched.operator.render import emit_json, out
+from evsched.settings import Settings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +101,30 @@ def judge_archive(archive: Path, declared_at: Path | None, overrides: Overrides)
     model, judged = _model(declared_at, overrides)
     diff = diff_history(archive_history(archive), model, keyring=node_keyring_from_env())
     return _judged(archive, diff, judged, declared_at)
+
+
+def judge_live(
+    selection: LogRange, declared_at: Path | None, overrides: Overrides
+) -> tuple[Judged, int]:
+    """Replay the decisions of ``selection`` of the live log, folded from its partition's first
+    offset so each step is planned from the state folded so far; with the records judged."""
+    if declared_at is not None and not declared_at.is_file():
+        raise OperatorError(ExitCode.NOT_FOUND, f"no decisions file {declared_at}")
+    model, judged = _model(declared_at, overrides)
+    settings = Settings.from_env()
+    folded = replace(selection, start=0)
+
+    async def read() -> list[LoggedEvent]:
+        return [event async for event in range_events(settings, folded)]
+
+    try:
+        events = asyncio.run(read())
+    except ValueError as exc:  # a partition the log does not have
+        raise OperatorError(ExitCode.USAGE, str(exc)) from None
+    diff = diff_history(events, model, keyring=node_keyring_from_env(), judge_from=selection.start)
+    shown = Path(f"{settings.namespace}.events p{selection.partition}")
+    in_range = sum(1 for e in events if e.offset >= selection.start)
+    return _judged(shown, diff, judged, declared_at), in_range
 
 
 def _judged(
