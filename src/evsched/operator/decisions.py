@@ -15,9 +15,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeAlias
 
-from evsched.adapters import avro
 from evsched.adapters.archive.history_file import LoggedEvent
-from evsched.adapters.proofs import LogProofs, NodeKeyring
+from evsched.adapters.proofs import NodeKeyring
 from evsched.core import planner
 from evsched.core.controls import QUEUE
 from evsched.core.events import (
@@ -35,7 +34,7 @@ from evsched.core.events import (
 from evsched.core.invariants import Replay
 from evsched.core.permits import limit_name, limit_names
 from evsched.core.state import JobState, Status, Verdict
-from evsched.errors import DecodeError
+from evsched.operator.replay import positioned
 
 LEASE = "lease"
 EXPIRY = "expiry"
@@ -146,22 +145,11 @@ def diff_history(
     """Replay ``events`` (any order; walked by partition and offset) and judge its decisions;
     those below offset ``judge_from`` are only folded (the state a range's steps plan from)."""
     walk = _Walk(model, judge_from)
-    proofs = LogProofs(keyring)
-    for logged in sorted(events, key=lambda e: (e.partition, e.offset)):
+    skipped: list[LoggedEvent] = []
+    for _logged, event, position in positioned(events, keyring, skipped=skipped):
         walk.diff.events += 1
-        try:
-            event = avro.decode_event(logged.value)
-        except DecodeError:
-            continue
-        position = proofs.partition(logged.partition).position(
-            partition=logged.partition,
-            offset=logged.offset,
-            log_at=logged.log_at,
-            event=event,
-            value=logged.value,
-            proof=logged.proof,
-        )
         walk.feed(event, position)
+    walk.diff.events += len(skipped)
     walk.close_step()
     return walk.diff
 
