@@ -3,6 +3,7 @@ that would decide otherwise (another order, another lease, no expiry) is named b
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from dataclasses import replace
@@ -20,6 +21,7 @@ from evsched.core import planner
 from evsched.core.invariants import Replay
 from evsched.core.state import Status
 from evsched.operator import register
+from evsched.operator.archiver import Roll
 from evsched.operator.decision_corpus import decisions_path, dump_declared, read_declared
 from evsched.operator.decisions import (
     EXPIRY,
@@ -29,6 +31,8 @@ from evsched.operator.decisions import (
     DecisionModel,
     diff_history,
 )
+from evsched.testing import MemoryPartitionLog
+from tests.unit.operator.test_archiver import archive_once
 
 T0 = 1_767_225_600_000
 BUDGETS = planner.PlannerBudgets(dispatch_timeout_ms=5_000, prelease_ms=0)
@@ -300,3 +304,25 @@ def test_planner_settings_without_decisions_are_a_usage_error(
         cli, ["replay", "--decisions", "--archive", str(tmp_path), "--expected", str(missing)]
     )
     assert result.exit_code == 3
+
+
+def test_an_archive_replays_with_the_decisions_file_it_was_given(
+    cli: typer.Typer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = MemoryPartitionLog(partitions=1)
+    for logged in honest().logged:
+        log.append(0, logged.value, key=logged.key, log_at=logged.log_at)
+    root = tmp_path / "archive"
+    asyncio.run(archive_once(log, root, Roll(records=3)))
+    declared = tmp_path / "prod.decisions.json"
+    args = ["replay", "--decisions", "--archive", str(root), "--expected", str(declared)]
+    assert runner.invoke(cli, args).exit_code == 3  # no such file yet
+    settings = ["--dispatch-timeout-ms", "5000", "--prelease-ms", "0"]
+    assert runner.invoke(cli, [*args, *settings, "--update-expected"]).exit_code == 0
+    assert read_declared(declared).model == MODEL
+    result = runner.invoke(cli, [*args, "--json"])
+    (report,) = json.loads(result.output)
+    assert result.exit_code == 0 and report["judged"]["lease"] == 4
+
+    monkeypatch.setattr(planner, "due_order", lambda s: (s.priority, s.run_at, s.job_id))
+    assert runner.invoke(cli, args).exit_code == 1

@@ -330,7 +330,7 @@ def _judge_files(
 ) -> list[Judged]:
     try:
         if archive is not None:
-            return [judge_archive(archive, expected, overrides)]
+            return [judge_archive(archive, expected, overrides, update=update_expected)]
         return [
             judge_history(h, overrides, keyring_for(h), update=update_expected)
             for h in histories(files or [])

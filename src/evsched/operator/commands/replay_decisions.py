@@ -94,12 +94,18 @@ def judge_history(
     return _judged(history, diff, judged, declared_at if declared_at.is_file() else None)
 
 
-def judge_archive(archive: Path, declared_at: Path | None, overrides: Overrides) -> Judged:
-    """Replay an archive directory's decisions with the model of ``declared_at`` (or defaults)."""
-    if declared_at is not None and not declared_at.is_file():
+def judge_archive(
+    archive: Path, declared_at: Path | None, overrides: Overrides, *, update: bool = False
+) -> Judged:
+    """Replay an archive directory's decisions with the model of ``declared_at`` (or defaults);
+    with ``update``, (re)write ``declared_at`` with that model and the counts judged."""
+    if declared_at is not None and not declared_at.is_file() and not update:
         raise OperatorError(ExitCode.NOT_FOUND, f"no decisions file {declared_at}")
     model, judged = _model(declared_at, overrides)
     diff = diff_history(archive_history(archive), model, keyring=node_keyring_from_env())
+    if update and declared_at is not None:
+        declared_at.write_text(dump_declared(archive.name, model, diff), encoding="utf-8")
+        judged = diff.judged
     return _judged(archive, diff, judged, declared_at)
 
 
