@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from evsched.adapters.archive.history_file import read_history
+from evsched.adapters.proofs import generate_key
 from evsched.core import planner
-from evsched.operator.commands.replay import keyring_for
+from evsched.operator.commands.replay import keyring_for, recording_keyring
 from evsched.operator.commands.replay_decisions import Overrides, judge_history
 from evsched.operator.decision_corpus import decisions_path, read_declared
 from evsched.operator.decisions import LEASE, ORDER, diff_history
@@ -21,7 +22,7 @@ HISTORIES = sorted(CORPUS.glob("*.history.avro"))
 @pytest.mark.parametrize("history", HISTORIES, ids=lambda path: path.name)
 def test_each_history_replays_its_decisions_identically(history: Path) -> None:
     assert decisions_path(history).is_file()
-    judged = judge_history(history, Overrides(), keyring_for(history))
+    judged = judge_history(history, Overrides(), recording_keyring(history))
     assert judged.identical, [d.describe() for d in judged.divergences]
     assert judged.declared is not None and judged.diff.judged[LEASE] > 0
 
@@ -55,3 +56,12 @@ def test_a_planner_leasing_the_latest_first_is_caught_by_job_and_offset(
     )
     assert first.planned == "lease 736c09fd-5932-4087-826e-08f7db9ebb3f first"
     assert set(diff.first) == {ORDER} and diff.diverged[ORDER] > 1
+
+
+def test_a_recordings_own_node_keys_win_over_the_shells(monkeypatch: pytest.MonkeyPatch) -> None:
+    history = CORPUS / "forged_facts.history.avro"
+    monkeypatch.setenv("EVSCHED_NODE_KEY", generate_key())  # an operator's keys, not the run's
+    judged = judge_history(history, Overrides(), recording_keyring(history))
+    assert judged.identical, [d.describe() for d in judged.divergences]
+    foreign = judge_history(history, Overrides(), keyring_for(history))
+    assert not foreign.identical  # judged with other keys, a proven lease counts as refused

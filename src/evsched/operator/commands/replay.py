@@ -107,6 +107,15 @@ def keyring_for(history: Path) -> NodeKeyring | None:
     return node_keyring_from_env({KEY_FILE_ENV: str(beside)})
 
 
+def recording_keyring(history: Path) -> NodeKeyring | None:
+    """The keys a recorded history's nodes proved with: its ``<name>.node-key`` when it has one
+    (the recording's own, whatever keys this shell holds), else ``EVSCHED_NODE_KEY``'s."""
+    beside = history.with_name(history.name.removesuffix(HISTORY_SUFFIX) + KEY_SUFFIX)
+    if beside.is_file():
+        return node_keyring_from_env({KEY_FILE_ENV: str(beside)})
+    return node_keyring_from_env()
+
+
 def check(history: Path, expected: Path | None = None) -> Checked:
     """Replay ``history`` and compare it with its recorded outcome."""
     recorded = load_expected(expected or expected_path(history))
@@ -332,7 +341,7 @@ def _judge_files(
         if archive is not None:
             return [judge_archive(archive, expected, overrides, update=update_expected)]
         return [
-            judge_history(h, overrides, keyring_for(h), update=update_expected)
+            judge_history(h, overrides, recording_keyring(h), update=update_expected)
             for h in histories(files or [])
         ]
     except OperatorError as exc:
