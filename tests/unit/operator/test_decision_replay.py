@@ -299,6 +299,13 @@ def test_planner_settings_without_decisions_are_a_usage_error(
     assert result.exit_code == 2 and "--decisions" in result.output
     result = runner.invoke(cli, ["replay", "--decisions"])
     assert result.exit_code == 2
+    result = runner.invoke(cli, ["replay", "--partition", "0"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "the live log is replayed with --decisions" in result.output
+    args = ["replay", "--decisions", "--partition", "0", "--from", "9", "--to", "3"]
+    result = runner.invoke(cli, args, env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "--to 3 is before --from 9" in result.output
+    result = runner.invoke(cli, ["replay", "--decisions", "--to", "3"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "add --partition" in result.output
     missing = tmp_path / "none.decisions.json"
     result = runner.invoke(
         cli, ["replay", "--decisions", "--archive", str(tmp_path), "--expected", str(missing)]

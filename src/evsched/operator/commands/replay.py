@@ -15,6 +15,7 @@ from evsched.adapters.archive.history_file import HistoryFileError, read_history
 from evsched.adapters.proofs import KEY_FILE_ENV, NodeKeyring, node_keyring_from_env
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.archive_history import archive_history
+from evsched.operator.commands.export import check_selection
 from evsched.operator.commands.replay_decisions import (
     Judged,
     Overrides,
@@ -315,19 +316,14 @@ def _live_selection(
     decisions: bool, partition: int | None, start: int | None, end: int | None
 ) -> LogRange | None:
     """The range of the live log ``--partition``/``--from``/``--to`` name, if they do."""
+    selection = check_selection(None, partition, start, end)  # export's rules
     if partition is None:
-        if start is not None or end is not None:
-            raise typer.BadParameter(
-                "offsets belong to one partition: add --partition", param_hint="--from/--to"
-            )
         return None
     if not decisions:
         raise typer.BadParameter(
             "the live log is replayed with --decisions", param_hint="--partition"
         )
-    if start is not None and end is not None and end < start:
-        raise typer.BadParameter(f"--to {end} is before --from {start}", param_hint="--to")
-    return LogRange(partition=partition, start=start or 0, end=end)
+    return selection
 
 
 def _judge_files(
