@@ -8,7 +8,8 @@ its CPU is read from /proc. Three phases:
    its own by ``--connections`` connections, paced to the rate; the latency of a row is the
    broker's LogAppendTime of its JobEnqueued minus the moment its COMMIT was sent (same machine,
    same clock; so it includes the commit's own fsync), read back by a consumer of the events
-   topic; p50/p99 and relay CPU per 1,000 rows;
+   topic; p50/p99 and relay CPU per 1,000 rows; each rate first runs 3 s uncounted (warm-up), and
+   is split over one generating process per 600 rows/s (one Python process tops out near 1,000);
 2. with the relay stopped, ``--drain`` rows committed; then the relay started, and its rate from
    its first deleted row until the table is empty, with its CPU per 1,000 rows.
 
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import multiprocessing
 import os
 import shutil
 import signal
@@ -31,7 +34,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -46,6 +51,9 @@ from evsched.outbox import Outbox, init_table_sync
 from evsched.settings import Settings
 
 PARTITIONS = 6
+# Rows/s one generating process commits steadily on this box (one Python process tops out near
+# 1,000 rows/s); a higher rate is split over several processes, each with its own connections.
+ROWS_PER_S_PER_PROCESS = 600
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -83,7 +91,7 @@ def services(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
 
 
 class Relay:
-    client = "aiokafka"
+    client = "confluent"
 
     def __init__(self, dsn: str, settings: Settings, log: Path) -> None:
         env = {
@@ -163,7 +171,7 @@ class Orders:
 
 
 class LogReader:
-    """Follows the events topic from its end; the LogAppendTime of each job id's first record."""
+    """Follows the (new) events topic from its start: each job id's first LogAppendTime."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.consumer = AIOKafkaConsumer(
@@ -177,7 +185,10 @@ class LogReader:
         await self.consumer.start()
         tps = [TopicPartition(self.topic, p) for p in range(PARTITIONS)]
         self.consumer.assign(tps)
-        await self.consumer.seek_to_end(*tps)
+        # The topic is new: offset 0, set locally. Asking the broker for the end right after the
+        # topic's creation can meet NotLeaderForPartition, and aiokafka's seek then never returned.
+        for tp in tps:
+            self.consumer.seek(tp, 0)
         self._task = asyncio.create_task(self._follow())
 
     async def _follow(self) -> None:
@@ -208,12 +219,71 @@ def pending(dsn: str) -> int:
     return int(found[0])
 
 
+@dataclass(frozen=True)
+class Share:
+    """One generating process's part of a rate: its orders are numbered from ``first``."""
+
+    dsn: str
+    settings: Settings
+    connections: int
+    first: int
+    rate: float
+    seconds: float
+
+
+def generate(share: Share) -> tuple[dict[str, float], float]:
+    """Run in a process of the pool: (commit times by job id, rate achieved)."""
+    orders = Orders(share.dsn, make_app(share.settings), share.connections)
+    orders.number = share.first
+    achieved = asyncio.run(orders.paced(share.rate, share.seconds))
+    return orders.committed_ms, achieved
+
+
+async def generated(
+    pool: ProcessPoolExecutor, orders: Orders, settings: Settings, rate: int, seconds: float
+) -> float:
+    """Commit at ``rate`` for ``seconds`` in the pool's processes; their commits join ``orders``."""
+    processes = max(1, math.ceil(rate / ROWS_PER_S_PER_PROCESS))
+    loop = asyncio.get_running_loop()
+    shares = [
+        loop.run_in_executor(
+            pool,
+            generate,
+            Share(
+                dsn=orders.dsn,
+                settings=settings,
+                connections=max(1, orders.connections // processes),
+                first=orders.number + (index + 1) * 10_000_000,
+                rate=rate / processes,
+                seconds=seconds,
+            ),
+        )
+        for index in range(processes)
+    ]
+    achieved = 0.0
+    for committed_ms, share_achieved in await asyncio.gather(*shares):
+        orders.committed_ms.update(committed_ms)
+        achieved += share_achieved
+    orders.number += (processes + 1) * 10_000_000
+    return achieved
+
+
 async def rate_phase(
-    orders: Orders, reader: LogReader, relay: Relay, rate: int, seconds: float
+    *,
+    pool: ProcessPoolExecutor,
+    orders: Orders,
+    settings: Settings,
+    reader: LogReader,
+    relay: Relay,
+    rate: int,
+    seconds: float,
 ) -> dict[str, str]:
+    # Warm-up at the rate, not counted: the broker's and the relay's code paths hot at this load.
+    await generated(pool, orders, settings, rate, min(3.0, seconds))
+    await reader.wait_for(list(orders.committed_ms))
     orders.committed_ms.clear()
     cpu_before = relay.cpu_s()
-    achieved = await orders.paced(rate, seconds)
+    achieved = await generated(pool, orders, settings, rate, seconds)
     job_ids = list(orders.committed_ms)
     await reader.wait_for(job_ids)
     cpu = relay.cpu_s() - cpu_before
@@ -259,14 +329,25 @@ async def rates(
     reader = LogReader(bootstrap, Topics(namespace).events)
     await reader.start()
     relay = Relay(dsn, settings, log)
+    processes = max(1, math.ceil(max(args.rates) / ROWS_PER_S_PER_PROCESS))
+    pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
     figures: dict[str, str] = {}
     try:
         # Warm-up, not counted: until the relay is up (imports, producer) and relays.
         await orders.paced(50, 2.0)
         await reader.wait_for(list(orders.committed_ms))
         for rate in args.rates:
-            figures |= await rate_phase(orders, reader, relay, rate, args.seconds)
+            figures |= await rate_phase(
+                pool=pool,
+                orders=orders,
+                settings=settings,
+                reader=reader,
+                relay=relay,
+                rate=rate,
+                seconds=args.seconds,
+            )
     finally:
+        pool.shutdown()
         relay.stop()
         await reader.stop()
     return figures, orders, settings
@@ -282,7 +363,7 @@ def main() -> None:
     parser.add_argument(
         "--kafka-client",
         choices=["aiokafka", "confluent"],
-        default=os.environ.get("EVSCHED_KAFKA_CLIENT", "aiokafka"),
+        default=os.environ.get("EVSCHED_KAFKA_CLIENT", "confluent"),
         help="The relay's Kafka client (EVSCHED_KAFKA_CLIENT).",
     )
     args = parser.parse_args()
@@ -290,7 +371,8 @@ def main() -> None:
     with services(args) as (bootstrap, dsn):
         log = Path(tempfile.gettempdir()) / f"bench-outbox-relay-{os.getpid()}.log"
         figures, orders, settings = asyncio.run(rates(args, bootstrap, dsn, log))
-        figures |= drain_phase(orders, dsn, settings, args.drain, log)
+        if args.drain > 0:
+            figures |= drain_phase(orders, dsn, settings, args.drain, log)
     print(" ".join(f"{k}={v}" for k, v in figures.items()))
 
 

@@ -50,7 +50,7 @@ from evsched.adapters.kafka.partition_log import KafkaPartitionLog
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.rebuild import PartitionPlan, rebuild_one
 from evsched.ports import Outgoing
-from evsched.runtime.projection.changelog import ChangelogWriter, Meta
+from evsched.runtime.projection.changelog import META_FORMAT, ChangelogWriter, Meta
 from evsched.runtime.projection.changelog_restore import restore_partition
 from evsched.runtime.projection.projector import Projector
 from evsched.runtime.projection.restore import restore
@@ -61,14 +61,21 @@ EVENTS_PER_JOB = 4.4  # what the generated histories average, purges aside (one 
 RETENTION_MS = 60_000  # at a job per millisecond of log time: about 60k live jobs at the end
 
 
+def state_topic(settings: Settings) -> str:
+    """The changelog's topic: one per format, so runs of the code before a format change (their
+    log generated once) and after it write changelogs of their own beside the same log."""
+    return f"{settings.namespace}.state" + ("" if META_FORMAT == 1 else f".f{META_FORMAT}")
+
+
 def changelog_records(index: PartitionIndex, topic: str) -> tuple[list[Outgoing], Counter[str]]:
-    """What compaction leaves of the index's changelog: its mirrored keys (live ones only: a
-    purge's deletes were tombstones) and the meta record; and the keys per column family."""
+    """What compaction leaves of the index's changelog: a record per live job (its state and
+    timeline) and per other mirrored key (a purge's deletes were tombstones), and the meta
+    record; and the records per family (``job`` for the jobs' records)."""
     writer = ChangelogWriter(topic, 0)
-    changes = [*index.mirrored()]
-    records = [*writer.snapshot(changes)]
+    records = [*writer.snapshot(index)]
+    families = Counter(key.partition(b"\x00")[0].decode() for r in records if (key := r.key))
     records.append(writer.meta(Meta(index.applied_offset(), FOLD_VERSION)))
-    return records, Counter(family for family, _, _ in changes)
+    return records, families
 
 
 async def write_changelog(bootstrap: str, records: list[Outgoing]) -> None:
@@ -112,7 +119,7 @@ async def take_over(settings: Settings, end: int, data_dir: Path) -> dict[str, A
     started = time.perf_counter()
     async with KafkaPartitionLog(
         settings,
-        f"{settings.namespace}.state",
+        state_topic(settings),
         [0],
         client_id="bench-restore",
         max_partition_fetch_bytes=16 << 20,
@@ -205,7 +212,7 @@ def snapshot(settings: Settings, at: int, directory: Path) -> tuple[int, int, Co
     index = PartitionIndex(directory, 0)
     try:
         live_jobs = sum(1 for _ in index.jobs())
-        records, families = changelog_records(index, f"{settings.namespace}.state")
+        records, families = changelog_records(index, state_topic(settings))
     finally:
         index.close()
     asyncio.run(write_changelog(settings.bootstrap, records))

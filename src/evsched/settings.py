@@ -80,6 +80,9 @@ class Settings:
     # A session below the broker's group.min.session.timeout.ms (6 s by default) is refused by it.
     session_timeout_ms: int | None = None
     heartbeat_interval_ms: int | None = None
+    # How often a node writes each changed job's newest record to the state changelog; None:
+    # runtime.projection.changelog.FLUSH_INTERVAL_MS (0: every step).
+    changelog_interval_ms: int | None = None
     # A KafkaOptions (any mapping given is copied into one): its repr hides the secrets.
     kafka_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -143,6 +146,14 @@ class Settings:
             ),
             heartbeat_interval_ms=_int_env(
                 env, "EVSCHED_HEARTBEAT_INTERVAL_MS", low=1, default=None, empty_ok=True
+            ),
+            changelog_interval_ms=_int_env(
+                env,
+                "EVSCHED_CHANGELOG_INTERVAL_MS",
+                low=0,
+                high=60_000,
+                default=None,
+                empty_ok=True,
             ),
             kafka_options=kafka_options(env),
         )

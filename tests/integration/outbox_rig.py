@@ -106,6 +106,29 @@ def start_relay(
     return RelayProcess(proc, log)
 
 
+@dataclass(frozen=True)
+class Orders:
+    """A fresh outbox table and the app whose jobs go in it: orders are committed to it, relay
+    processes (logging under ``logs``) drain it."""
+
+    dsn: str
+    settings: Settings
+    table: str
+    app: App
+    logs: Path
+
+    @classmethod
+    def fresh(cls, dsn: str, settings: Settings, logs: Path) -> Orders:
+        return cls(dsn, settings, fresh_table(dsn), outbox_app(settings), logs)
+
+    def commit(self, keys: list[str]) -> list[str]:
+        """``commit_orders`` into this table: the job ids written."""
+        return commit_orders(self.dsn, Outbox(self.table), self.app, keys)
+
+    def start_relay(self, *, batch_size: int = 50) -> RelayProcess:
+        return start_relay(self.logs, self.dsn, self.settings, self.table, batch_size=batch_size)
+
+
 async def read_enqueues(settings: Settings) -> list[tuple[JobEnqueued, Position]]:
     """Every record of the events topic, decoded (all must be JobEnqueued), in log order."""
     topic = Topics(settings.namespace).events

@@ -63,6 +63,30 @@ async def _committed(stack: Stack) -> dict[int, int]:
     )
 
 
+async def _snapshot_covers(stack: Stack, committed: dict[int, int]) -> dict[int, int]:
+    """Wait until the changelog's newest snapshot of every partition covers the group's offset
+    there (``committed``), which may then be trimmed: returns it.
+
+    A node flushes its changelog once per interval, so the snapshot lags the offsets it commits
+    by up to an interval; and a node killed before its flush leaves none: ask while it lives.
+    """
+
+    async def snapshots() -> dict[int, int] | None:
+        for partition, offset in committed.items():
+            async with KafkaPartitionLog(
+                stack.settings, stack.topics.state, [partition], client_id="t-covers"
+            ) as state:
+                meta = await latest_meta(state, partition)
+            if meta is None or meta.applied_offset + 1 < offset:  # the flush is an interval away
+                await asyncio.sleep(0.5)
+                return None
+        return committed
+
+    return await wait_for(
+        snapshots, what="a snapshot of every partition at its offset", timeout_s=DEADLINE_S
+    )
+
+
 async def _work(stack: Stack, count: int) -> list[str]:
     """Jobs that succeed with an effect each."""
     return await stack.enqueue_effects(count, "cl")
@@ -133,11 +157,13 @@ async def test_a_takeover_after_the_owners_data_dir_was_deleted_and_the_log_trim
         # Asked before the kill: a replica may see the jobs succeed before the node has folded
         # the successes and committed its offsets, and a dead node commits nothing (ci17 waited
         # here past the test's timeout). It may commit more before the kill: that is kept.
-        committed = await _committed(stack)
+        # Its changelog is flushed once per interval: a kill before the first flush would leave
+        # none (the jobs may all succeed within it), and then nothing may be trimmed.
+        covered = await _snapshot_covers(stack, await _committed(stack))
         node_a.kill()
         shutil.rmtree(stack.node_data("node-a"))
-        # Everything the group committed may go: the changelog holds the state it made.
-        await stack.trim(committed)
+        # Everything the group committed and the changelog holds may go.
+        await stack.trim(covered)
         node_b = stack.start_node("node-b")
         restored = await wait_for(
             lambda: _every_partition(node_b, "partition_index_restored"),
@@ -194,7 +220,7 @@ async def test_rebuild_verify_and_new_replicas_on_a_trimmed_log_use_the_changelo
         await wait_for(
             lambda: all_succeeded(stack, ids), what="the jobs to succeed", timeout_s=DEADLINE_S
         )
-        await stack.trim(await _committed(stack))
+        await stack.trim(await _snapshot_covers(stack, await _committed(stack)))
         more = await _work(stack, 10)
         await wait_for(
             lambda: all_succeeded(stack, more),

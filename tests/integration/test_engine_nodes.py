@@ -3,14 +3,16 @@ the index equal to a rebuild from the log, cron slots fired exactly once."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from tests.conftest import unique_name
-from tests.integration.engine import Proc, Stack, wait_for
+from tests.integration.engine import Proc, Stack, logged, wait_for
 
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.topics import ensure_topics
@@ -170,3 +172,46 @@ async def test_a_frozen_node_comes_back_as_a_zombie_and_commits_nothing_twice(
     assert await succeeded_count(stack, jobs) == len(jobs)
     assert zombie.popen.poll() is None and heir.popen.poll() is None  # both lived through it
     await stack.check()
+
+
+# A node asked to stop leaves within this; a stuck one is found by the test, not its teardown.
+STOP_BOUND_S = 20.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_tick_mode_nodes_exit_on_sigterm_mid_load_and_mid_rebalance(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # librdkafka's group callbacks wait for the event loop inside a fetch; confluent-kafka lets
+    # one caller at a time into the consumer. A node that called it from the loop meanwhile
+    # stalled the rebalance and ignored SIGTERM (rdkafka_thread).
+    monkeypatch.setenv("EVSCHED_NODE_TRANSACTIONS", "tick")
+    first = stack.start_node("node-1", "--dispatch-timeout-s", "3")
+    stack.start_worker("worker-1", "--lease-s", "3", "--concurrency", "16")
+    # Starting processes on a loaded machine takes long; the stops are what is bounded here.
+    await wait_for(lambda: _logged(first, "partition_assigned"), what="node-1", timeout_s=180)
+    jobs = await stack.enqueue_effects(150, "a")
+    await wait_for(succeeded_at_least(stack, jobs, 20), what="jobs to run", timeout_s=120)
+    second = stack.start_node("node-2", "--dispatch-timeout-s", "3")
+    jobs += await stack.enqueue_effects(150, "b")  # the group rebalances meanwhile
+    await wait_for(lambda: _logged(second, "partition_assigned"), what="node-2", timeout_s=180)
+    assert [line["transactions"] for line in logged(first, "node_started")] == ["tick"]
+    jobs += await stack.enqueue_effects(100, "c")
+    assert await asyncio.to_thread(_exits, first) == 0  # node-2 takes everything, under load
+    await wait_for(lambda: all_terminal(stack, jobs), what="every job to finish")
+    assert await succeeded_count(stack, jobs) == len(jobs)
+    # While a node runs: the last successes' effects are published once it has folded them.
+    await stack.check()
+    assert await asyncio.to_thread(_exits, second) == 0
+    assert logged(second, "node_stopped")  # it closed, not killed
+
+
+def _exits(proc: Proc) -> int | None:
+    """SIGTERM, then the exit code within STOP_BOUND_S (None: still running, then killed)."""
+    proc.signal(signal.SIGTERM)
+    try:
+        return proc.popen.wait(timeout=STOP_BOUND_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None

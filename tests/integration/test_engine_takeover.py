@@ -22,6 +22,7 @@ from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core.events import AttemptSucceeded, Event, JobLeased, LeaseExpired, Position
 from evsched.core.fold import fold
 from evsched.core.state import JobState, Verdict
+from evsched.runtime.node.node import TRANSACTIONS_ENV
 
 APP = "tests.integration.node_app:app"
 # On a quiet machine the stall is about 7-8 s: the 6 s session timeout, then the rebalance, the
@@ -85,9 +86,13 @@ def stalls(
 @pytest.mark.broker
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("transactions", ["partition", "tick"])
 async def test_a_killed_nodes_partitions_decide_again_within_the_bound(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path, transactions: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Both ways a node commits (node.TRANSACTIONS_ENV): a producer per partition, or one
+    # transaction per tick, whose heir fences the dead node's open transaction.
+    monkeypatch.setenv(TRANSACTIONS_ENV, transactions)
     namespace = unique_name("takeover")
     await ensure_topics(kafka_bootstrap, namespace, event_partitions=4, queues=["default"])
     stack = Stack(kafka_bootstrap, namespace, tmp_path, partitions=4)

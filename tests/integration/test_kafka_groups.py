@@ -8,6 +8,7 @@ from tests.conftest import unique_name
 from tests.integration.engine import wait_for
 
 from evsched.adapters.kafka.groups import GroupOwners, partition_owners
+from evsched.adapters.kafka.partition_log import GroupMembership
 from evsched.adapters.kafka.rdkafka_group import RdkafkaGroupConsumer
 from evsched.adapters.kafka.topics import Topics, ensure_topics
 from evsched.devstack.process import free_port
@@ -22,7 +23,16 @@ async def test_owners_follow_the_group_assignment_through_a_rebalance(kafka_boot
     await ensure_topics(kafka_bootstrap, namespace, event_partitions=4, queues=())
     topics = Topics(namespace)
     settings = Settings(bootstrap=kafka_bootstrap, namespace=namespace, event_partitions=4)
-    assert await partition_owners(settings, topics.node_group, topics.events) == {}
+
+    async def answered() -> tuple[dict[int, str]] | None:
+        # A fresh broker has no group coordinator until __consumer_offsets is created.
+        try:
+            return (await partition_owners(settings, topics.node_group, topics.events),)
+        except BrokerUnavailable:
+            return None
+
+    (before,) = await wait_for(answered, what="the group coordinator to answer", timeout_s=60)
+    assert before == {}
 
     def member(name: str) -> AIOKafkaConsumer:
         return AIOKafkaConsumer(
@@ -79,14 +89,14 @@ async def test_a_node_finds_itself_by_member_id_in_the_assignment(kafka_bootstra
     await ensure_topics(kafka_bootstrap, namespace, event_partitions=2, queues=())
     topics = Topics(namespace)
     settings = Settings(bootstrap=kafka_bootstrap, namespace=namespace, event_partitions=2)
-    consumer = RdkafkaGroupConsumer(
-        settings,
-        topics.events,
+    member = GroupMembership(
+        settings=settings,
+        topic=topics.events,
         group_id=topics.node_group,
         client_id="evsched-node-a",
         max_records=10,
-        listener=_Quiet(),
     )
+    consumer = RdkafkaGroupConsumer(member, listener=_Quiet())
     assert consumer.member_id() is None
     owners = GroupOwners(settings)
     await consumer.start()

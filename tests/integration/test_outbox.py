@@ -18,13 +18,13 @@ from sqlalchemy.orm import Session
 from tests.conftest import TEST_EVENT_PARTITIONS, unique_name
 from tests.integration.engine import wait_for
 from tests.integration.outbox_rig import (
+    Orders,
     commit_orders,
     fresh_table,
     judge,
     judged_once_all_there,
     outbox_app,
     rows,
-    start_relay,
     until_drained,
 )
 
@@ -44,6 +44,12 @@ def settings(kafka_bootstrap: str, namespace: str) -> Settings:
     return Settings(
         bootstrap=kafka_bootstrap, namespace=namespace, event_partitions=TEST_EVENT_PARTITIONS
     )
+
+
+@pytest.fixture
+def orders(postgres_dsn: str, settings: Settings, tmp_path: Path) -> Orders:
+    """A fresh outbox table, the app whose jobs go in it, and relay processes of it."""
+    return Orders.fresh(postgres_dsn, settings, tmp_path)
 
 
 def sqlalchemy_url(dsn: str, *, driver: str = "psycopg") -> str:
@@ -148,11 +154,10 @@ class _Crash(BaseException):
 
 
 async def test_a_resend_after_a_crash_between_ack_and_delete_folds_as_duplicate(
-    postgres_dsn: str, settings: Settings
+    postgres_dsn: str, settings: Settings, orders: Orders
 ) -> None:
-    table = fresh_table(postgres_dsn)
-    app = outbox_app(settings)
-    job_ids = commit_orders(postgres_dsn, Outbox(table), app, [f"crash-{n}" for n in range(40)])
+    table = orders.table
+    job_ids = orders.commit([f"crash-{n}" for n in range(40)])
     topic = Topics(settings.namespace).events
     config = RelayConfig(dsn=postgres_dsn, table=table, batch_size=25, poll_s=0.2)
     real = event_log_factory(settings, client_id="it-relay")
@@ -177,13 +182,12 @@ async def test_a_resend_after_a_crash_between_ack_and_delete_folds_as_duplicate(
 
 @pytest.mark.slow
 async def test_a_relay_killed_mid_batch_and_restarted_loses_and_duplicates_nothing(
-    postgres_dsn: str, settings: Settings, tmp_path: Path
+    postgres_dsn: str, settings: Settings, orders: Orders
 ) -> None:
-    table = fresh_table(postgres_dsn)
-    app = outbox_app(settings)
+    table = orders.table
     total = 1500
-    job_ids = commit_orders(postgres_dsn, Outbox(table), app, [f"k-{n}" for n in range(total)])
-    first = start_relay(tmp_path, postgres_dsn, settings, table, batch_size=20)
+    job_ids = orders.commit([f"k-{n}" for n in range(total)])
+    first = orders.start_relay(batch_size=20)
     try:
         await wait_for(
             lambda: asyncio.to_thread(lambda: rows(postgres_dsn, table) < total - 20),
@@ -193,7 +197,7 @@ async def test_a_relay_killed_mid_batch_and_restarted_loses_and_duplicates_nothi
         first.kill()  # SIGKILL, mid-stream: batches in flight, rows sent and not yet deleted
     left = rows(postgres_dsn, table)
     assert 0 < left < total, left
-    second = start_relay(tmp_path, postgres_dsn, settings, table, batch_size=20)
+    second = orders.start_relay(batch_size=20)
     try:
         await until_drained(postgres_dsn, table, timeout_s=90)
     finally:
@@ -205,12 +209,10 @@ async def test_a_relay_killed_mid_batch_and_restarted_loses_and_duplicates_nothi
 
 @pytest.mark.slow
 async def test_two_relays_at_once_relay_each_row_once_and_the_standby_takes_over(
-    postgres_dsn: str, settings: Settings, tmp_path: Path
+    postgres_dsn: str, settings: Settings, orders: Orders
 ) -> None:
-    table = fresh_table(postgres_dsn)
-    app = outbox_app(settings)
-    outbox = Outbox(table)
-    relays = [start_relay(tmp_path, postgres_dsn, settings, table, batch_size=20) for _ in range(2)]
+    table = orders.table
+    relays = [orders.start_relay(batch_size=20) for _ in range(2)]
     try:
         leading = await wait_for(
             lambda: asyncio.to_thread(
@@ -219,15 +221,11 @@ async def test_two_relays_at_once_relay_each_row_once_and_the_standby_takes_over
             what="a relay leading",
         )
         assert len(leading) == 1, "one relay holds the lock"
-        job_ids = await asyncio.to_thread(
-            commit_orders, postgres_dsn, outbox, app, [f"a-{n}" for n in range(300)]
-        )
+        job_ids = await asyncio.to_thread(orders.commit, [f"a-{n}" for n in range(300)])
         leader = leading[0]
         leader.kill()
         [standby] = [r for r in relays if r is not leader]
-        job_ids += await asyncio.to_thread(
-            commit_orders, postgres_dsn, outbox, app, [f"b-{n}" for n in range(300)]
-        )
+        job_ids += await asyncio.to_thread(orders.commit, [f"b-{n}" for n in range(300)])
         await until_drained(postgres_dsn, table, timeout_s=60)
         assert "outbox_relay_leading" in standby.lines()
     finally:

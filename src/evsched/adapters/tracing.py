@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
+from typing import Any
 
 import structlog
 
@@ -87,6 +88,16 @@ def current_trace() -> TraceContext | None:
     return TraceContext(traceparent=parent, tracestate=carrier.get("tracestate") or None)
 
 
+def remote_context(trace: TraceContext) -> Any:
+    """``trace`` as an OpenTelemetry context with it as the remote parent (needs OpenTelemetry)."""
+    otel = _opentelemetry()
+    assert otel is not None
+    carrier = {"traceparent": trace.traceparent}
+    if trace.tracestate:
+        carrier["tracestate"] = trace.tracestate
+    return otel[0].extract(carrier)
+
+
 @contextmanager
 def attempt_trace(trace: TraceContext | None) -> Iterator[None]:
     """Within it, logs carry ``traceparent`` and OpenTelemetry's current context is the job's."""
@@ -96,11 +107,8 @@ def attempt_trace(trace: TraceContext | None) -> Iterator[None]:
     otel = _opentelemetry()
     attached = None
     if otel is not None:
-        propagate, context = otel
-        carrier = {"traceparent": trace.traceparent}
-        if trace.tracestate:
-            carrier["tracestate"] = trace.tracestate
-        attached = (context, context.attach(propagate.extract(carrier)))
+        context = otel[1]
+        attached = (context, context.attach(remote_context(trace)))
     try:
         with structlog.contextvars.bound_contextvars(traceparent=trace.traceparent):
             yield

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from evsched.adapters import spans
 from evsched.adapters.ids import new_id
 from evsched.adapters.tracing import InvalidTrace, current_trace, make_trace
 from evsched.client.limits import with_concurrency_key
@@ -240,8 +241,23 @@ class TaskOptions:
 
     async def enqueue(self, *args: Any, **kwargs: Any) -> JobHandle:
         """Write the JobEnqueued; returns the job's handle once the broker acknowledged it."""
+        traced = spans.tracer()
+        if traced is None:
+            return await self._enqueue(args, kwargs, None)
+        with spans.enqueue_span(traced, self.values.trace) as span:
+            try:
+                return await self._enqueue(args, kwargs, span)
+            except Exception as exc:
+                span.failed(exc)
+                raise
+
+    async def _enqueue(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], span: spans.EnqueueSpan | None
+    ) -> JobHandle:
         app = self.task.app
         event = self.build(args, kwargs, app.clock.now_ms())
+        if span is not None:
+            span.job(event.job_id, event.task, event.queue)
         if event.after:  # its registrations with the parents go in the same transaction
             appended = (
                 await write_atomically(app, [event, *registrations(event, event.emitted_at)])

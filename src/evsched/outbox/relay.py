@@ -89,7 +89,7 @@ class Relay:
             await self._drop_log()
 
     async def _serve(self, conn: psycopg.AsyncConnection[Any], stop: asyncio.Event) -> None:
-        await conn.execute(self.table.listen)
+        await conn.execute(self.table.sql("listen"))
         while not stop.is_set() and not await self._try_lock(conn):
             await self._report_backlog(conn, force=True)
             await _pause(stop, self.config.poll_s)
@@ -129,7 +129,7 @@ class Relay:
         Raises PublishError when any row was not acknowledged (the acknowledged ones are gone).
         """
         cursor = await conn.execute(
-            self.table.oldest, {"limit": self.config.batch_size}, binary=True
+            self.table.sql("oldest"), {"limit": self.config.batch_size}, binary=True
         )
         rows = await cursor.fetchall()
         if not rows:
@@ -142,7 +142,7 @@ class Relay:
             if isinstance(result, Appended)
         ]
         if acked:
-            deleted = await conn.execute(self.table.delete, {"ids": acked})
+            deleted = await conn.execute(self.table.sql("delete"), {"ids": acked})
             self.instruments.relayed_rows(age for (age,) in await deleted.fetchall())
         refused = [r for r in results if isinstance(r, PublishError)]
         if refused:
@@ -157,7 +157,7 @@ class Relay:
             pass
 
     async def _try_lock(self, conn: psycopg.AsyncConnection[Any]) -> bool:
-        cursor = await conn.execute(self.table.try_lock, {"key": self.table.lock_key})
+        cursor = await conn.execute(self.table.sql("try_lock"), {"key": self.table.lock_key})
         found = await cursor.fetchone()
         return bool(found and found[0])
 
@@ -168,7 +168,7 @@ class Relay:
         if not force and now - self._backlog_at < BACKLOG_EVERY_S:
             return
         self._backlog_at = now
-        cursor = await conn.execute(self.table.backlog)
+        cursor = await conn.execute(self.table.sql("backlog"))
         found = await cursor.fetchone()
         if found is not None:
             self.instruments.backlog(int(found[0]), float(found[1]))

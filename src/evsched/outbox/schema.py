@@ -29,7 +29,7 @@ def init_table_sync(dsn: str, table: str = DEFAULT_TABLE) -> None:
     try:
         with psycopg.connect(dsn) as conn, conn.transaction():
             # Two inits at once would race CREATE ... IF NOT EXISTS on the catalog: serialize them.
-            conn.execute(outbox.init_lock, {"key": outbox.lock_key + ".init"})
+            conn.execute(outbox.sql("init_lock"), {"key": outbox.lock_key + ".init"})
             conn.execute(outbox.create())
     except psycopg.Error as exc:
         raise OutboxDatabaseError(_one_line(exc)) from exc
@@ -44,10 +44,10 @@ async def init_table(
     outbox = OutboxTable(table)
     key = {"key": outbox.lock_key + ".init"}
     if isinstance(conn, psycopg.AsyncConnection):
-        await conn.execute(outbox.init_lock, key)
+        await conn.execute(outbox.sql("init_lock"), key)
         await conn.execute(outbox.create())
     else:
-        await conn.execute(text(outbox.init_lock_named), key)
+        await conn.execute(text(outbox.sql_named("init_lock")), key)
         await conn.execute(text(outbox.create()))
 
 
@@ -56,7 +56,7 @@ def backlog_sync(dsn: str, table: str = DEFAULT_TABLE) -> Backlog:
     outbox = OutboxTable(table)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            found = conn.execute(outbox.backlog).fetchone()
+            found = conn.execute(outbox.sql("backlog")).fetchone()
     except psycopg.Error as exc:
         raise OutboxDatabaseError(_one_line(exc)) from exc
     assert found is not None

@@ -8,13 +8,38 @@ the inserting transaction commits: a rolled-back enqueue wakes nobody and leaves
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final, Literal
 
 from evsched.errors import EvschedError
 
 DEFAULT_TABLE = "evsched_outbox"
 # A plain lower-case identifier: it is spliced into SQL (quoted), and names the NOTIFY channel.
 _TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
+
+
+Statement = Literal["init_lock", "try_lock", "insert", "listen", "oldest", "delete", "backlog"]
+# Every statement on an outbox table but its DDL, ``{table}`` standing for its checked name (the
+# NOTIFY channel has the same name), in psycopg's parameter style.
+_STATEMENTS: Final[Mapping[Statement, str]] = {
+    "init_lock": "SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))",
+    "try_lock": "SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))",
+    "insert": 'INSERT INTO "{table}" (job_id, event) VALUES (%(job_id)s, %(event)s)',
+    "listen": 'LISTEN "{table}"',
+    "oldest": 'SELECT id, job_id, event FROM "{table}" ORDER BY id LIMIT %(limit)s',
+    # Deletes relayed rows; returns each one's age in seconds on the database's clock.
+    "delete": (
+        'DELETE FROM "{table}" WHERE id = ANY(%(ids)s) '
+        "RETURNING extract(epoch FROM clock_timestamp() - created_at)::float8"
+    ),
+    # Rows waiting and the oldest one's age in seconds (0 when there are none).
+    "backlog": (
+        "SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)"
+        '::float8 FROM "{table}"'
+    ),
+}
+_PARAMETER = re.compile(r"%\((\w+)\)s")
 
 
 class InvalidTable(EvschedError, ValueError):
@@ -68,47 +93,10 @@ CREATE OR REPLACE TRIGGER "{t}_notify" AFTER INSERT ON "{t}"
   FOR EACH STATEMENT EXECUTE FUNCTION "{t}_notify"();
 """
 
-    @property
-    def init_lock(self) -> str:
-        return "SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0))"
+    def sql(self, statement: Statement) -> str:
+        """``statement`` on this table, with psycopg's ``%(name)s`` parameters."""
+        return _STATEMENTS[statement].format(table=self.name)
 
-    @property
-    def init_lock_named(self) -> str:
-        return "SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"
-
-    @property
-    def insert_psycopg(self) -> str:
-        return f'INSERT INTO "{self.name}" (job_id, event) VALUES (%(job_id)s, %(event)s)'
-
-    @property
-    def insert_named(self) -> str:
-        """The insert with ``:name`` parameters, for SQLAlchemy's ``text()``."""
-        return f'INSERT INTO "{self.name}" (job_id, event) VALUES (:job_id, :event)'
-
-    @property
-    def try_lock(self) -> str:
-        return "SELECT pg_try_advisory_lock(hashtextextended(%(key)s, 0))"
-
-    @property
-    def listen(self) -> str:
-        return f'LISTEN "{self.channel}"'
-
-    @property
-    def oldest(self) -> str:
-        return f'SELECT id, job_id, event FROM "{self.name}" ORDER BY id LIMIT %(limit)s'
-
-    @property
-    def delete(self) -> str:
-        """Deletes relayed rows; returns each one's age in seconds on the database's clock."""
-        return (
-            f'DELETE FROM "{self.name}" WHERE id = ANY(%(ids)s) '
-            "RETURNING extract(epoch FROM clock_timestamp() - created_at)::float8"
-        )
-
-    @property
-    def backlog(self) -> str:
-        """Rows waiting and the oldest one's age in seconds (0 when there are none)."""
-        return (
-            f"SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)"
-            f'::float8 FROM "{self.name}"'
-        )
+    def sql_named(self, statement: Statement) -> str:
+        """``statement`` with ``:name`` parameters, for SQLAlchemy's ``text()``."""
+        return _PARAMETER.sub(r":\1", self.sql(statement))

@@ -68,9 +68,9 @@ class Outbox:
         entry = self.entry(call, key=key)
         params = {"job_id": entry.key, "event": entry.event}
         if isinstance(conn, psycopg.AsyncConnection):
-            await conn.execute(self.table.insert_psycopg, params)
+            await conn.execute(self.table.sql("insert"), params)
         elif isinstance(conn, AsyncSession | SaAsyncConnection):
-            await conn.execute(text(self.table.insert_named), params)
+            await conn.execute(text(self.table.sql_named("insert")), params)
         else:
             raise TypeError(_unsupported(conn, "enqueue_sync"))
         return entry
@@ -82,9 +82,9 @@ class Outbox:
         entry = self.entry(call, key=key)
         params = {"job_id": entry.key, "event": entry.event}
         if isinstance(conn, psycopg.Connection):
-            conn.execute(self.table.insert_psycopg, params)
+            conn.execute(self.table.sql("insert"), params)
         elif isinstance(conn, Session | SaConnection):
-            conn.execute(text(self.table.insert_named), params)
+            conn.execute(text(self.table.sql_named("insert")), params)
         else:
             raise TypeError(_unsupported(conn, "enqueue"))
         return entry

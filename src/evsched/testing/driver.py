@@ -64,8 +64,13 @@ class NodeDriver:
         node_id: str = "driver",
         keyring: NodeKeyring | None = None,
         presence: WorkerPresence | None = None,
+        changelog_interval_ms: int | None = 0,
     ) -> None:
         self.data_dir = data_dir
+        # How often the changelog is flushed, on the driver's clock: by default at each step
+        # (after the step that wrote the index), so a settled driver's changelog is whole; None:
+        # a node's (runtime.projection.changelog.FLUSH_INTERVAL_MS).
+        self.changelog_interval_ms = changelog_interval_ms
         self.partition = partition
         self.budgets = budgets or PlannerBudgets()
         self.topics = Topics(namespace)
@@ -136,7 +141,9 @@ class NodeDriver:
             scan_limit=self.scan_limit,
             budget=self.budget,
             dispatch_key=self.dispatch_key,
-            changelog=ChangelogWriter(self.topics.state, self.partition),
+            changelog=ChangelogWriter(
+                self.topics.state, self.partition, interval_ms=self.changelog_interval_ms
+            ),
             keyring=self.keyring,
             presence=self.presence,
         )

@@ -101,7 +101,7 @@ def test_a_table_name_is_a_plain_identifier(name: str) -> None:
 def test_the_table_notifies_its_own_channel() -> None:
     table = OutboxTable("shop_outbox")
     assert "pg_notify('shop_outbox'" in table.create()
-    assert table.listen == 'LISTEN "shop_outbox"'
+    assert table.sql("listen") == 'LISTEN "shop_outbox"'
 
 
 def test_the_commands_refuse_a_bad_table_or_an_unreachable_database_in_one_line(

@@ -87,3 +87,16 @@ def prefix_end(prefix: bytes) -> bytes:
 def keys_key(state: JobState) -> bytes:
     """The ``keys`` entry of a keyed job: queue, a NUL, the idempotency key."""
     return state.queue.encode() + b"\x00" + (state.idempotency_key or "").encode()
+
+
+def job_timeline_prefix(job_id: bytes) -> bytes:
+    """The ``timeline`` keys of one job's entries all start with this (``job_id`` as UTF-8)."""
+    return JOB_TIMELINE + struct.pack(">H", len(job_id)) + job_id
+
+
+def timeline_job(key: bytes) -> bytes | None:
+    """The job id (UTF-8) a ``timeline`` key is an entry of; None for another entity's entry."""
+    if not key.startswith(JOB_TIMELINE) or len(key) < 3:
+        return None
+    size = int.from_bytes(key[1:3], "big")
+    return key[3 : 3 + size]

@@ -36,6 +36,7 @@ from evsched.adapters.index.keys import (
     TIMELINE,
     U64,
     UNDECODABLE,
+    job_timeline_prefix,
     keys_key,
     prefix_end,
     time_key,
@@ -64,9 +65,13 @@ from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status,
 from evsched.errors import StoreError
 
 SCHEDULES, CRON_DUE, META, CONTROLS = "schedules", "cron_due", "meta", "controls"
+# A restore's staging area: the changelog's job records (a job's state and timeline in one
+# value), the newest per job, unpacked into ``jobs`` and ``timeline`` once the whole changelog
+# is read (``runtime.projection.changelog``). Empty in every index but a restore's scratch one.
+STAGED_JOBS = "staged_jobs"
 COLUMN_FAMILIES = (
     JOBS, DUE, LEASES, TIMELINE, KEYS, SCHEDULES, CRON_DUE, UNDECODABLE, REFUSED, CONTROLS,
-    PURGES, MARKS, META, DUE_PRIORITY, TALLIES, ORPHANS, FOLLOWERS, RUNS, RUN_MARKS,
+    PURGES, MARKS, META, DUE_PRIORITY, TALLIES, ORPHANS, FOLLOWERS, RUNS, RUN_MARKS, STAGED_JOBS,
 )  # fmt: skip
 # What the digest covers: everything the fold derives, in a fixed order.
 DIGEST_FAMILIES = (
@@ -78,8 +83,9 @@ DIGEST_FAMILIES = (
 TIME_FAMILIES = (DUE, LEASES, CRON_DUE, PURGES, MARKS, ORPHANS, RUN_MARKS)
 # Derived from the job and schedule states alone: a restore rebuilds them instead of reading
 # them from the changelog (they change on most events; every other family is mirrored). Purge
-# marks outlive their jobs, so they are mirrored.
-DERIVED_FAMILIES = frozenset((DUE, LEASES, CRON_DUE, PURGES, META, DUE_PRIORITY))
+# marks outlive their jobs, so they are mirrored. ``keys`` is a job's idempotency key, so it is
+# derived too (changelog format 2; format 1 mirrored it).
+DERIVED_FAMILIES = frozenset((DUE, LEASES, CRON_DUE, PURGES, META, DUE_PRIORITY, KEYS, STAGED_JOBS))
 NEVER = (1 << 64) - 1
 # A due scan reads at most this many times its limit in keys while skipping held-back jobs.
 SKIP_READS = 10
@@ -503,6 +509,27 @@ class PartitionIndex:
 
     # --- a changelog's side ----------------------------------------------------------------
 
+    def get(self, name: str, key: bytes) -> bytes | None:
+        """The value of ``key`` in column family ``name``, as stored."""
+        value: bytes | None = self._cf[name].get(key)
+        return value
+
+    def job_records(
+        self, job_ids: Iterable[bytes]
+    ) -> Iterator[tuple[bytes, bytes | None, list[tuple[bytes, bytes]]]]:
+        """Each job's stored state (None: none) and timeline entries, as (key suffix past the
+        job's prefix, value): one iterator for them all, seeked per job (ids best sorted)."""
+        cursor = self._cf[TIMELINE].iter(ReadOptions())
+        jobs = self._cf[JOBS]
+        for job_id in job_ids:
+            prefix = job_timeline_prefix(job_id)
+            entries: list[tuple[bytes, bytes]] = []
+            cursor.seek(prefix)
+            while cursor.valid() and (key := cursor.key()).startswith(prefix):
+                entries.append((key[len(prefix) :], cursor.value()))
+                cursor.next()
+            yield job_id, jobs.get(job_id), entries
+
     def mirrored(self) -> Iterator[Change]:
         """Every key of the mirrored families: what a changelog holds for this index."""
         for name in COLUMN_FAMILIES:
@@ -514,7 +541,7 @@ class PartitionIndex:
         """Write changes read from a changelog as they are, in one WriteBatch."""
         wb = WriteBatch(raw_mode=True)
         for name, key, value in changes:
-            if name not in self._handles or name in DERIVED_FAMILIES:
+            if name not in self._handles or (name in DERIVED_FAMILIES and name != STAGED_JOBS):
                 raise StoreError(f"a changelog record names no mirrored column family: {name!r}")
             if value is None:
                 wb.delete(key, self._h(name))
@@ -524,10 +551,13 @@ class PartitionIndex:
         self._poison.forget()
 
     def finish_load(self, applied_offset: int, fold_version: int) -> None:
-        """Derive the time families from the loaded states, and set the applied offset."""
+        """Derive the time families and the idempotency keys from the loaded states, and set
+        the applied offset."""
         wb = Recorder({})
         for state in self.jobs():
             self._put_job_times(wb, state)
+            if state.idempotency_key is not None:
+                wb.put(keys_key(state), state.job_id.encode(), self._h(KEYS))
         for schedule in self.schedules():
             self._put_schedule_time(wb, schedule)
         self.apply(PreparedWrite(wb, applied_offset, fold_version))

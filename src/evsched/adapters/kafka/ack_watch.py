@@ -4,10 +4,15 @@
 produce costs a few microseconds, that bookkeeping was half of an append's CPU on the event loop.
 ``AckWatch`` keeps the appends' ack futures in one heap by when each is next due to be looked at,
 and one timer serves them all: an append awaits its ack future alone. An ack that takes longer
-than ``check_after_s`` has its partition looked at (one look per topic and tick, shared through
-``ReplicaCheck``), and its future fails with NotEnoughReplicas when the partition cannot take
-writes; one not acknowledged within ``timeout_s`` fails with PublishError. The messages are
-``replicas.acknowledged``'s. The record itself stays with the producer either way.
+than ``check_after_s`` has its partition looked at (one look at a time, each serving every ack
+overdue by then, its describe shared through ``ReplicaCheck``), and its future fails with
+NotEnoughReplicas when the partition cannot take writes; one not acknowledged within
+``timeout_s`` fails with PublishError. The messages are ``replicas.acknowledged``'s. The record
+itself stays with the producer either way.
+
+An ack that falls due while a look is running waits for the next look, which starts as soon as
+the running one ends: pushing it back a whole ``check_after_s`` instead let a busy watch (a look
+running most of the time, at 20 appends a second) put some acks off again and again, 20 s and more.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class AckWatch:
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._looking: asyncio.Task[None] | None = None
+        # Acks due for a look, with their topic and key: the next look takes them all.
+        self._due: dict[asyncio.Future[Any], tuple[str, str]] = {}
 
     def watch(self, ack: asyncio.Future[Any], topic: str, key: str) -> None:
         """Bound ``ack``: it fails (NotEnoughReplicas, PublishError) unless it settles in time."""
@@ -71,31 +78,39 @@ class AckWatch:
         if self._looking is not None:
             self._looking.cancel()
         self._heap.clear()
+        self._due.clear()
 
     def _tick(self) -> None:
         loop = asyncio.get_running_loop()
         now = loop.time()
-        overdue: list[tuple[asyncio.Future[Any], str, str]] = []
         while self._heap and self._heap[0][0] <= now:
             _, _, deadline, ack, topic, key = heapq.heappop(self._heap)
             if ack.done():
                 continue
             if deadline <= now:
+                self._due.pop(ack, None)
                 ack.set_exception(not_acknowledged(f"writing to {topic!r}", self._timeout_s))
                 continue
-            overdue.append((ack, topic, key))
+            self._due[ack] = (topic, key)
             entry = (min(now + self._check_after_s, deadline), next(self._order), deadline)
             heapq.heappush(self._heap, (*entry, ack, topic, key))
-        if overdue and (self._looking is None or self._looking.done()):
-            self._looking = loop.create_task(self._look(overdue))
+        if self._due and (self._looking is None or self._looking.done()):
+            self._looking = loop.create_task(self._look_while_due())
         self._timer = None
         if self._heap:
             self._timer = loop.call_at(max(self._heap[0][0], now + TICK_S), self._tick)
 
+    async def _look_while_due(self) -> None:
+        """Looks until no ack is due: those that fell due during a look go in the next one."""
+        while self._due:
+            due, self._due = self._due, {}
+            await self._look([(ack, topic, key) for ack, (topic, key) in due.items()])
+
     async def _look(self, overdue: list[tuple[asyncio.Future[Any], str, str]]) -> None:
         by_topic: dict[str, list[tuple[asyncio.Future[Any], str]]] = {}
         for ack, topic, key in overdue:
-            by_topic.setdefault(topic, []).append((ack, key))
+            if not ack.done():
+                by_topic.setdefault(topic, []).append((ack, key))
         for topic, acks in by_topic.items():
             # A look that fails or hangs names no cause; the deadline still holds.
             with contextlib.suppress(Exception):

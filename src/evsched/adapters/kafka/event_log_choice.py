@@ -1,9 +1,8 @@
 """Which Kafka client an EventLog is built on: ``EVSCHED_KAFKA_CLIENT=confluent|aiokafka``.
 
-aiokafka stays the default until librdkafka's (``confluent``, ``rdkafka_event_log``, a tenth of
-aiokafka's CPU per record: issue 33) fails writes as fast when a partition's in-sync replicas fall
-below min.insync.replicas: in the three-broker test an enqueue took 21 s to fail, against a
-10 s bound. Each is imported only when chosen (docs/operations.md, "Kafka clients").
+librdkafka (``confluent``, ``rdkafka_event_log``) is the default: a tenth of aiokafka's CPU per
+record (issue 33). ``aiokafka`` keeps the pure-Python client, for options librdkafka cannot be
+given (docs/operations.md, "Kafka clients"). Each is imported only when chosen.
 """
 
 from __future__ import annotations
@@ -16,11 +15,11 @@ from evsched.settings import Settings, SettingsError
 
 KAFKA_CLIENT_ENV = "EVSCHED_KAFKA_CLIENT"
 CLIENTS = ("aiokafka", "confluent")
-DEFAULT_CLIENT = "aiokafka"
+DEFAULT_CLIENT = "confluent"
 
 
 def kafka_client(environ: Mapping[str, str] | None = None) -> str:
-    """The client ``EVSCHED_KAFKA_CLIENT`` names (unset or empty: aiokafka); SettingsError for
+    """The client ``EVSCHED_KAFKA_CLIENT`` names (unset or empty: confluent); SettingsError for
     any other value, naming the variable and the choices."""
     env = os.environ if environ is None else environ
     value = env.get(KAFKA_CLIENT_ENV, "").strip().lower() or DEFAULT_CLIENT

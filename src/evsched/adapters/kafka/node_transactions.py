@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +122,7 @@ class NodeTransactions:
         transactional_id: str,
         client_id: str,
         group_metadata: Callable[[], Any] | None,
+        checked_queues: Container[str] = frozenset(),
     ) -> None:
         self.settings = settings
         self.transactional_id = transactional_id
@@ -133,7 +134,9 @@ class NodeTransactions:
         self._queue: list[_Send] = []
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        self._known_topics: set[str] = set()
+        # Queues whose dispatch topic the node checked already (its QueueTopics): no metadata is
+        # asked of them. Another queue's topic (a tool's, a test's) is asked at every tick.
+        self.checked_queues = checked_queues
         self._broken = False  # the producer failed in a way only a new one mends
         # Decisions that shared a refused batch: each goes alone, so the culprit shows.
         self.suspects: set[str] = set()
@@ -248,7 +251,8 @@ class NodeTransactions:
                 )
                 for s in sends:
                     if not s.done.done():
-                        s.done.set_exception(exc)
+                        s.done.set_exception(_own_copy(exc))
+                del exc  # its traceback holds this coroutine's frame
                 if self._broken:
                     await self._discard()
 
@@ -278,7 +282,9 @@ class NodeTransactions:
                 if attempt == TRANSACTION_TRIES:
                     raise RecordRefused(f"records refused in {attempt} transactions") from exc
                 continue
-            except KafkaException as exc:
+            except KafkaException as exc:  # begin_transaction's, outside _aborted
+                if _fatal(exc):
+                    self._broken = True  # a fatal producer fails every later call: replace it
                 raise _mapped(exc) from exc
             self.transactions += 1
             for s in live:
@@ -301,8 +307,12 @@ class NodeTransactions:
     async def _hold_without_metadata(self, sends: Sequence[_Send]) -> None:
         """Hold back decisions whose dispatch topic has no metadata in time (before the
         transaction: librdkafka would wait for it holding every partition's tick)."""
-        topics = {o.topic for s in sends for o in s.outgoing if o.queue is not None}
-        unknown = topics - self._known_topics
+        unknown = {
+            o.topic
+            for s in sends
+            for o in s.outgoing
+            if o.queue is not None and o.queue not in self.checked_queues
+        }
         if not unknown:
             return
         producer = self._producer
@@ -315,8 +325,6 @@ class NodeTransactions:
                 if found is None or found.error is not None or not found.partitions:
                     why = "unknown topic" if found is None else str(found.error)
                     unusable[topic] = f"no metadata for {topic}: {why}"
-                else:
-                    self._known_topics.add(topic)
             except KafkaException as exc:
                 unusable[topic] = f"no metadata for {topic} after {METADATA_WAIT_S} s: {exc!r}"
         for s in sends:
@@ -482,6 +490,21 @@ def _refusals(
             }
         )
     return _Refused(suspects=named)
+
+
+def _own_copy(exc: Exception) -> Exception:
+    """A send's own exception for a failed tick, without the committer's frames.
+
+    A step that fails clears the frames of what it raised (``runtime.node.steps``: index
+    handles); one exception shared by every send carried the committer's frame, and clearing
+    the frame of a suspended coroutine closes it: the committer died ("cannot reuse already
+    awaited coroutine") and every later send waited forever.
+    """
+    try:
+        copy = type(exc)(*exc.args)
+    except Exception:
+        copy = BrokerUnavailable(repr(exc))
+    return copy
 
 
 def _fatal(exc: BaseException) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer
@@ -148,6 +149,18 @@ class Rebalance(Protocol):
     async def assigned(self, partitions: list[int]) -> None: ...
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupMembership:
+    """Who the node's group member is and what it reads, on either client (aiokafka here,
+    librdkafka in ``rdkafka_group``)."""
+
+    settings: Settings
+    topic: str
+    group_id: str
+    client_id: str
+    max_records: int
+
+
 class KafkaGroupConsumer(_Reader):
     """The node's member of the events topic's consumer group: reads what the group assigns.
 
@@ -155,25 +168,16 @@ class KafkaGroupConsumer(_Reader):
     called around every rebalance, possibly before ``start`` returns.
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        topic: str,
-        *,
-        group_id: str,
-        client_id: str,
-        max_records: int,
-        listener: Rebalance,
-    ) -> None:
+    def __init__(self, member: GroupMembership, *, listener: Rebalance) -> None:
         consumer = kafka.consumer(
-            settings,
-            group_id=group_id,
-            client_id=client_id,
-            max_poll_records=max_records,
-            **kafka.group_timeouts(settings),
+            member.settings,
+            group_id=member.group_id,
+            client_id=member.client_id,
+            max_poll_records=member.max_records,
+            **kafka.group_timeouts(member.settings),
         )
-        super().__init__(topic, consumer)
-        consumer.subscribe([topic], listener=_Listener(listener))
+        super().__init__(member.topic, consumer)
+        consumer.subscribe([member.topic], listener=_Listener(listener))
 
     async def start(self) -> None:
         await start_consumer(self._consumer, f"join the group of {self.topic}")

@@ -129,14 +129,18 @@ class RdkafkaEventLog:
             raise PublishError(f"cannot read the partitions of {topic!r}: {_why(exc)}") from exc
 
     async def _problems(self, topic: str, keys: list[str]) -> list[str | None]:
-        """For AckWatch: why each key's partition cannot take writes now (None: it can)."""
-        current = self._producer
-        if current is None:
+        """For AckWatch: why each key's partition cannot take writes now (None: it can).
+
+        The partition count comes from the same describe as the replicas, not from the
+        producer: librdkafka's ``list_topics`` is a metadata request of its own, and right
+        after a broker died it went unanswered for 25 s, so no look could name a cause.
+        """
+        found = await self._replicas.partitions(topic)
+        if not found:
             return [None] * len(keys)
-        count = await current.partition_count(topic)
-        partitions = [partition_for(key, count) for key in keys]
-        found = {p: await self._replicas.problem(topic, p) for p in set(partitions)}
-        return [found[p] for p in partitions]
+        count = len(found)
+        problems = {p: d.problem() for p, d in found.items()}
+        return [problems.get(partition_for(key, count)) for key in keys]
 
     async def _current(self) -> PolledProducer:
         if (ready := self._producer) is not None:

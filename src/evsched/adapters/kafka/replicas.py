@@ -99,6 +99,13 @@ class ReplicaCheck:
 
     async def problem(self, topic: str, partition: int) -> str | None:
         """The partition's problem, or None (also when the cluster could not be asked)."""
+        found = await self.partitions(topic)
+        described = None if found is None else found.get(partition)
+        return None if described is None else described.problem()
+
+    async def partitions(self, topic: str) -> dict[int, PartitionReplicas] | None:
+        """Every partition of ``topic`` as last described, or None when the cluster could not
+        be asked within DESCRIBE_TIMEOUT_S."""
         look = self._looks.get(topic)
         # One look at a time per topic: one that hangs (a frozen broker) is waited out.
         if look is None or (look[1].done() and monotonic_s() - look[0] > self._fresh_s):
@@ -106,11 +113,9 @@ class ReplicaCheck:
             look[1].add_done_callback(_retrieved)
             self._looks[topic] = look
         try:
-            found = await asyncio.wait_for(asyncio.shield(look[1]), DESCRIBE_TIMEOUT_S)
+            return await asyncio.wait_for(asyncio.shield(look[1]), DESCRIBE_TIMEOUT_S)
         except (KafkaError, OSError, TimeoutError, ValueError):
             return None
-        described = found.get(partition)
-        return None if described is None else described.problem()
 
 
 async def acknowledged(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 
 import structlog
 
@@ -44,6 +45,12 @@ class QueueTopics:
         self._known: set[str] = set()
         self._reported: dict[str, float] = {}  # undeclared queue -> when it was last logged
         self._lock = asyncio.Lock()
+
+    @property
+    def known(self) -> AbstractSet[str]:
+        """The queues whose dispatch topic was found usable (it only grows): the node's
+        transactions ask no metadata of them again."""
+        return self._known
 
     async def ensure(self, queues: set[str]) -> Mapping[str, Unusable]:
         """The queues whose dispatch topic can't be used (undeclared, misconfigured), and why.

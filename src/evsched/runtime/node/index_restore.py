@@ -27,7 +27,7 @@ from evsched.errors import IndexVersionMismatch, RestoreRefused
 from evsched.ports import PartitionLog
 from evsched.runtime.node.health import NodeHealth
 from evsched.runtime.partition.partition import OwnedPartition
-from evsched.runtime.projection.changelog import RESTORE_FETCH, latest_meta
+from evsched.runtime.projection.changelog import META_FORMAT, RESTORE_FETCH, latest_meta
 from evsched.runtime.projection.changelog_restore import (
     Action,
     LocalIndex,
@@ -144,7 +144,8 @@ class IndexRestores:
                 except Exception as exc:
                     plans.append(exc)
                     continue
-                plans.append(plan_open(local, log_start=starts[index.partition], meta=meta))
+                plan = plan_open(local, log_start=starts[index.partition], meta=meta, owner=True)
+                plans.append(plan)
         return plans
 
     async def seed(self, owner: OwnedPartition) -> None:
@@ -198,10 +199,12 @@ class IndexRestores:
             self.log.info(f"partition_index_{source}", partition=partition, **details)
             if self.counter is not None:
                 self.counter.labels("fold_version" if source == "rebuilt" else "changelog").inc()
-        # A snapshot just loaded is what the changelog holds: open it as it is, nothing to seed.
-        await self.done(
-            consumer, partition, OpenPlan(Action.USE_LOCAL) if source == "restored" else None
-        )
+        # A snapshot just loaded is what the changelog holds: open it as it is, nothing to seed
+        # (unless it was of an older format, which a node does not write on from).
+        plan = None
+        if source == "restored":
+            plan = OpenPlan(Action.USE_LOCAL, seed=details["changelog_format"] != META_FORMAT)
+        await self.done(consumer, partition, plan)
 
     async def _restore(
         self, consumer: Committed, partition: int, plan: OpenPlan | None
@@ -217,7 +220,7 @@ class IndexRestores:
             async with _reading(self.open_state([partition])) as state:
                 if plan is None:
                     meta = await latest_meta(state, partition)
-                    plan = plan_open(local, log_start=log_start, meta=meta)
+                    plan = plan_open(local, log_start=log_start, meta=meta, owner=True)
                 if plan.action is Action.RESTORE:
                     meta = await restore_partition(
                         state,
@@ -228,6 +231,7 @@ class IndexRestores:
                     )
                     return "restored", {
                         "applied_offset": meta.applied_offset,
+                        "changelog_format": meta.format,
                         "seconds": round(monotonic_s() - started, 3),
                     }
         if plan.action is Action.REFUSE:

@@ -25,7 +25,7 @@ from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.groups import GroupOwners
 from evsched.adapters.kafka.node_transactions import NodeOutbox, NodeTransactions
-from evsched.adapters.kafka.partition_log import KafkaGroupConsumer
+from evsched.adapters.kafka.partition_log import GroupMembership, KafkaGroupConsumer
 from evsched.adapters.kafka.partition_outbox import KafkaOutbox
 from evsched.adapters.kafka.rdkafka_group import GroupMember, RdkafkaGroupConsumer
 from evsched.adapters.kafka.topics import Topics
@@ -122,6 +122,7 @@ class Node:
             transactional_id=config.node_transactional_id,
             client_id=f"evsched-node-{config.node_id}",
             group_metadata=self._group_metadata,
+            checked_queues=self.queue_topics.known,
         )
         self.group_owners = GroupOwners(config.settings)
         self._generation = 0  # bumped on every assignment change
@@ -193,7 +194,11 @@ class Node:
         consumer = await until_broker(self._start_consumer, what="events consumer", stop=stop)
         if consumer is None:
             return  # stopped before the broker answered
-        self.log.info("node_started", group_id=self.config.group_id)
+        self.log.info(
+            "node_started",
+            group_id=self.config.group_id,
+            transactions="tick" if self.config.tick_transactions else "partition",
+        )
         presence = asyncio.create_task(self.presence.run(stop))
         try:
             if self.config.standby:
@@ -253,14 +258,14 @@ class Node:
 
     async def _start_consumer(self) -> GroupMember:
         kind = RdkafkaGroupConsumer if self.config.tick_transactions else KafkaGroupConsumer
-        consumer: GroupMember = kind(
-            self.config.settings,
-            self.topics.events,
+        member = GroupMembership(
+            settings=self.config.settings,
+            topic=self.topics.events,
             group_id=self.config.group_id,
             client_id=f"evsched-node-{self.config.node_id}",
             max_records=self.config.max_records,
-            listener=NodeRebalance(self),
         )
+        consumer: GroupMember = kind(member, listener=NodeRebalance(self))
         if isinstance(consumer, RdkafkaGroupConsumer):
             consumer.fence = self.transactions.fence  # a dead owner's open transaction
         self._consumer = consumer  # the group may assign partitions before start() returns
@@ -363,6 +368,11 @@ class Node:
     async def _closed(self, runner: PartitionRunner) -> None:
         """Wait for the runner's step in flight, then close its partition (revoked)."""
         await runner.stopped()
+        try:  # so the next owner finds the changelog as far as the index (else it restores)
+            await runner.owner.flush_changelog()
+        except Exception as exc:  # e.g. fenced: the next owner restores from the changelog
+            partition = runner.owner.partition
+            self.log.warning("changelog_flush_failed", partition=partition, error=repr(exc))
         await self._close(runner.owner)
         self.log.info("partition_revoked", partition=runner.owner.partition, **runner.owner.stats)
 
@@ -430,7 +440,11 @@ class Node:
             instruments=None if metrics is None else metrics.node.partition(index.partition),
             budget=self.budget,
             dispatch_key=self.config.dispatch_key,
-            changelog=ChangelogWriter(self.topics.state, index.partition),
+            changelog=ChangelogWriter(
+                self.topics.state,
+                index.partition,
+                interval_ms=self.config.settings.changelog_interval_ms,
+            ),
             keyring=self.config.node_keyring,
             presence=self.presence,
             offset_fences=self.config.tick_transactions,

@@ -8,6 +8,9 @@ in the transaction that committed the offset; a record past it may still owe an 
 the next owner must fold (and send) itself. When the group gives the node one of these
 partitions, the node releases the standby copy (reader stopped, index closed) before it opens
 the index as owner, finds it near the log's end (plan USE_LOCAL) and folds a short tail. A copy
+folds no further than its partition's changelog snapshot either (the newest meta's applied
+offset): an owner writes its changelog on from the index it opens, so that index must not hold
+changes the changelog lacks (``runtime.projection.changelog``). A copy
 that is missing, far behind, of another fold version or behind a trimmed log's start is first
 made usable as a replica's is (``runtime.projection.replica_restore``: restored from the changelog,
 reset, or refused), in the background. A standby reads, and never writes to any topic.
@@ -31,6 +34,7 @@ from evsched.adapters.proofs import NodeKeyring
 from evsched.errors import BrokerUnavailable, IndexVersionMismatch
 from evsched.ports import PartitionLog, Record
 from evsched.runtime.node.index_restore import OpenLog, kafka_reader
+from evsched.runtime.projection.changelog import META_FORMAT, latest_meta
 from evsched.runtime.projection.changelog_restore import LocalIndex, local_index
 from evsched.runtime.projection.projector import Projector
 from evsched.runtime.projection.replica_restore import prepare_partitions, worth_a_look
@@ -86,6 +90,8 @@ class Standby:
         self.lag: dict[int, int] = {}
         self.taken: dict[int, int] = {}  # released for the owner: the index's next offset
         self.open_state = open_state  # readers of <ns>.state partitions (None: none to restore)
+        self._state: PartitionLog | None = None  # reads the held partitions' changelog metas
+        self._state_of: list[int] = []
         self.preparing: dict[int, asyncio.Task[None]] = {}
         self._retry_at: dict[int, float] = {}
         self._task: asyncio.Task[None] | None = None
@@ -103,6 +109,7 @@ class Standby:
                 await self._task
         await self.release([*self.projectors, *self.preparing])
         self.taken.clear()
+        await self._close_state()
         await self.reader.close()
         await self.offsets.close()
 
@@ -253,14 +260,38 @@ class Standby:
         committed = await self.offsets.committed()
         held = sorted(self.projectors)
         ends = await self.reader.end_offsets(held) if held else {}
+        snapshots = await self._snapshots(held)
         for partition in held:
             projector = self.projectors.get(partition)
             if projector is None:
                 continue  # released while we asked
-            self.bounds[partition] = committed.get(partition, 0)
+            bound = committed.get(partition, 0)
+            self.bounds[partition] = min(bound, snapshots.get(partition, bound))
             self.lag[partition] = max(0, ends[partition] - projector.next_offset)
             if self.lag_gauge is not None:
                 self.lag_gauge.labels(str(partition)).set(self.lag[partition])
+
+    async def _snapshots(self, held: list[int]) -> dict[int, int]:
+        """Per held partition whose changelog an owner would write on from, the offset after
+        its snapshot: a copy folded past it would hold changes the changelog lacks."""
+        if self.open_state is None or not held:
+            return {}
+        if self._state is None or self._state_of != held:
+            await self._close_state()
+            self._state = self.open_state(held)
+            self._state_of = held
+            await self._state.start()
+        found: dict[int, int] = {}
+        for partition in held:
+            meta = await latest_meta(self._state, partition)
+            if meta is not None and meta.complete and meta.format == META_FORMAT:
+                found[partition] = meta.applied_offset + 1
+        return found
+
+    async def _close_state(self) -> None:
+        if self._state is not None:
+            state, self._state = self._state, None
+            await state.close()
 
     async def _read_once(self) -> None:
         now = monotonic_s()

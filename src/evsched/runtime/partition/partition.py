@@ -3,9 +3,10 @@
 Each step folds new records into an index batch, plans leases, expiries, cron fires and purges
 on top of it, then sends effects, decisions and dispatch records in one transaction of its outbox.
 Effects always travel with the consumer offset of the records they came from; other steps commit
-the offset every ``OFFSET_COMMIT_INTERVAL_MS``. The index changes go to the state changelog in the
-same transaction (``runtime.projection.changelog``). Only after the transaction commits is the index
-written, so the index never holds a decision, an effect or a change the log does not.
+the offset every ``OFFSET_COMMIT_INTERVAL_MS``. The index changes go to the state changelog once
+per flush interval, in that step's transaction (``runtime.projection.changelog``). Only after the
+transaction commits is the index written, so the index never holds a decision or an effect the log
+does not; it may hold changes its changelog does not have yet (the events log has them).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import structlog
 
 from evsched.adapters import avro
 from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.index.writes import PreparedWrite
 from evsched.adapters.kafka.topics import Topics
 from evsched.adapters.proofs import NodeKeyring
 from evsched.adapters.signing import DispatchKey
@@ -36,7 +38,7 @@ from evsched.core.events import (
 )
 from evsched.core.proposals import fire_refusal, job_refusal
 from evsched.core.roles import proof_role
-from evsched.core.state import ACTIVE_STATUSES, JobState, ScheduleState, Status
+from evsched.core.state import JobState, ScheduleState, Status
 from evsched.ports import Clock, ConsumerOffset, Outgoing, PartitionOutbox, Record
 from evsched.runtime.partition.budget import QueueBudget, QueueLoad
 from evsched.runtime.partition.lease_plan import (
@@ -202,7 +204,7 @@ class OwnedPartition:
         fresh = [r for r in records if r.offset >= self.replay_until]
         # Folded in chunks: a catch-up's thousands of records must not hold the event loop.
         if gap:
-            await refold_chunked(self.projector, gap)
+            await refold_chunked(self.projector, gap, applied=self._note)
             self.log.info("gap_refolded", count=len(gap), until=self.replay_until)
         started = dict(self.projector.started) if self.budget is not None else {}
         folded = await fold_chunked(self.projector, fresh)
@@ -225,12 +227,11 @@ class OwnedPartition:
         # go to their own partitions; like effects, sent once with the records' offset.
         outgoing += [self._event(r, own_partition=False) for r in folded.resolutions]
         outgoing += [self._event(e, own_partition=False) for e in folded.forwards] + decisions
-        # The index changes go to the changelog in the step's own transaction (one is made for
-        # them if nothing else goes): the index is never written ahead of its changelog.
+        # The keys changed since the last flush go to the changelog, their newest values read
+        # from the index as it stands before this step's batch, with its meta record, once per
+        # interval (one transaction is made for them if nothing else goes).
         prepared = self.projector.prepare(folded)
-        changelog = (
-            [] if prepared is None or self.changelog is None else (self.changelog.records(prepared))
-        )
+        changelog = self._changelog_due(now)
         offset = self.projector.next_offset
         if offset > self.committed_to and self.uncommitted_since is None:
             self.uncommitted_since = now
@@ -248,6 +249,7 @@ class OwnedPartition:
         if sending or with_offset:
             ours = ConsumerOffset(self.topics.events, self.partition, offset, self.group_id)
             sent = await self._send(outgoing, ours if with_offset else None, changelog)
+            self._flushed(changelog)
             self._count(transactions=1, effects=len(folded.effects))
             decisions = [o for o in sent if o.decision is not None]
         for entity in self.quarantine.take_fresh():
@@ -258,10 +260,14 @@ class OwnedPartition:
         # Written after the transaction only: the index may run ahead of the group's offset by
         # records that sent nothing (refolding them sends nothing either), never by an effect.
         self.projector.commit(folded, prepared)
+        self._note(prepared)
         self._count(decisions=len(decisions))
         if self.budget is not None and freed:
             self.budget.freed(self.partition)
-        saturated = len(decisions) >= self.scan_limit or _lease_ended(folded, now)
+        # A lease this step folded that is already over: its expiry is planned from the index,
+        # which holds it from this step's commit on, so the next step comes at once
+        # (``next_due_at`` looks only past ``now``).
+        saturated = len(decisions) >= self.scan_limit or folded.lease_ended(now)
         self.wake_at = self._next_wake(now, saturated=saturated)
         return len(decisions)
 
@@ -271,6 +277,32 @@ class OwnedPartition:
         """One transaction, without the decisions held back (on an unusable queue, or refused)."""
         records = await hold_unusable(outgoing, self.quarantine, self.ensure_queues)
         return await self.outbox.send(records + changelog, offset=offset, holdback=self.quarantine)
+
+    def _note(self, prepared: PreparedWrite | None) -> None:
+        """A batch was written to the index: its keys go to the changelog's next flush."""
+        if self.changelog is not None and prepared is not None:
+            self.changelog.note(prepared, self.clock.now_ms())
+
+    def _changelog_due(self, now: int) -> list[Outgoing]:
+        """The changelog's flush when one is due: for this step's transaction."""
+        if self.changelog is None or not self.changelog.due(now):
+            return []
+        return self.changelog.flush(self.index)
+
+    def _flushed(self, changelog: list[Outgoing]) -> None:
+        """The transaction that carried ``changelog`` (a flush, or nothing) committed."""
+        if changelog and self.changelog is not None:
+            self.changelog.flushed()
+            self.stats.update(changelog_records=len(changelog))
+
+    async def flush_changelog(self) -> int:
+        """Send what the changelog has not yet (the partition is being closed); records sent."""
+        if self.changelog is None or not (records := self.changelog.flush(self.index)):
+            return 0
+        await self.outbox.send(records, offset=None, holdback=self.quarantine)
+        self._flushed(records)
+        self._count(transactions=1)
+        return len(records)
 
     def _count(self, **counts: int) -> None:
         self.stats.update(counts)
@@ -296,6 +328,7 @@ class OwnedPartition:
                 self.pending.first_deadline_ms(now),
                 self.quarantine.first_release_ms(now),
                 flush,
+                None if self.changelog is None else self.changelog.deadline(),
                 *self.permits.wakes(now),
             )
             if t is not None
@@ -545,16 +578,6 @@ class OwnedPartition:
         """Leave the node's budget; a node closes the index itself, off the event loop."""
         if self.budget is not None:
             self.budget.leave(self.partition, self)
-
-
-def _lease_ended(folded: Folded, now: int) -> bool:
-    """Whether this step folded a lease already over by the node's clock: its expiry is planned
-    from the index, which holds it from this step's commit on, so the next step comes at once
-    (``next_due_at`` looks only past ``now``)."""
-    return any(
-        s.status in ACTIVE_STATUSES and s.lease_until is not None and s.lease_until <= now
-        for s in folded.batch.jobs.values()
-    )
 
 
 def _effect_record(topics: Topics, accepted: AcceptedEffect) -> Outgoing:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +23,13 @@ from evsched.core.fold import FOLD_VERSION
 from evsched.errors import RestoreRefused
 from evsched.ports import Holdback, Outgoing, PartitionLog, PartitionOutbox
 from evsched.runtime.process.offload import Offload, in_turn, made
-from evsched.runtime.projection.changelog import ChangelogWriter, Meta, changelog_keys, restore_into
+from evsched.runtime.projection.changelog import (
+    META_FORMAT,
+    ChangelogWriter,
+    Meta,
+    changelog_keys,
+    restore_into,
+)
 from evsched.runtime.projection.restore import fresh_index, index_path, swap_in
 
 # An index (an empty one too) more records than this behind the changelog's snapshot is restored
@@ -66,13 +73,23 @@ def local_index(data_dir: Path, partition: int) -> LocalIndex:
         index.close()
 
 
-def plan_open(local: LocalIndex, *, log_start: int, meta: Meta | None) -> OpenPlan:
-    """What to do with a partition's local index, given the log's start and the changelog."""
+def plan_open(
+    local: LocalIndex, *, log_start: int, meta: Meta | None, owner: bool = False
+) -> OpenPlan:
+    """What to do with a partition's local index, given the log's start and the changelog.
+
+    An ``owner`` (a node, which writes the changelog) whose index is ahead of the changelog's
+    snapshot (it crashed between a step and its flush) restores from the changelog: the keys
+    its index changed since the snapshot are nowhere listed, so writing on from it would leave
+    them out (Kafka Streams wipes an uncleanly closed store under exactly-once alike).
+    """
     other_version = local.fold_version not in (None, FOLD_VERSION)
     snapshot = meta is not None and meta.covers(FOLD_VERSION, log_start)
     if not other_version and local.applied_offset + 1 >= log_start:
         if snapshot and meta is not None and _far_behind(local.applied_offset, meta):
             return OpenPlan(Action.RESTORE)
+        if owner and snapshot and meta is not None and _ahead(local.applied_offset, meta):
+            return OpenPlan(Action.RESTORE, reason="the index is ahead of its changelog")
         return OpenPlan(Action.USE_LOCAL, seed=not _covered(local.applied_offset, meta))
     if snapshot:
         return OpenPlan(Action.RESTORE)
@@ -86,9 +103,16 @@ def _far_behind(applied: int, meta: Meta) -> bool:
     return meta.applied_offset - applied > RESTORE_AHEAD_RECORDS
 
 
+def _ahead(applied: int, meta: Meta) -> bool:
+    return meta.format == META_FORMAT and applied > meta.applied_offset
+
+
 def _covered(applied: int, meta: Meta | None) -> bool:
-    """Whether the changelog holds every change of a local index at ``applied``."""
-    return applied < 0 or (meta is not None and meta.covers(FOLD_VERSION, applied + 1))
+    """Whether the changelog, in this version's format, holds every change of a local index at
+    ``applied`` (a node writes on from there)."""
+    return applied < 0 or (
+        meta is not None and meta.format == META_FORMAT and meta.covers(FOLD_VERSION, applied + 1)
+    )
 
 
 def refusal(local: LocalIndex, log_start: int, meta: Meta | None) -> str:
@@ -153,31 +177,23 @@ async def seed(
 ) -> int:
     """Write the whole index to the changelog (its partition read by ``log``); records sent.
 
-    The first transaction marks the snapshot incomplete, so a restore meanwhile refuses it; the
-    last one deletes the keys the changelog held that the index does not, then marks it complete.
+    The first transaction marks the snapshot incomplete, so a restore meanwhile refuses it; then
+    every key the changelog held is deleted (a tombstone), whatever its format, before the
+    index's records are written, so a restore of the result reads no older record over a newer
+    one (a format-1 ``jobs`` record would otherwise delete what a job's record put); the last
+    transaction marks the snapshot complete.
     """
     stale = await changelog_keys(log, writer.partition)
     applied = index.applied_offset()
     seeding = Meta(applied, FOLD_VERSION, complete=False)
     await outbox.send([writer.meta(seeding)], offset=None, holdback=holdback)
-    sent = 0
-    for chunk in _chunks(writer.snapshot(_seen(index, stale))):
+    gone = (writer.tombstone(key) for key in sorted(stale))
+    sent = 1
+    for chunk in _chunks(itertools.chain(gone, writer.snapshot(index))):
         await outbox.send(chunk, offset=None, holdback=holdback)
         sent += len(chunk)
-    gone = [writer.snapshot([(family, key, None)]) for family, key in sorted(stale)]
-    last = [record for records in gone for record in records]
-    last.append(writer.meta(Meta(applied, FOLD_VERSION)))
-    await outbox.send(last, offset=None, holdback=holdback)
-    return sent + len(last) + 1
-
-
-def _seen(
-    index: PartitionIndex, stale: set[tuple[str, bytes]]
-) -> Iterator[tuple[str, bytes, bytes | None]]:
-    """The index's keys; each one found is taken out of ``stale`` on the way."""
-    for family, key, value in index.mirrored():
-        stale.discard((family, key))
-        yield family, key, value
+    await outbox.send([writer.meta(Meta(applied, FOLD_VERSION))], offset=None, holdback=holdback)
+    return sent + 1
 
 
 def _chunks(records: Iterator[Outgoing]) -> Iterator[list[Outgoing]]:

@@ -11,8 +11,9 @@ one record after the other into the ``Folded`` it is given.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from evsched.adapters.index.writes import PreparedWrite
 from evsched.ports import Record
 from evsched.runtime.projection.projector import Folded, Projector
 
@@ -43,16 +44,28 @@ async def fold_chunked(
 
 
 async def refold_chunked(
-    projector: Projector, records: Sequence[Record], *, chunk: int | None = None
+    projector: Projector,
+    records: Sequence[Record],
+    *,
+    chunk: int | None = None,
+    applied: Callable[[PreparedWrite], None] | None = None,
 ) -> None:
     """Fold ``records`` and write them to the index a chunk at a time, yielding in between.
 
     For records whose outputs are already in the log (a new owner's gap below the group's
     offset): each chunk's changes and offset go in one WriteBatch, so the index stands at a
     chunk's end after each write, and ends where one fold and one write of them all would.
+    ``applied`` is told each chunk's write once made (a node's changelog notes its keys).
     """
     size = FOLD_CHUNK_RECORDS if chunk is None else chunk
     for start in range(0, len(records), size):
         if start:
             await asyncio.sleep(0)
-        projector.commit(projector.fold(records[start : start + size]))
+        folded = projector.fold(records[start : start + size])
+        if applied is None:
+            projector.commit(folded)
+            continue
+        prepared = projector.prepare(folded)
+        projector.commit(folded, prepared)
+        if prepared is not None:
+            applied(prepared)

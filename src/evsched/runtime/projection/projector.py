@@ -95,8 +95,14 @@ class Folded:
     forwards: list[Event] = field(default_factory=list)
     seen_event_ids: set[str] = field(default_factory=set)
     verdicts: list[tuple[str, Verdict]] = field(default_factory=list)
+    # When the lease of each leased or running job the batch leaves ends (epoch ms), by job id.
+    lease_ends: dict[str, int] = field(default_factory=dict)
     # Filled only when the projector has an ``on_commit`` hook.
     observed: list[FoldedEvent] = field(default_factory=list)
+
+    def lease_ended(self, now: int) -> bool:
+        """Whether a lease the batch leaves is already over by ``now`` (the node's clock)."""
+        return any(until <= now for until in self.lease_ends.values())
 
 
 # Committed job states kept decoded per partition: most events touch a job that a recent batch
@@ -289,6 +295,7 @@ class Projector:
             out.batch.before_jobs[event.job_id] = before
         out.batch.jobs[event.job_id] = after
         self._count(before, after)
+        _note_lease(out, after)
         if isinstance(event, AttemptSucceeded):
             out.effects.extend(
                 AcceptedEffect(job_id=event.job_id, token=event.token, index=i, effect=effect)
@@ -316,6 +323,7 @@ class Projector:
         batch.purges.append(purge)
         batch.before_jobs[job_id] = None
         batch.jobs.pop(job_id, None)
+        out.lease_ends.pop(job_id, None)
 
     def _fold_schedule(
         self, event: ScheduleEvent, position: Position, out: Folded, raw: bytes
@@ -446,6 +454,14 @@ class Projector:
 _LEASED = frozenset({Status.LEASED})
 _LAST_MS = 2**63 - 1
 _NO_LIMIT = 2**63 - 1
+
+
+def _note_lease(out: Folded, state: JobState) -> None:
+    """Keep ``out.lease_ends`` in step with the job's newest state in the batch."""
+    if state.status in ACTIVE_STATUSES and state.lease_until is not None:
+        out.lease_ends[state.job_id] = state.lease_until
+    else:
+        out.lease_ends.pop(state.job_id, None)
 
 
 def _expires(out: Folded, entity_id: str, entry: TimelineEntry) -> None:

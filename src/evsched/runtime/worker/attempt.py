@@ -15,6 +15,7 @@ from evsched.adapters.avro import encode_event
 from evsched.adapters.ids import new_id
 from evsched.adapters.payload import NotJson, canonical_json, decode_args
 from evsched.adapters.proofs import PROOF_HEADER, worker_proof
+from evsched.adapters.spans import AttemptSpans, NoSpans, attempt_spans
 from evsched.adapters.tracing import attempt_trace
 from evsched.client.context import AttemptIo, Context, LeaseWatch
 from evsched.client.task import Task, qualified_name
@@ -105,10 +106,12 @@ class AttemptRunner:
         The job's trace context is the attempt's: logs carry its ``traceparent``, and with
         OpenTelemetry the handler runs in its remote span context.
         """
-        with attempt_trace(dispatch.trace):
-            await self._run(dispatch, task)
+        with attempt_trace(dispatch.trace), attempt_spans(dispatch, self.clock.now_ms) as spans:
+            await self._run(dispatch, task, spans)
 
-    async def _run(self, dispatch: Dispatch, task: Task | None) -> None:
+    async def _run(
+        self, dispatch: Dispatch, task: Task | None, spans: AttemptSpans | NoSpans
+    ) -> None:
         logger = AttemptLog(dispatch, with_task=True)
         sent_at = self.clock.monotonic_s()
         appended = await self._start(dispatch, logger)
@@ -126,8 +129,15 @@ class AttemptRunner:
         confirm = needs_confirmation(dispatch, appended, self.stalls)
         following = follow_job(self.feed, fence, after_s=0.0 if confirm else FOLLOW_AFTER_S)
         if await self._cleared(fence, appended, following, sent_at, logger, confirm=confirm):
+            spans.started()
             await self._attempt(
-                dispatch, task, fence, following=following, sent_at=sent_at, logger=logger
+                dispatch,
+                task,
+                fence,
+                following=following,
+                sent_at=sent_at,
+                logger=logger,
+                spans=spans,
             )
 
     async def _cleared(
@@ -170,6 +180,7 @@ class AttemptRunner:
         following: LaterTask | None,
         sent_at: float,
         logger: AttemptLog,
+        spans: AttemptSpans | NoSpans,
     ) -> None:
         """Run the handler of a started attempt and send its outcome."""
         lease = LeaseWatch(self.lease_ms, self.clock, renewed_at=sent_at)
@@ -196,6 +207,8 @@ class AttemptRunner:
             outcome = Failed("evsched.Cancelled", message, True, category=failures.CANCELLED)
         try:
             outcome = await self._complete(dispatch, outcome, ctx.finish(), logger)
+            error = None if isinstance(outcome, Succeeded) else outcome.error_type
+            spans.finished(_outcome_label(outcome), error)
             if self.on_finished is not None:
                 elapsed = self.clock.monotonic_s() - sent_at
                 self.on_finished(dispatch.task, _outcome_label(outcome), elapsed)

@@ -142,7 +142,9 @@ async def test_a_changelog_restore_carries_the_tallies(driver: NodeDriver, tmp_p
 
 async def test_a_batch_refolded_after_a_crash_is_counted_once(driver: NodeDriver) -> None:
     await run_history(driver)
-    driver.append(cancel("e"), enqueue("f"), cancel("f"))
+    # "g" is leased: the batch's step sends a transaction (a step that sends nothing writes its
+    # index without one, and its changelog goes with a later step's).
+    driver.append(cancel("e"), enqueue("f"), cancel("f"), enqueue("g"))
     driver.crash_after_commit()
     with pytest.raises(SimulatedCrash):
         await driver.settle()

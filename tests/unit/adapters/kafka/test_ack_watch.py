@@ -1,7 +1,8 @@
 """AckWatch, the librdkafka EventLog's ack bound, with no broker (acks are futures, the cluster a
 function): an ack that comes is untouched; one whose partition lacks replicas fails with the cause
-named once it is overdue, and is reported as refused; one that is only slow fails at the
-timeout; a look that hangs or breaks names no cause; a closed watch fails nothing."""
+named once it is overdue, and is reported as refused; one due while a look runs is looked at
+when it ends; one that is only slow fails at the timeout; a look that hangs or breaks names no
+cause; a closed watch fails nothing."""
 
 from __future__ import annotations
 
@@ -64,6 +65,52 @@ async def test_an_overdue_ack_on_a_short_partition_is_refused_with_its_cause() -
     assert time.monotonic() - started < 2  # at the first look, not at the timeout
     assert refused == acks
     assert cluster.asked == [(TOPIC, ["job-0", "job-1", "job-2"])]  # one look for the three
+    watch.close()
+
+
+class HeldCluster(Cluster):
+    """A cluster whose first look is answered only when the test says so."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.release = asyncio.Event()
+
+    async def problems(self, topic: str, keys: list[str]) -> list[str | None]:
+        if not self.asked:
+            self.asked.append((topic, keys))
+            await self.release.wait()
+            return [self.cause for _ in keys]
+        return await super().problems(topic, keys)
+
+
+async def test_an_ack_due_during_a_look_is_looked_at_when_it_ends_not_a_check_later() -> None:
+    # A look that runs long (a slow describe) used to push the acks that fell due meanwhile back
+    # by a whole check period, again at each tick that found a look running: a busy watch put
+    # some acks off for 20 s and more.
+    check_after_s = 1.0
+    cluster = HeldCluster(SHORT)
+    watch = AckWatch(cluster.problems, timeout_s=30, check_after_s=check_after_s)
+    first, second = pending(), pending()
+    watch.watch(first, TOPIC, "job-1")
+
+    async def first_looked_at() -> None:
+        while not cluster.asked:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(first_looked_at(), 5)
+    loop = asyncio.get_running_loop()
+    watch.watch(second, TOPIC, "job-2")
+    # The second ack's look falls due while the first look still runs; no event marks the
+    # moment, so wait for the clock to pass it (and a few ticks more).
+    await asyncio.sleep(check_after_s + 4 * ack_watch.TICK_S)
+    assert not second.done()
+    released = loop.time()
+    cluster.release.set()
+    for ack in (first, second):
+        with pytest.raises(NotEnoughReplicas, match="min ISR"):
+            await asyncio.wait_for(ack, 5)
+    assert loop.time() - released < check_after_s / 2  # at once, not a check period later
+    assert cluster.asked == [(TOPIC, ["job-1"]), (TOPIC, ["job-2"])]
     watch.close()
 
 

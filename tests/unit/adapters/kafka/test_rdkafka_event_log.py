@@ -1,6 +1,7 @@
 """RdkafkaEventLog's error handling without a broker (its producer stubbed): a fatal producer
-error makes a new producer for one more attempt, other errors are PublishError at once, and a
-batch that met a fatal error leaves the next call a fresh producer."""
+error makes a new producer for one more attempt, other errors are PublishError at once, a
+batch that met a fatal error leaves the next call a fresh producer, and an unacknowledged append
+names its short partition from a describe of the topic alone."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from confluent_kafka import (
 )
 
 from evsched.adapters.kafka import rdkafka_event_log
+from evsched.adapters.kafka.partition_log import partition_for
 from evsched.adapters.kafka.rdkafka_event_log import RdkafkaEventLog
 from evsched.adapters.kafka.rdkafka_producer import PolledProducer, producer_config
-from evsched.errors import PublishError
+from evsched.adapters.kafka.replicas import PartitionReplicas
+from evsched.errors import NotEnoughReplicas, PublishError
 from evsched.ports import Appended, Outbound
 from evsched.settings import Settings
 
@@ -124,6 +127,51 @@ async def test_a_batch_reports_each_record_and_a_fatal_one_renews_the_producer(
     assert stubbed.made[0].closed
     assert isinstance(await log.append(TOPIC, "job-after", b"v"), Appended)
     assert len(stubbed.made) == 2
+    await log.close()
+
+
+class UnackedProducer(StubProducer):
+    """A producer whose records are never acknowledged (their partition lacks replicas), and
+    which cannot be asked for metadata: a look at the cluster must not need it."""
+
+    def send(
+        self, topic: str, key: bytes, value: bytes, *, partition: int | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> asyncio.Future[Any]:  # fmt: skip
+        return asyncio.get_running_loop().create_future()
+
+
+def three_partitions_one_short(short: int) -> dict[int, PartitionReplicas]:
+    return {
+        p: PartitionReplicas(
+            topic=TOPIC, partition=p, leader=1, replicas=(1, 2, 3),
+            isr=(1, 2) if p == short else (1, 2, 3), min_isr=3,
+        )
+        for p in range(3)
+    }  # fmt: skip
+
+
+async def test_an_unacked_append_names_its_short_partition_from_the_describe_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # librdkafka's own metadata request (list_topics) went unanswered for 25 s after a broker
+    # died: the partition count now comes from the describe that names the replicas.
+    monkeypatch.setattr(rdkafka_event_log, "PolledProducer", UnackedProducer)
+    key = next(k for k in (f"job-{i}" for i in range(100)) if partition_for(k, 3) == 2)
+    asked: list[str] = []
+
+    async def describe(settings: Settings, topic: str) -> dict[int, PartitionReplicas]:
+        asked.append(topic)
+        return three_partitions_one_short(2)
+
+    monkeypatch.setattr(rdkafka_event_log, "describe_partitions", describe)
+    StubProducer.made, StubProducer.plans = [], [[]]
+    log = RdkafkaEventLog(Settings(), client_id="c", ack_timeout_s=20)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(NotEnoughReplicas, match=r"partition 2 of 'ns.events' has 2 in-sync"):
+        await asyncio.wait_for(log.append(TOPIC, key, b"v"), 10)
+    assert asyncio.get_running_loop().time() - started < 5  # at the first look, not at 20 s
+    assert asked == [TOPIC]
     await log.close()
 
 

@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 
 from evsched.adapters import avro
 from evsched.core.events import Event, JobLeased, entity_id
+from evsched.core.fold import FOLD_VERSION
 from evsched.core.state import Status
 from evsched.errors import BrokerUnavailable
 from evsched.ports import ConsumerOffset, Holdback, Outgoing, Record
@@ -24,6 +25,8 @@ from evsched.runtime.node.lifecycle import Phase
 from evsched.runtime.node.metrics import NodeMetrics
 from evsched.runtime.node.node import Node, NodeConfig
 from evsched.runtime.node.ownership import Holder, Ownership
+from evsched.runtime.projection.changelog import Meta, latest_meta
+from evsched.runtime.projection.changelog_restore import Action, local_index, plan_open
 from evsched.settings import Settings
 from evsched.testing import MemoryBroker, MemoryOutbox
 from evsched.testing.driver import every_queue_declared
@@ -268,3 +271,17 @@ async def test_a_revoke_while_the_group_gives_no_answer_closes_the_partition(
     assert rig.node.health.phase(0) is Phase.CLOSED and rig.node.owned == {}
     assert len(rig.outboxes) == 1 and rig.outboxes[0].closed
     assert rig.leased() == []
+
+
+async def test_a_revoke_flushes_the_changelog_up_to_the_index(tmp_path: Path) -> None:
+    """The next owner then writes the changelog on from the index as it is (no restore)."""
+    rig = Rig(tmp_path, Group({0: ME}))
+    await started(rig)
+    rig.append(enqueued("b"))  # folded by a step whose flush is not due (1 s later)
+    await rig.pump(lambda: len(rig.leased()) == 2)
+    await rig.node.revoke([0])
+    local = local_index(tmp_path, 0)
+    meta = await latest_meta(rig.broker.reader(rig.node.topics.state), 0)
+    assert meta == Meta(local.applied_offset, FOLD_VERSION) and local.applied_offset >= 2
+    plan = plan_open(local, log_start=0, meta=meta, owner=True)
+    assert (plan.action, plan.seed) == (Action.USE_LOCAL, False)

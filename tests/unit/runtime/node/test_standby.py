@@ -20,6 +20,7 @@ from evsched.core.events import JobEnqueued
 from evsched.core.fold import FOLD_VERSION
 from evsched.runtime.node import standby as standby_module
 from evsched.runtime.node.standby import Standby, parse_partitions, unowned
+from evsched.runtime.projection.changelog import META_KEY, Meta, encode_meta
 from evsched.runtime.projection.projector import Projector
 from evsched.runtime.projection.restore import index_path, open_index, restore
 from evsched.testing import MemoryPartitionLog
@@ -281,3 +282,29 @@ def test_the_node_command_takes_standby_partitions(monkeypatch: pytest.MonkeyPat
     assert result.exit_code == 2 and "--standby-partitions: 'x' is not" in result.output
     result = runner.invoke(app, ["node", "--standby-partitions", "1"])
     assert result.exit_code == 2 and "needs --standby" in result.output
+
+
+async def test_a_copy_folds_no_further_than_its_changelogs_snapshot(tmp_path: Path) -> None:
+    """An owner writes its changelog on from the index it opens: a copy ahead of the snapshot
+    would hold changes the changelog lacks, so it waits for the owner's next flush."""
+    log = MemoryPartitionLog(topic=Topics("ns").events, partitions=1)
+    state = MemoryPartitionLog(topic=Topics("ns").state, partitions=1)
+    offsets = Offsets()
+    standby = Standby(log, offsets, tmp_path, logger=Recorder(), open_state=lambda _: state)
+    await standby.start()
+    try:
+        add_jobs(log, 0, 0, 10)
+        offsets.offsets[0] = 20  # the owner committed every job
+        flush = Meta(10, FOLD_VERSION)  # and flushed its changelog as of offset 10
+        state.append(0, encode_meta(flush), key=META_KEY, log_at=0)
+        await standby.hold([0])
+        await until(lambda: standby.bounds.get(0) == 11, "bounded by the snapshot")
+        await until(lambda: applied(standby, 0) == 10, "folded up to the snapshot")
+        assert standby.projectors[0].next_offset == 11
+        state.append(0, encode_meta(Meta(14, FOLD_VERSION)), key=META_KEY, log_at=1)
+        await until(lambda: applied(standby, 0) == 14, "the next flush lets it on")
+        older = Meta(15, FOLD_VERSION, format=1)  # an owner seeds that format anew: no bound
+        state.append(0, encode_meta(older), key=META_KEY, log_at=2)
+        await until(lambda: applied(standby, 0) == 18, "up to the group's offset")
+    finally:
+        await standby.stop()

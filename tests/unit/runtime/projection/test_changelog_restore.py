@@ -11,12 +11,19 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from evsched.adapters.index.store import IndexBatch, PartitionIndex
+from evsched.adapters.index.store import TIMELINE, IndexBatch, PartitionIndex
 from evsched.core.fold import FOLD_VERSION
 from evsched.core.planner import PlannerBudgets
+from evsched.ports import Outgoing
 from evsched.runtime.node.lifecycle import Phase
 from evsched.runtime.node.node import Node
-from evsched.runtime.projection.changelog import ChangelogWriter, Meta, latest_meta, restore_into
+from evsched.runtime.projection.changelog import (
+    ChangelogWriter,
+    Meta,
+    change_key,
+    latest_meta,
+    restore_into,
+)
 from evsched.runtime.projection.changelog_restore import (
     RESTORE_AHEAD_RECORDS,
     Action,
@@ -74,6 +81,29 @@ def test_plan_for_every_local_index(
         assert f"starts at offset {log_start}" in plan.reason and "archive" in plan.reason
 
 
+@pytest.mark.parametrize(
+    ("meta", "action", "seeds"),
+    [
+        (Meta(5, V), Action.USE_LOCAL, False),
+        (Meta(7, V), Action.USE_LOCAL, False),  # behind it: folded on, its keys noted
+        # Ahead of the changelog (a crash before a flush): restored, never written on from.
+        (Meta(4, V), Action.RESTORE, False),
+        (Meta(4, V, format=1), Action.USE_LOCAL, True),  # an older format: seeded anew
+        (Meta(5, V, format=1), Action.USE_LOCAL, True),
+        (Meta(4, V, complete=False), Action.USE_LOCAL, True),
+        (None, Action.USE_LOCAL, True),
+    ],
+)
+def test_an_owner_never_writes_on_from_a_changelog_behind_its_index_or_of_an_older_format(
+    meta: Meta | None, action: Action, seeds: bool
+) -> None:
+    local = LocalIndex(applied_offset=5, fold_version=V)
+    plan = plan_open(local, log_start=0, meta=meta, owner=True)
+    assert (plan.action, plan.seed) == (action, seeds)
+    replica = plan_open(local, log_start=0, meta=meta)  # a replica writes none: it folds on
+    assert replica.action is Action.USE_LOCAL
+
+
 async def _history(tmp_path: Path) -> NodeDriver:
     driver = NodeDriver(tmp_path / "owner", budgets=PlannerBudgets(dispatch_timeout_ms=30_000))
     driver.append(*(enqueued(f"job-{i}") for i in range(6)), enqueued("later", run_at=10**13))
@@ -81,6 +111,7 @@ async def _history(tmp_path: Path) -> NodeDriver:
     for dispatch in driver.dispatched()[:4]:
         driver.append(started(dispatch), succeeded(dispatch))
     await driver.settle()
+    await driver.owner.flush_changelog()  # as a node does when the partition is revoked
     return driver
 
 
@@ -147,7 +178,13 @@ async def test_seeding_writes_the_whole_index_and_deletes_what_it_does_not_hold(
     driver = await _history(tmp_path)
     try:
         writer = ChangelogWriter(driver.topics.state, 0)
-        stale = list(writer.snapshot([("jobs", b"ghost", b"old state")]))
+        # Records of format 1 (every index key its own record): a job and its timeline entry.
+        entry = next(iter(driver.owner.index.scan(TIMELINE)))
+        stale = [
+            Outgoing(topic=driver.topics.state, key=change_key(f, k), value=v, partition=0)
+            for f, k, v in (("jobs", b"ghost", b"old state"), ("timeline", *entry))
+        ]
+        stale.append(writer.meta(Meta(0, FOLD_VERSION, format=1)))
         driver.broker.commit(driver.transactional_id, driver.outbox.epoch or 0, stale, None)
         state = driver.broker.reader(driver.topics.state)
         owner = driver.owner
