@@ -6,7 +6,7 @@ clock reading, so exporting the same range twice gives the same bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from evsched.adapters.archive.history_file import HistoryWriter, LoggedEvent
@@ -56,6 +56,18 @@ async def export_range(
     settings: Settings, selection: LogRange, writer: HistoryWriter, progress: Progress | None
 ) -> int:
     """Write the records of ``selection`` (up to the log end seen at start); how many."""
+    async for event in range_events(settings, selection, progress):
+        writer.write(event)
+    return writer.count
+
+
+async def range_events(
+    settings: Settings, selection: LogRange, progress: Progress | None = None
+) -> AsyncIterator[LoggedEvent]:
+    """The records of ``selection`` up to the log end seen at start, by (partition, offset).
+
+    ``ValueError`` when the selection names a partition the log does not have.
+    """
     topic = Topics(settings.namespace).events
     count = await partition_count(settings.bootstrap, topic, **dict(settings.kafka_options))
     partitions = range(count) if selection.partition is None else [selection.partition]
@@ -70,11 +82,10 @@ async def export_range(
             low, high = bounds[partition]
             async for batch in reader.batches(partition, low, high):
                 for record in batch:
-                    writer.write(LoggedEvent.from_record(record))
+                    yield LoggedEvent.from_record(record)
                 done += len(batch)
                 if progress is not None:
                     progress(done, total)
-    return writer.count
 
 
 def _selected(held: dict[int, tuple[int, int]], selection: LogRange) -> dict[int, tuple[int, int]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, assert_never
@@ -20,7 +20,7 @@ from evsched.adapters import avro
 from evsched.adapters.archive.history_file import LoggedEvent
 from evsched.adapters.proofs import LogProofs, NodeKeyring
 from evsched.core.controls import ControlState, target_of
-from evsched.core.events import ControlEvent, EventFamily, entity_id
+from evsched.core.events import ControlEvent, Event, EventFamily, Position, entity_id
 from evsched.core.fold import FOLD_VERSION, fold
 from evsched.core.invariants import JobFold, Replay, Violation
 from evsched.core.permits import LimitState, limit_name
@@ -132,23 +132,10 @@ def fold_history(
     Proofs of role (core.roles) are checked with ``keyring``; without it none is required.
     """
     replay = Replay(fold_job=fold_job)
-    proofs = LogProofs(keyring)
     outcome = Outcome()
-    for logged in sorted(events, key=lambda e: (e.partition, e.offset)):
+    skipped: list[LoggedEvent] = []
+    for logged, event, position in positioned(events, keyring, skipped=skipped):
         outcome.events += 1
-        try:
-            event = avro.decode_event(logged.value)
-        except DecodeError:
-            outcome.undecodable.append([logged.partition, logged.offset])
-            continue
-        position = proofs.partition(logged.partition).position(
-            partition=logged.partition,
-            offset=logged.offset,
-            log_at=logged.log_at,
-            event=event,
-            value=logged.value,
-            proof=logged.proof,
-        )
         entry = replay.feed(event, position)
         key = entity_id(event)
         head = [logged.partition, logged.offset, entry.kind, entry.verdict.value]
@@ -165,10 +152,40 @@ def fold_history(
                 _limit_row(outcome, replay, head, limit_name(event), logged.partition)
             case _:
                 assert_never(event.family)
+    outcome.undecodable = [[logged.partition, logged.offset] for logged in skipped]
+    outcome.events += len(skipped)
     outcome.job_states = replay.jobs
     outcome.schedule_states = replay.schedules
     outcome.violations = replay.finish().violations
     return outcome
+
+
+def positioned(
+    events: Iterable[LoggedEvent],
+    keyring: NodeKeyring | None,
+    *,
+    skipped: list[LoggedEvent] | None = None,
+) -> Iterator[tuple[LoggedEvent, Event, Position]]:
+    """The decodable records of a history by (partition, offset), each with the position the
+    fold judges it at (its proof of role checked with ``keyring``); the undecodable ones are
+    added to ``skipped``."""
+    proofs = LogProofs(keyring)
+    for logged in sorted(events, key=lambda e: (e.partition, e.offset)):
+        try:
+            event = avro.decode_event(logged.value)
+        except DecodeError:
+            if skipped is not None:
+                skipped.append(logged)
+            continue
+        position = proofs.partition(logged.partition).position(
+            partition=logged.partition,
+            offset=logged.offset,
+            log_at=logged.log_at,
+            event=event,
+            value=logged.value,
+            proof=logged.proof,
+        )
+        yield logged, event, position
 
 
 def _control_row(

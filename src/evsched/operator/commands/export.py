@@ -34,7 +34,7 @@ class Codec(enum.StrEnum):
     NULL = "null"
 
 
-def _check_selection(
+def check_selection(
     job_id: str | None, partition: int | None, start: int | None, end: int | None
 ) -> LogRange | None:
     """The log range asked for, None for a job export; BadParameter for a mixed selection."""
@@ -73,7 +73,7 @@ def export(
 
     The same selection exported twice gives byte-identical files.
     """
-    selection = _check_selection(job_id, partition, start, end)
+    selection = check_selection(job_id, partition, start, end)
     options = ReplicaOptions(data_dir=data_dir, offline=offline, timeout_s=timeout_s, quiet=as_json)
     partial = output.with_name(f".{output.name}.partial")
 

@@ -15,7 +15,17 @@ from evsched.adapters.archive.history_file import HistoryFileError, read_history
 from evsched.adapters.proofs import KEY_FILE_ENV, NodeKeyring, node_keyring_from_env
 from evsched.core.fold import FOLD_VERSION
 from evsched.operator.archive_history import archive_history
+from evsched.operator.commands.export import check_selection
+from evsched.operator.commands.replay_decisions import (
+    Judged,
+    Overrides,
+    judge_archive,
+    judge_history,
+    judge_live,
+    print_judged,
+)
 from evsched.operator.exits import ExitCode, OperatorError
+from evsched.operator.export import LogRange
 from evsched.operator.render import emit_json, err, out
 from evsched.operator.replay import (
     Outcome,
@@ -25,7 +35,7 @@ from evsched.operator.replay import (
     fold_history,
 )
 from evsched.operator.replay_check import Comparison, compare
-from evsched.operator.session import Json
+from evsched.operator.session import Json, guarded
 
 HISTORY_SUFFIX = ".history.avro"
 KEY_SUFFIX = ".node-key"
@@ -96,6 +106,15 @@ def keyring_for(history: Path) -> NodeKeyring | None:
     if env is not None or not beside.is_file():
         return env
     return node_keyring_from_env({KEY_FILE_ENV: str(beside)})
+
+
+def recording_keyring(history: Path) -> NodeKeyring | None:
+    """The keys a recorded history's nodes proved with: its ``<name>.node-key`` when it has one
+    (the recording's own, whatever keys this shell holds), else ``EVSCHED_NODE_KEY``'s."""
+    beside = history.with_name(history.name.removesuffix(HISTORY_SUFFIX) + KEY_SUFFIX)
+    if beside.is_file():
+        return node_keyring_from_env({KEY_FILE_ENV: str(beside)})
+    return node_keyring_from_env()
 
 
 def check(history: Path, expected: Path | None = None) -> Checked:
@@ -177,12 +196,76 @@ def replay(
             help="Rewrite the outcome with the current fold (after an intended change).",
         ),
     ] = False,
+    decisions: Annotated[
+        bool,
+        typer.Option(
+            "--decisions",
+            help="Re-plan the nodes' decisions (leases, their order, expiries, purges, fires) "
+            "at each recorded step and compare them with the recorded ones, with the planner "
+            "settings of <name>.decisions.json (--expected with --archive).",
+        ),
+    ] = False,
+    dispatch_timeout_ms: Annotated[
+        int | None,
+        typer.Option(
+            "--dispatch-timeout-ms", min=1, help="With --decisions: the nodes' dispatch timeout."
+        ),
+    ] = None,
+    prelease_ms: Annotated[
+        int | None,
+        typer.Option("--prelease-ms", min=0, help="With --decisions: the nodes' --prelease-ms."),
+    ] = None,
+    partition: Annotated[
+        int | None,
+        typer.Option(
+            "--partition", min=0, help="With --decisions: replay this partition of the live log."
+        ),
+    ] = None,
+    start: Annotated[
+        int | None,
+        typer.Option(
+            "--from", min=0, help="With --partition: the first offset judged (folded from 0)."
+        ),
+    ] = None,
+    end: Annotated[
+        int | None,
+        typer.Option("--to", min=0, help="With --partition: the last offset (inclusive)."),
+    ] = None,
+    lag_ms: Annotated[
+        int | None,
+        typer.Option(
+            "--lag-ms",
+            min=0,
+            help="With --decisions: how long before a step a job's last event may still have "
+            "been unknown to the node (default 1000).",
+        ),
+    ] = None,
     as_json: Json = False,
 ) -> None:
     """Fold recorded histories with the current code; report the first divergence.
 
     Exit 0 when every history folds to its recorded outcome, 1 when one diverges.
     """
+    overrides = Overrides(
+        dispatch_timeout_ms=dispatch_timeout_ms, prelease_ms=prelease_ms, lag_ms=lag_ms
+    )
+    selection = _live_selection(decisions, partition, start, end)
+    if decisions:
+        _replay_decisions(
+            files,
+            archive=archive,
+            selection=selection,
+            expected=expected,
+            update_expected=update_expected,
+            overrides=overrides,
+            as_json=as_json,
+        )
+        return
+    if overrides != Overrides():
+        raise typer.BadParameter(
+            "--dispatch-timeout-ms, --prelease-ms and --lag-ms go with --decisions",
+            param_hint="--decisions",
+        )
     try:
         if archive is not None:
             done = check_archive(
@@ -200,6 +283,69 @@ def replay(
     _print(checked, as_json)
     if not all(c.comparison.identical for c in checked):
         raise typer.Exit(int(ExitCode.FAILED))
+
+
+def _replay_decisions(
+    files: list[Path] | None,
+    *,
+    archive: Path | None,
+    selection: LogRange | None,
+    expected: Path | None,
+    update_expected: bool,
+    overrides: Overrides,
+    as_json: bool,
+) -> None:
+    sources = [bool(files), archive is not None, selection is not None]
+    if sum(sources) != 1:
+        raise typer.BadParameter(
+            "name history files or folders, or --archive DIR, or --partition (--from/--to)",
+            param_hint="FILES",
+        )
+    if selection is not None:
+        live: list[Judged] = []
+        guarded(lambda: live.append(judge_live(selection, expected, overrides)[0]))
+        judged = live
+    else:
+        judged = _judge_files(files, archive, expected, overrides, update_expected)
+    print_judged(judged, as_json)
+    if not all(j.identical for j in judged):
+        raise typer.Exit(int(ExitCode.FAILED))
+
+
+def _live_selection(
+    decisions: bool, partition: int | None, start: int | None, end: int | None
+) -> LogRange | None:
+    """The range of the live log ``--partition``/``--from``/``--to`` name, if they do."""
+    selection = check_selection(None, partition, start, end)  # export's rules
+    if partition is None:
+        return None
+    if not decisions:
+        raise typer.BadParameter(
+            "the live log is replayed with --decisions", param_hint="--partition"
+        )
+    return selection
+
+
+def _judge_files(
+    files: list[Path] | None,
+    archive: Path | None,
+    expected: Path | None,
+    overrides: Overrides,
+    update_expected: bool,
+) -> list[Judged]:
+    try:
+        if archive is not None:
+            return [judge_archive(archive, expected, overrides, update=update_expected)]
+        return [
+            judge_history(h, overrides, recording_keyring(h), update=update_expected)
+            for h in histories(files or [])
+        ]
+    except OperatorError as exc:
+        err.print(f"[red]error:[/red] {escape(exc.message)}")
+        raise typer.Exit(int(exc.code)) from None
+    except (HistoryFileError, ArchiveError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(int(ExitCode.UNAVAILABLE)) from None
 
 
 def _check_files(files: list[Path], expected: Path | None, update_expected: bool) -> list[Checked]:
