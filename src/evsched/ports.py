@@ -83,7 +83,10 @@ class EventLog(Protocol):
         ...
 
     async def append_atomic(self, topic: str, records: Sequence[Outbound]) -> list[Appended]:
-        """All records in one Kafka transaction, or none of them: PublishError then."""
+        """All records in one Kafka transaction, or none of them: PublishError then.
+
+        A read_committed reader sees each partition's part whole, once that partition's commit
+        marker is written; the parts of different partitions may appear moments apart."""
         ...
 
     async def partition_count(self, topic: str) -> int: ...
