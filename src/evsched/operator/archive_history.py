@@ -13,13 +13,12 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from evsched.adapters import avro
 from evsched.adapters.archive.files import archived_partitions, partition_events
 from evsched.adapters.archive.history_file import LoggedEvent
 from evsched.adapters.archive.partition_log import ArchivePartitionLog
 from evsched.adapters.kafka.partition_log import KafkaPartitionLog, partition_for
 from evsched.adapters.kafka.topics import Topics, partition_count
-from evsched.adapters.proofs import LogProofs, NodeKeyring, node_keyring_from_env
+from evsched.adapters.proofs import NodeKeyring, node_keyring_from_env
 from evsched.core.controls import target_of
 from evsched.core.events import (
     EventFamily,
@@ -31,9 +30,10 @@ from evsched.core.events import (
 from evsched.core.invariants import Replay
 from evsched.core.routing import kinds
 from evsched.core.state import TimelineEntry, Verdict
-from evsched.errors import DecodeError, RestoreRefused
+from evsched.errors import RestoreRefused
 from evsched.operator.audit import Audit, audit_of
 from evsched.operator.exits import ExitCode, OperatorError
+from evsched.operator.replay import positioned
 from evsched.ports import PartitionLog, Record
 from evsched.runtime.projection.refold import PausedAt
 from evsched.settings import Settings
@@ -253,26 +253,10 @@ def _timeline(
     stored: list[tuple[TimelineEntry, bytes]] = []
     switches: dict[tuple[str, str], list[tuple[int, bool]]] = {}
     needle = entity.encode()
-    proofs = LogProofs(keyring)
-    for logged in history:
-        # A partition requires proofs from its first proven record on, whoever it concerns.
-        proving = logged.proof is not None and not proofs.required(logged.partition)
-        if not proving and not _concerns(logged, needle):
-            continue
-        try:
-            event = avro.decode_event(logged.value)
-        except DecodeError:
-            continue
-        position = proofs.partition(logged.partition).position(
-            partition=logged.partition,
-            offset=logged.offset,
-            log_at=logged.log_at,
-            event=event,
-            value=logged.value,
-            proof=logged.proof,
-        )
-        if not _concerns(logged, needle):
-            continue
+    walk = positioned(
+        history, keyring, wanted=lambda logged: _concerns(logged, needle), in_order=True
+    )
+    for logged, event, position in walk:
         entry = replay.feed(event, position)
         if event.family is EventFamily.CONTROL:
             if entry.verdict is Verdict.APPLIED:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, assert_never
@@ -165,16 +165,27 @@ def positioned(
     keyring: NodeKeyring | None,
     *,
     skipped: list[LoggedEvent] | None = None,
+    wanted: Callable[[LoggedEvent], bool] | None = None,
+    in_order: bool = False,
 ) -> Iterator[tuple[LoggedEvent, Event, Position]]:
     """The decodable records of a history by (partition, offset), each with the position the
     fold judges it at (its proof of role checked with ``keyring``); the undecodable ones are
-    added to ``skipped``."""
+    added to ``skipped``.
+
+    ``wanted``: only the records it accepts are decoded and yielded (the others are still
+    positioned when the proofs of their partition need them). ``in_order``: ``events`` already
+    come by (partition, offset), and are walked as they come instead of sorted in memory.
+    """
     proofs = LogProofs(keyring)
-    for logged in sorted(events, key=lambda e: (e.partition, e.offset)):
+    for logged in events if in_order else sorted(events, key=lambda e: (e.partition, e.offset)):
+        want = wanted is None or wanted(logged)
+        # A partition requires proofs from its first proven record on, whoever it concerns.
+        if not want and (logged.proof is None or proofs.required(logged.partition)):
+            continue
         try:
             event = avro.decode_event(logged.value)
         except DecodeError:
-            if skipped is not None:
+            if want and skipped is not None:
                 skipped.append(logged)
             continue
         position = proofs.partition(logged.partition).position(
@@ -185,7 +196,8 @@ def positioned(
             value=logged.value,
             proof=logged.proof,
         )
-        yield logged, event, position
+        if want:
+            yield logged, event, position
 
 
 def _control_row(
