@@ -20,7 +20,6 @@ from evsched.core import events as ev
 from evsched.core import planner
 from evsched.core.invariants import Replay
 from evsched.core.state import Status
-from evsched.operator import register
 from evsched.operator.archiver import Roll
 from evsched.operator.decision_corpus import decisions_path, dump_declared, read_declared
 from evsched.operator.decisions import (
@@ -210,13 +209,6 @@ def test_purges_are_replanned_from_the_finished_state() -> None:
 
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
 
 
 def _write(tmp_path: Path, logged: list[LoggedEvent]) -> Path:

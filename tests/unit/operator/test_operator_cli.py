@@ -13,18 +13,10 @@ from typer.testing import CliRunner
 
 from evsched.adapters.archive.history_file import LoggedEvent, write_history
 from evsched.core import events as ev
-from evsched.operator import register
 from evsched.operator.replay import dump_expected, expected_document, fold_history
 from tests.unit.operator.test_operator_audit import Story, zombie_story
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from evsched.operator import register, render
+from evsched.operator import render
 from tests.unit.operator.test_operator_audit import Story, enq
 
 runner = CliRunner()
@@ -23,13 +23,6 @@ def _wide(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tables at the width these tests read them: the console takes COLUMNS when it is made,
     at import, which is another test's moment in a pytest-xdist worker."""
     monkeypatch.setattr(render.out, "width", 200)
-
-
-@pytest.fixture(scope="module")
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
 
 
 def nested(depth: int) -> str:

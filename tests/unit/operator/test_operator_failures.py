@@ -13,9 +13,7 @@ from evsched.core.events import JobRequeued
 from evsched.operator.writes import requeue_event
 from tests.unit.core.test_failure_detail import failed
 from tests.unit.operator.test_operator_audit import Story, enq, lease, start
-from tests.unit.operator.test_operator_cli import cli, invoke
-
-__all__ = ["cli"]
+from tests.unit.operator.test_operator_cli import invoke
 
 
 @pytest.fixture

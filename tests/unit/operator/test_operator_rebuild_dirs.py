@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from evsched.adapters.index.store import PartitionIndex
-from evsched.operator import rebuild_dirs, register
+from evsched.operator import rebuild_dirs
 from evsched.operator.rebuild_dirs import MARKER, NotOurs, check_replaceable, lock_held
 
 HOLD_INDEX = """
@@ -23,13 +23,6 @@ index = PartitionIndex(pathlib.Path(sys.argv[1]), 0)
 print("open", flush=True)
 sys.stdin.read()
 """
-
-
-@pytest.fixture(scope="module")
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from evsched.core import events as ev
 from evsched.core.workflow.graph import GraphNode, ParentLink
-from evsched.operator import register, render
+from evsched.operator import render
 from evsched.operator.audit import audit
 from evsched.operator.workflow_render import parents_text
 from tests.unit.operator.test_operator_audit import Story, enq, fail, lease, ok, start
@@ -65,13 +65,6 @@ def _wide(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tables at the width these tests read them: the console takes COLUMNS when it is made,
     at import, which is another test's moment in a pytest-xdist worker."""
     monkeypatch.setattr(render.out, "width", 250)
-
-
-@pytest.fixture(scope="module")
-def cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
 
 
 def invoke(cli: typer.Typer, *args: str) -> tuple[int, str]:
