@@ -427,6 +427,8 @@ class Sent:
     delayed: set[str] = field(default_factory=set)
     latencies_ms: list[float] = field(default_factory=list)
     first_at_ms: int = 0
+    # How late the pacing woke for each job it slept for (ms): the client's event loop lag.
+    late_ms: list[float] = field(default_factory=list)
 
 
 def _is_delayed(i: int, share: float) -> bool:
@@ -462,24 +464,38 @@ async def paced(task: Task, rate: float, seconds: float, delay_s: float, share: 
     return await paced_with(noop_submit(task, delay_s), rate, seconds, share)
 
 
-async def paced_with(submit: Submit, rate: float, seconds: float, share: float) -> Sent:
-    """Open-loop load: enqueue i starts at t0 + i/rate whatever earlier ones are doing."""
+async def paced_with(
+    submit: Submit, rate: float, seconds: float, share: float, tick_s: float = 0.0
+) -> Sent:
+    """Open-loop load: enqueue i starts at t0 + i/rate whatever earlier ones are doing (those due
+    within ``tick_s`` of each other start together, see ``open_loop``)."""
     sent = Sent(first_at_ms=time.time_ns() // 1_000_000)
-    await open_loop(int(rate * seconds), rate, lambda i: _enqueue_one(submit, sent, i, share))
+    one = lambda i: _enqueue_one(submit, sent, i, share)  # noqa: E731
+    await open_loop(int(rate * seconds), rate, one, sent.late_ms, tick_s)
     return sent
 
 
 async def open_loop(
-    count: int, rate: float, one: Callable[[int], Coroutine[Any, Any, None]]
+    count: int,
+    rate: float,
+    one: Callable[[int], Coroutine[Any, Any, None]],
+    late_ms: list[float] | None = None,
+    tick_s: float = 0.0,
 ) -> None:
     """Start ``one(i)`` at t0 + i/rate for i < ``count``, whatever earlier ones are doing; return
-    once every one has ended."""
+    once every one has ended. The pacing sleeps at least ``tick_s`` at a time, then starts every
+    job due by then (0: one sleep per job). ``late_ms`` gets how late each sleep ended: the loop's
+    lag, measured by the pacing's own timers (a timer of its own would wake the loop as often)."""
     running: set[asyncio.Task[None]] = set()
     t0 = time.perf_counter()
     for i in range(count):
-        wait = t0 + i / rate - time.perf_counter()
-        if wait > 0:
-            await asyncio.sleep(wait)
+        now = time.perf_counter()
+        due = t0 + i / rate
+        if due > now:
+            until = max(due, now + tick_s)
+            await asyncio.sleep(until - now)
+            if late_ms is not None:
+                late_ms.append((time.perf_counter() - until) * 1000)
         job = asyncio.create_task(one(i))
         running.add(job)
         job.add_done_callback(running.discard)

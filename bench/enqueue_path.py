@@ -23,13 +23,16 @@ rotates each round), each a paced open-loop load of the no-op task at ``--rate``
   own pacing, timers and bookkeeping cost the client. An enqueue's own CPU is ``base`` less this.
 
 Each phase prints the enqueue latency p50/p99/p99.9/max (the await of ``task.enqueue()``), the
-client's event loop lag (how late a 1 ms timer fires: p99 and max), and CPU seconds per 1,000 jobs
-(CPU-ms per job) of the client, broker, node and worker and the hog. The client's figure is the
-enqueue's cost and the probe's own (``pace``). With ``--request-log`` (a broker started here) the
-broker logs every request it completes (``kafka.request.logger`` at DEBUG, set live) and the
-phase also prints the client's Produce requests as the broker saw them: count, records per
-request, and the p50/p99 of each part of the broker's time (queue: waiting for an I/O thread;
-local: the append; response queue and send: the way back) against the client's own wait.
+client's event loop lag (how late the pacing's timer fires, p99 and max; until 2026-12-07 a 1 ms
+timer of its own, which woke the loop every ms whatever ``--tick-ms``), and CPU seconds per
+1,000 jobs (CPU-ms per job) of the client, broker, node and worker and the hog. The client's
+figure is the enqueue's cost and the probe's own (``pace``). ``--tick-ms`` batches the pacing:
+the jobs due within one tick start together, one timer for them all. With ``--request-log`` (a
+broker started here) the broker logs every request it completes (``kafka.request.logger`` at
+DEBUG, set live) and the phase also prints the client's Produce requests as the broker saw them:
+count, records per request, and the p50/p99 of each part of the broker's time (queue: waiting
+for an I/O thread; local: the append; response queue and send: the way back) against the
+client's own wait.
 
 Ends with one line of ``key=value`` pairs: the client, then per condition and variant the medians
 over the rounds of enqueue p99, loop lag p99 and the client's CPU-ms per enqueue.
@@ -85,7 +88,6 @@ from evsched.errors import PublishError
 from evsched.ports import Appended, EventLog, Outbound
 
 BROKER_THREADS = {"num.network.threads": "2", "num.io.threads": "4"}  # devstack's own
-TICK_S = 0.001
 
 
 class TakingTurns:
@@ -162,28 +164,6 @@ class Variant:
         if self.producers == 1:
             return one(0)
         return TakingTurns([one(i) for i in range(self.producers)])
-
-
-class LoopLag:
-    """How late a 1 ms timer fires on the running loop, sample by sample."""
-
-    def __init__(self) -> None:
-        self.samples_ms: list[float] = []
-        self._task: asyncio.Task[None] | None = None
-
-    async def _tick(self) -> None:
-        while True:
-            before = time.perf_counter()
-            await asyncio.sleep(TICK_S)
-            self.samples_ms.append((time.perf_counter() - before - TICK_S) * 1000)
-
-    def __enter__(self) -> LoopLag:
-        self._task = asyncio.get_running_loop().create_task(self._tick())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
 
 
 class GcPauses:
@@ -358,8 +338,8 @@ class Probe:
                     submit = await prebuilt_submit(app, task, int(a.rate * a.seconds))
                 if variant.pace:
                     submit = no_submit
-                with LoopLag() as lag, GcPauses() as collections:
-                    sent = await paced_with(submit, a.rate, a.seconds, 0.0)
+                with GcPauses() as collections:
+                    sent = await paced_with(submit, a.rate, a.seconds, 0.0, a.tick_ms / 1000)
                 used = {name: _cpu_s(pid) - before[name] for name, pid in pids.items()}
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)
@@ -369,7 +349,7 @@ class Probe:
             if variant.threads:
                 await set_broker_threads(self.cluster, BROKER_THREADS)
         jobs = len(sent.jobs)
-        lat, lags = sent.latencies_ms, lag.samples_ms
+        lat, lags = sent.latencies_ms, sent.late_ms
         cpu = " ".join(f"{name}={s / jobs * 1000:.2f}" for name, s in used.items())
         print(
             f"r{round_} {condition} {variant.name}: {jobs} jobs, enqueue p50={pct(lat, 50):.2f} "
@@ -448,6 +428,9 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--rate", type=float, default=1000.0, help="jobs per second")
     p.add_argument("--seconds", type=float, default=15.0, help="per phase")
+    p.add_argument(
+        "--tick-ms", type=float, default=0.0, help="pacing: jobs due within it start together"
+    )
     p.add_argument("--settle-s", type=float, default=5.0, help="pause after each phase")
     p.add_argument("--delay-s", type=float, default=0.0, help="delay of every job")
     p.add_argument("--no-engine", dest="engine", action="store_false", help="broker and client")

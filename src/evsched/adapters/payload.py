@@ -37,22 +37,31 @@ class NotJson(ValueError):
     """A value that has no canonical JSON form (an object, NaN, a non-string key...)."""
 
 
+# One encoder for every call: ``json.dumps`` with options makes a new one each time.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_json(value: Any) -> bytes:
     """UTF-8 JSON with sorted keys and no spaces: equal values give equal bytes (and digests).
 
     NaN and infinities are refused: they are not JSON, and other languages could not read them.
     """
     try:
-        text = json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        text = _CANONICAL.encode(value)
     except (TypeError, ValueError) as exc:
         raise NotJson(str(exc)) from exc
     return text.encode()
 
 
+NO_ARGS = canonical_json({"args": [], "kwargs": {}})
+
+
 def encode_args(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
     """``{"args": [...], "kwargs": {...}}`` as canonical JSON: the ``args`` of JobEnqueued."""
+    if not args and not kwargs:  # a call without arguments, encoded once
+        return NO_ARGS
     return canonical_json({"args": list(args), "kwargs": dict(kwargs)})
 
 

@@ -26,6 +26,7 @@ Attributes: ``evsched.job_id``, ``evsched.task``, ``evsched.queue`` and, from th
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -49,6 +50,9 @@ def _trace_api() -> ModuleType | None:
 _TRACE = _trace_api()
 # (provider, its tracer): a provider set later (or replaced, as tests do) gets its own tracer.
 _cached: tuple[object, Any] | None = None
+# A provider named by the environment is made on the first ``get_tracer_provider()``; without one,
+# "none set yet" can be told from the API's global alone, not by looking at os.environ per enqueue.
+_PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 
 def tracer() -> Any | None:
@@ -56,6 +60,8 @@ def tracer() -> Any | None:
     global _cached  # noqa: PLW0603 - one cache of (provider, tracer), replaced with the provider
     if _TRACE is None:  # pragma: no cover - the API comes with FastAPI
         return None
+    if not _PROVIDER_FROM_ENV and getattr(_TRACE, "_TRACER_PROVIDER", _TRACE) is None:
+        return None  # no provider set (the attribute gone in another version: the long way)
     provider = _TRACE.get_tracer_provider()
     if isinstance(provider, _TRACE.ProxyTracerProvider | _TRACE.NoOpTracerProvider):
         return None

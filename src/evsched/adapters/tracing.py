@@ -64,12 +64,14 @@ def make_trace(
 
 
 @functools.cache
-def _opentelemetry() -> tuple[ModuleType, ModuleType] | None:
-    """``(opentelemetry.propagate, opentelemetry.context)``, or None when not installed."""
+def _opentelemetry() -> tuple[ModuleType, ModuleType, ModuleType] | None:
+    """``(opentelemetry.propagate, opentelemetry.context, opentelemetry.trace)``, or None when not
+    installed."""
     try:
         return (
             importlib.import_module("opentelemetry.propagate"),
             importlib.import_module("opentelemetry.context"),
+            importlib.import_module("opentelemetry.trace"),
         )
     except ImportError:
         return None
@@ -80,6 +82,8 @@ def current_trace() -> TraceContext | None:
     otel = _opentelemetry()
     if otel is None:
         return None
+    if not otel[2].get_current_span().get_span_context().is_valid:
+        return None  # no span to inject (most enqueues): the propagators' round is skipped
     carrier: dict[str, str] = {}
     otel[0].inject(carrier)
     parent = carrier.get("traceparent")

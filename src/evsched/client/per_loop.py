@@ -36,6 +36,8 @@ class PerLoop(Generic[C]):
 
     async def get(self) -> C:
         loop = asyncio.get_running_loop()
+        if self._loop is loop and (ready := self._client) is not None:
+            return ready  # every call after the first: the lock only orders the start
         if self._loop is not None and self._loop is not loop:
             if not self._loop.is_closed():
                 raise EvschedError(

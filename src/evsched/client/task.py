@@ -81,6 +81,7 @@ class Task:
         # Argument shapes (how many positional, which keywords) the signature took: binding
         # depends on nothing else, and a worker checks every job's arguments before it runs.
         self._accepted: set[tuple[int, frozenset[str]]] = set()
+        self._defaults = TaskOptions(self, EnqueueOptions())  # immutable: one for every call
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.handler(*args, **kwargs)
@@ -140,15 +141,15 @@ class Task:
     async def enqueue(self, *args: Any, **kwargs: Any) -> JobHandle:
         """Enqueue a job with the task's defaults; returns its handle (its id, a ``str``) once the
         broker acknowledged it: ``await handle.result(timeout=…)`` waits for its outcome."""
-        return await TaskOptions(self, EnqueueOptions()).enqueue(*args, **kwargs)
+        return await self._defaults.enqueue(*args, **kwargs)
 
     def enqueue_sync(self, *args: Any, **kwargs: Any) -> JobHandle:
         """``enqueue`` for sync code (any thread), on the app's private event loop."""
-        return TaskOptions(self, EnqueueOptions()).enqueue_sync(*args, **kwargs)
+        return self._defaults.enqueue_sync(*args, **kwargs)
 
     def call(self, *args: Any, **kwargs: Any) -> EnqueueCall:
         """One call for ``app.enqueue_many``, with the task's defaults."""
-        return TaskOptions(self, EnqueueOptions()).call(*args, **kwargs)
+        return self._defaults.call(*args, **kwargs)
 
     def s(self, *args: Any, **kwargs: Any) -> EnqueueCall:
         """A step of a workflow (``chain``, ``group``): ``call`` under Celery's name."""

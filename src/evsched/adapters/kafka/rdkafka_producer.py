@@ -116,7 +116,11 @@ class PolledProducer:
         queue is full) when librdkafka will not even queue it.
         """
         future: asyncio.Future[Message] = self._loop.create_future()
-        options: dict[str, Any] = {"on_delivery": functools.partial(self._delivered, future)}
+        delivered = functools.partial(self._delivered, future)
+        if partition is None and not headers:  # a client's enqueue: no options to gather
+            self.producer.produce(topic, value, key, on_delivery=delivered)
+            return future
+        options: dict[str, Any] = {"on_delivery": delivered}
         if partition is not None:
             options["partition"] = partition
         if headers:  # a worker's proof (adapters.proofs); most records carry none
