@@ -11,10 +11,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tests.conftest import unique_name
 from tests.integration.engine import Stack, wait_for
+from tests.integration.stacks import node_and_worker
 
-from evsched.adapters.kafka.topics import ensure_topics
 from evsched.core.state import Status, TimelineEntry, Verdict
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -24,16 +23,8 @@ KILL_DELAY_S = 8.0
 
 @pytest.fixture
 async def stack(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Stack]:
-    namespace = unique_name("snooze")
-    await ensure_topics(kafka_bootstrap, namespace, event_partitions=3, queues=["default"])
-    engine = Stack(kafka_bootstrap, namespace, tmp_path)
-    engine.start_node("node-1", "--dispatch-timeout-s", "10")
-    engine.start_worker("worker-1", "--concurrency", "4")
-    try:
+    async with node_and_worker(kafka_bootstrap, "snooze", tmp_path, check=True) as engine:
         yield engine
-        await engine.check()
-    finally:
-        await engine.close()
 
 
 def _applied(timeline: list[TimelineEntry], kind: str) -> list[TimelineEntry]:
