@@ -49,6 +49,7 @@ from replay import (  # noqa: E402
     scenario_poison,
     scenario_policies,
     scenario_proofs,
+    scenario_snooze,
     scenario_workflow_ops,
     scenario_workflow_results,
     scenario_workflows,
@@ -229,6 +230,15 @@ SCENARIOS = {
             "succeeds and releases the child.",
             scenario_proofs.forged_facts,
             all_terminal=False,  # the parked job is due in an hour
+        ),
+        Scenario(
+            "snooze",
+            "Snoozes (fold version 10, issue 35): a handler snoozes twice for 1 s and succeeds at "
+            "attempt 1; a task allowing one snooze whose handler always snoozes fails on its "
+            "second snooze (snooze_limit) and dies after a retry; a forger's snoozes of an ended "
+            "job, with a stale token, a negative or 30-day-plus delay, a negative cap, and of an "
+            "unknown job, each refused.",
+            scenario_snooze.snooze,
         ),
         Scenario(
             "batch_cycles",

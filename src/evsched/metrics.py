@@ -439,7 +439,7 @@ class WorkerInstruments:
             "evsched_worker_attempts",
             "Attempts this worker finished, by task and outcome: reported (a success sent; "
             "whether the fold accepted it or rejected it as stale shows only in a node's or the "
-            "API's verdict metrics), failed (retryable) or failed_permanent.",
+            "API's verdict metrics), failed (retryable), failed_permanent or snoozed.",
             ["task", "outcome"],
             registry=registry,
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from evsched.client import App, Context, RetryPolicy
+from evsched.client import App, Context, RetryPolicy, Snooze
 from evsched.settings import Settings
 
 FAST_RETRY = RetryPolicy(initial_backoff_ms=300, max_backoff_ms=1_000, multiplier=2.0, jitter=0.0)
@@ -92,6 +92,24 @@ def make_app(settings: Settings | None = None) -> App:
     async def total(results: list[int]) -> int:
         """A group's callback: the sum of its members' results, checked to be in member order."""
         return sum(results)
+
+    @app.task(name="s.snooze", max_attempts=1)
+    def snooze(ctx: Context, marks: str, times: int, delay_s: float) -> int | Snooze:
+        """Snoozes ``times`` times (raising the first, returning the others), then succeeds;
+        each run leaves ``run-<n>-attempt-<attempt>-token-<token>``."""
+        folder = Path(marks)
+        done = len(list(folder.glob("run-*")))
+        (folder / f"run-{done + 1}-attempt-{ctx.attempt}-token-{ctx.token}").touch()
+        if done == 0 and times > 0:
+            raise Snooze(delay_s, reason=f"snooze {done + 1} of {times}")
+        if done < times:
+            return Snooze(delay_s, reason=f"snooze {done + 1} of {times}")
+        return done
+
+    @app.task(name="s.snooze_capped", max_attempts=2, retry=FAST_RETRY, max_snoozes=1)
+    async def snooze_capped() -> Snooze:
+        """Snoozes for ever: past its cap of one, each snooze is a failed attempt."""
+        return Snooze(0.2, reason="never ready")
 
     return app
 

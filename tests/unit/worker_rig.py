@@ -13,7 +13,7 @@ from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.signing import DispatchKey
 from evsched.client import App
 from evsched.core.dispatch import Dispatch
-from evsched.core.events import AttemptFailed, AttemptSucceeded, Event
+from evsched.core.events import AttemptFailed, AttemptSnoozed, AttemptSucceeded, Event
 from evsched.metrics import WorkerInstruments
 from evsched.ports import Clock
 from evsched.runtime.worker.worker import Worker, WorkerConfig
@@ -61,7 +61,7 @@ class Rig:
         return [e for e in self.log.events(*kinds) if getattr(e, "job_id", None) == job_id]
 
     async def outcome(self, job_id: str, timeout_s: float = 5.0) -> Any:
-        kinds = (AttemptSucceeded, AttemptFailed)
+        kinds = (AttemptSucceeded, AttemptFailed, AttemptSnoozed)
         await self.log.wait_for(
             lambda _: bool(self.events_of(job_id, *kinds)),
             timeout_s=timeout_s,

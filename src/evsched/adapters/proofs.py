@@ -27,6 +27,7 @@ from pathlib import Path
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
+    AttemptSnoozed,
     AttemptStarted,
     AttemptSucceeded,
     Event,
@@ -50,7 +51,14 @@ _NODE = b"evsched-node-proof-v1\x00"
 _LEASE = b"evsched-lease-key-v1\x00"
 _WORKER = b"evsched-worker-proof-v1\x00"
 _KEY_ID = b"evsched-node-key-id-v1\x00"
-_ATTEMPTS = (AttemptStarted, LeaseRenewed, AttemptCheckpointed, AttemptSucceeded, AttemptFailed)
+_ATTEMPTS = (
+    AttemptStarted,
+    LeaseRenewed,
+    AttemptCheckpointed,
+    AttemptSucceeded,
+    AttemptFailed,
+    AttemptSnoozed,
+)
 
 
 class MissingNodeKey(EvschedError):

@@ -149,7 +149,8 @@ class AttemptSpans:
         self._current.__enter__()
 
     def finished(self, outcome: str, error_type: str | None) -> None:
-        """The attempt's outcome was sent: ``reported``, ``failed`` or ``failed_permanent``."""
+        """The attempt's outcome was sent: ``reported``, ``failed``, ``failed_permanent`` or
+        ``snoozed``."""
         assert _TRACE is not None
         if self._run is None:
             return

@@ -365,6 +365,10 @@ class Job(BaseModel):
         description="The jobs this one waits on; its workflow: GET /v1/jobs/{id}/workflow.",
     )
     after_rule: str | None = Field(None, description="With after: the rule that releases it.")
+    snoozes: int = Field(0, description="Times its handler snoozed this run (Snooze).")
+    snoozed_until: datetime | None = Field(
+        None, description="While a snooze holds the scheduled job: when it is due again."
+    )
 
     @classmethod
     def of(cls, state: JobState) -> Job:
@@ -405,6 +409,8 @@ class Job(BaseModel):
             ),
             after=list(state.after),
             after_rule=state.after_rule if state.after else None,
+            snoozes=state.snoozes,
+            snoozed_until=_maybe_at(state.snoozed_until),
         )
 
 

@@ -4,6 +4,7 @@ from evsched.adapters.kafka.event_log import KafkaEventLog
 from evsched.client.app import App
 from evsched.client.batch import BatchResult, Outcome
 from evsched.client.context import Context
+from evsched.client.snooze import Snooze
 from evsched.client.task import EnqueueCall, Task, TaskOptions
 from evsched.client.workflows import Chain, Group, WorkflowHandle, chain, group
 from evsched.core.events import RetryPolicy, TraceContext
@@ -22,6 +23,7 @@ __all__ = [
     "KafkaEventLog",
     "Outcome",
     "RetryPolicy",
+    "Snooze",
     "Task",
     "TaskOptions",
     "TraceContext",

@@ -20,6 +20,7 @@ from evsched.client.controls import control_event, publish_everywhere
 from evsched.client.limits import limit_event, publish_limit
 from evsched.client.per_loop import PerLoop
 from evsched.client.results import JobHandle, terminal_state
+from evsched.client.snooze import DEFAULT_MAX_SNOOZES
 from evsched.client.sync import LoopThread
 from evsched.client.task import Categories, EnqueueCall, Handler, Task, checked_categories
 from evsched.client.workflows import Chain, Group, WorkflowHandle, enqueue_workflow
@@ -144,6 +145,7 @@ class App:
         permanent_on: Sequence[type[BaseException]] = (),
         categories: Categories | None = None,
         unique: Unique | None = None,
+        max_snoozes: int = DEFAULT_MAX_SNOOZES,
     ) -> Callable[[Handler], Task]: ...
 
     def task(
@@ -161,6 +163,7 @@ class App:
         permanent_on: Sequence[type[BaseException]] = (),
         categories: Categories | None = None,
         unique: Unique | None = None,
+        max_snoozes: int = DEFAULT_MAX_SNOOZES,
     ) -> Task | Callable[[Handler], Task]:
         """Define a task; its name defaults to ``module.function_name``.
 
@@ -171,7 +174,8 @@ class App:
         ``transient`` or ``permanent``. ``unique`` makes an enqueue of the same task and args
         (or idempotency key) a duplicate that gets the existing job: ``"queued"`` while it has
         not started, ``"active"`` while queued or running, or a timedelta (or seconds) from its
-        enqueue.
+        enqueue. ``max_snoozes`` caps how often a handler may snooze one job (``Snooze``, see
+        docs/job-lifecycle.md "Snooze"); a snooze past it counts as a failed attempt.
         """
 
         def define(handler: Handler) -> Task:
@@ -188,7 +192,7 @@ class App:
             )
             if spec.name in self._tasks:
                 raise EvschedError(f"task {spec.name!r} is defined twice")
-            defined = Task(self, spec, handler, categories)
+            defined = Task(self, spec, handler, categories, max_snoozes=max_snoozes)
             self._tasks[spec.name] = defined
             return defined
 

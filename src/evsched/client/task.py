@@ -13,6 +13,7 @@ from evsched.adapters.ids import new_id
 from evsched.adapters.tracing import InvalidTrace, current_trace, make_trace
 from evsched.client.limits import with_concurrency_key
 from evsched.client.results import JobHandle
+from evsched.client.snooze import DEFAULT_MAX_SNOOZES, checked_max_snoozes
 from evsched.client.workflows import registrations, write_atomically
 from evsched.commands import (
     Delay,
@@ -68,11 +69,18 @@ class Task:
     """What ``@app.task`` returns: call it to run the handler here, ``enqueue`` to make a job."""
 
     def __init__(
-        self, app: App, spec: TaskSpec, handler: Handler, categories: Categories | None = None
+        self,
+        app: App,
+        spec: TaskSpec,
+        handler: Handler,
+        categories: Categories | None = None,
+        *,
+        max_snoozes: int = DEFAULT_MAX_SNOOZES,
     ) -> None:
         self.app = app
         self.spec = spec
         self.categories = checked_categories(categories)
+        self.max_snoozes = checked_max_snoozes(max_snoozes)
         self.name = spec.name
         self.handler = handler
         self.takes_context = takes_context(handler)

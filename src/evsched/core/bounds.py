@@ -17,6 +17,7 @@ from evsched.core import unique
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
+    AttemptSnoozed,
     AttemptStarted,
     AttemptSucceeded,
     ChildRegistered,
@@ -80,6 +81,11 @@ MAX_MULTIPLIER = 1000.0
 # How far ahead of a job's run_at a node may lease it (a pre-lease): a worker holds the dispatch
 # that long, so the bound keeps a zombie or a foreign producer from parking jobs for hours.
 MAX_PRELEASE_MS = 60_000
+# A snooze (core.snooze): how far ahead a handler may put its job off, how many snoozes of one
+# job a task may allow, and the length of its reason (a timeline line).
+MAX_SNOOZE_MS = 30 * 86_400_000
+MAX_SNOOZES = 10_000
+MAX_SNOOZE_REASON_BYTES = 1024
 
 # Workflows (core.workflow.waits): parents a job may wait on, children a job may have waiting on it
 # (both lists live in the job's state), the rules, result placements and parent outcomes.
@@ -193,7 +199,13 @@ def _job_refusal(event: JobEvent) -> str | None:
             return _bounded("token", event.token, 0, MAX_TOKEN) or _bounded(
                 "lease_ms", event.lease_ms, 0, MAX_DURATION_MS
             )
-        case AttemptCheckpointed() | AttemptSucceeded() | AttemptFailed() | LeaseExpired():
+        case (
+            AttemptCheckpointed()
+            | AttemptSucceeded()
+            | AttemptFailed()
+            | AttemptSnoozed()
+            | LeaseExpired()
+        ):
             return _bounded("token", event.token, 0, MAX_TOKEN) or _failure_refusal(event)
         case JobRequeued() | JobPurged():
             return _after_end_refusal(event)
@@ -202,8 +214,14 @@ def _job_refusal(event: JobEvent) -> str | None:
 
 
 def _failure_refusal(
-    event: AttemptCheckpointed | AttemptSucceeded | AttemptFailed | LeaseExpired,
+    event: AttemptCheckpointed | AttemptSucceeded | AttemptFailed | AttemptSnoozed | LeaseExpired,
 ) -> str | None:
+    if isinstance(event, AttemptSnoozed):
+        return _first(
+            _bounded("delay_ms", event.delay_ms, 0, MAX_SNOOZE_MS),
+            _bounded("max_snoozes", event.max_snoozes, 0, MAX_SNOOZES),
+            _text("reason", event.reason, MAX_SNOOZE_REASON_BYTES, empty=True),
+        )
     if not isinstance(event, AttemptFailed):
         return None
     traceback = event.traceback

@@ -243,6 +243,26 @@ class AttemptFailed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptSnoozed:
+    """The handler asked to run again in ``delay_ms`` (fold version 10): the job goes back to
+    scheduled at log time + ``delay_ms`` without spending its attempt, unless the job has been
+    snoozed ``max_snoozes`` times already (the task's cap), when it counts as a failure."""
+
+    family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
+    timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
+
+    event_id: str
+    job_id: str
+    emitted_at: int
+    source: str
+    token: int
+    delay_ms: int
+    max_snoozes: int
+    reason: str = ""
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseExpired:
     family: ClassVar[Literal[EventFamily.JOB]] = EventFamily.JOB
     timeline: ClassVar[Literal[EventTimeline.JOB]] = EventTimeline.JOB
@@ -575,6 +595,7 @@ JobEvent: TypeAlias = (
     | AttemptCheckpointed
     | AttemptSucceeded
     | AttemptFailed
+    | AttemptSnoozed
     | LeaseExpired
     | JobRequeued
     | JobPurged

@@ -16,7 +16,8 @@ PERMANENT = "permanent"
 TIMEOUT = "timeout"
 CANCELLED = "cancelled"
 LOST_WORKER = "lost_worker"
-BUILTIN_CATEGORIES = (TRANSIENT, PERMANENT, TIMEOUT, CANCELLED, LOST_WORKER)
+SNOOZE_LIMIT = "snooze_limit"  # a snooze past the task's cap (core.snooze)
+BUILTIN_CATEGORIES = (TRANSIENT, PERMANENT, TIMEOUT, CANCELLED, LOST_WORKER, SNOOZE_LIMIT)
 
 MAX_CATEGORY_CHARS = 32
 CATEGORY_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,31}")

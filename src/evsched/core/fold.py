@@ -11,11 +11,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, assert_never
 
-from evsched.core import bounds, ids, retention, retry, roles, unique
+from evsched.core import bounds, ids, retention, retry, roles, snooze, unique
 from evsched.core.entries import judged
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
+    AttemptSnoozed,
     AttemptStarted,
     AttemptSucceeded,
     ChildRegistered,
@@ -58,8 +59,10 @@ from evsched.core.workflow import waits as workflows
 # core.roles, where version 8 took them from anyone who could write the log; a ChildRegistered
 # of a job its parent itself waits on is rejected as a cycle, core.workflow.waits, where version
 # 8 applied it; and the index keeps a reused id's earlier runs only for their retention, in the
-# families runs and run_marks that an index of version 8 lacks): indexes then rebuild.
-FOLD_VERSION = 9
+# families runs and run_marks that an index of version 8 lacks; 10: a handler's AttemptSnoozed
+# puts its job back without spending the attempt, core.snooze, where version 9 kept the unknown
+# kind's record as undecodable, and JobState counts snoozes): indexes then rebuild.
+FOLD_VERSION = 10
 
 # Producer retries repeat an event id within moments; older repeats are still caught by the
 # transition rules (they are rejected or stale), so a short window keeps state small.
@@ -71,6 +74,7 @@ TokenEvent = (
     | AttemptCheckpointed
     | AttemptSucceeded
     | AttemptFailed
+    | AttemptSnoozed
     | LeaseExpired
 )
 # A step's result: the new state, the verdict and a one-line human reading of it.
@@ -129,6 +133,7 @@ def _step(state: JobState | None, event: JobEvent, position: Position) -> Step:
             | LeaseRenewed()
             | AttemptFailed()
             | AttemptCheckpointed()
+            | AttemptSnoozed()
             | LeaseExpired()
         ):
             return _token_event(state, event, position)
@@ -246,7 +251,9 @@ def _cancelled(state: JobState | None, event: JobCancelled, position: Position) 
         return None, Verdict.REJECTED, "unknown job"
     if state.status in TERMINAL_STATUSES:
         return state, Verdict.REJECTED, f"cannot cancel: job is already {state.status}"
-    cancelled = _applied(state, event, position, status=Status.CANCELLED, lease_until=None)
+    cancelled = _applied(
+        state, event, position, status=Status.CANCELLED, lease_until=None, snoozed_until=None
+    )
     reason = f"cancelled by {event.source}" + (f": {event.reason}" if event.reason else "")
     return cancelled, Verdict.APPLIED, reason
 
@@ -267,7 +274,14 @@ def _requeued(state: JobState | None, event: JobRequeued, position: Position) ->
         {"result": None, "checkpoint": None} if rerun else {"lease_until": None, "worker_id": None}
     )
     requeued = _applied(
-        state, event, position, status=Status.SCHEDULED, attempt=0, run_at=run_at, **cleared
+        state,
+        event,
+        position,
+        status=Status.SCHEDULED,
+        attempt=0,
+        run_at=run_at,
+        snoozes=0,
+        **cleared,
     )
     why = "to run again (rerun)" if rerun else "with a fresh attempt budget"
     return requeued, Verdict.APPLIED, f"requeued by {event.source} {why}"
@@ -300,6 +314,7 @@ def _leased(state: JobState | None, event: JobLeased, position: Position) -> Ste
         attempt=event.attempt,
         lease_until=opens + event.lease_ms,
         worker_id=None,
+        snoozed_until=None,
     )
     ahead = "" if opens == position.log_at else f", pre-leased {opens - position.log_at} ms ahead"
     why = f"leased to token {event.token} for attempt {event.attempt}{ahead}"
@@ -388,7 +403,7 @@ def _started(state: JobState, event: AttemptStarted, position: Position) -> Step
 
 def _running_event(
     state: JobState,
-    event: LeaseRenewed | AttemptCheckpointed | AttemptSucceeded | AttemptFailed,
+    event: LeaseRenewed | AttemptCheckpointed | AttemptSucceeded | AttemptFailed | AttemptSnoozed,
     position: Position,
 ) -> Step:
     match event:
@@ -417,6 +432,8 @@ def _running_event(
                 traceback=event.traceback,
             )
             return _retry_or_die(state, event, error, position)
+        case AttemptSnoozed():
+            return snooze.snoozed(state, event, position, _applied, _retry_or_die)
         case _:
             assert_never(event)
 
@@ -448,7 +465,10 @@ def _expired(state: JobState, event: LeaseExpired, position: Position) -> Step:
 
 
 def _retry_or_die(
-    state: JobState, event: AttemptFailed | LeaseExpired, error: JobError, position: Position
+    state: JobState,
+    event: AttemptFailed | AttemptSnoozed | LeaseExpired,
+    error: JobError,
+    position: Position,
 ) -> Step:
     ended = {"last_error": error, "lease_until": None, "worker_id": None}
     if retry.may_retry(

@@ -27,6 +27,7 @@ from evsched.core.controls import (
 )
 from evsched.core.events import (
     AttemptFailed,
+    AttemptSnoozed,
     AttemptStarted,
     AttemptSucceeded,
     ControlEvent,
@@ -262,13 +263,29 @@ def _audit_event(
             account.successes += 1
             if account.successes > 1:
                 found.append(_violation(NO_DOUBLE_SUCCESS, event, position, _twice(account)))
-        case AttemptFailed() | LeaseExpired():
-            if after is not None and after.status is Status.SCHEDULED:
-                delay = retry.backoff_ms(account.policy, event.job_id, account.attempt)
-                account.run_at = position.log_at + delay
+        case AttemptFailed() | AttemptSnoozed() | LeaseExpired():
+            _ended(account, event, position, after)
         case _:
             pass
     return found
+
+
+def _ended(
+    account: _Account,
+    event: AttemptFailed | AttemptSnoozed | LeaseExpired,
+    position: Position,
+    after: JobState | None,
+) -> None:
+    """The account after an attempt's end: due after its backoff, or its snooze's delay."""
+    if after is None or after.status is not Status.SCHEDULED:
+        return
+    if isinstance(event, AttemptSnoozed) and after.snoozed_until is not None:
+        # A snooze within the task's cap gives the attempt back: due at its delay, no backoff.
+        account.run_at = position.log_at + event.delay_ms
+        account.attempt -= 1
+        return
+    delay = retry.backoff_ms(account.policy, event.job_id, account.attempt)
+    account.run_at = position.log_at + delay
 
 
 def _leased(account: _Account, event: JobLeased, position: Position) -> list[Violation]:

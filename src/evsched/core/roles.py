@@ -22,6 +22,7 @@ from evsched.core.events import (
     EVENT_TYPES,
     AttemptCheckpointed,
     AttemptFailed,
+    AttemptSnoozed,
     AttemptStarted,
     AttemptSucceeded,
     ChildRegistered,
@@ -68,6 +69,7 @@ STATED_BY: Mapping[type[Event], frozenset[Role]] = {
     AttemptCheckpointed: frozenset({WORKER}),
     AttemptSucceeded: frozenset({WORKER}),
     AttemptFailed: frozenset({WORKER}),
+    AttemptSnoozed: frozenset({WORKER}),
     ScheduleUpserted: frozenset({PRODUCER, OPERATOR}),
     ScheduleDeleted: frozenset({PRODUCER, OPERATOR}),
     # A node's fire; an operator's only as a backfill, which the schedule fold judges as one.

@@ -107,6 +107,10 @@ class JobState:
     results_to_args: str = "none"
     resolutions: tuple[Resolution, ...] = ()
     children: tuple[str, ...] = ()
+    # Snoozes (fold version 10): how often the handler snoozed this run since its (re)queue, and
+    # when a snoozed job is due again (None once it is leased or moved otherwise).
+    snoozes: int = 0
+    snoozed_until: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,6 +27,8 @@ NAMES = (
     UNPROVEN,
 )  # fmt: skip
 COMPLETIONS = frozenset({"AttemptSucceeded", "AttemptFailed"})
+# Reports that may spend the attempt: a failure, or a snooze past the task's cap (core.snooze).
+_ATTEMPT_ENDS = frozenset({"AttemptFailed", "AttemptSnoozed"})
 _NONE: tuple[str, ...] = ()
 
 
@@ -46,7 +48,7 @@ def tallied(folded: FoldedEvent) -> tuple[str, ...]:
     found: list[str] = []
     if entry.kind == "AttemptSucceeded":
         found.append(SUCCEEDED)
-    elif entry.kind == "AttemptFailed" and _retried(before, after):
+    elif entry.kind in _ATTEMPT_ENDS and after.snoozed_until is None and _retried(before, after):
         found.append(RETRIES)
     elif entry.kind == "LeaseExpired":
         found.append(LEASE_EXPIRATIONS)

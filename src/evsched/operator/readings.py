@@ -16,6 +16,7 @@ from evsched.core import retention
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
+    AttemptSnoozed,
     AttemptStarted,
     AttemptSucceeded,
     ChildRegistered,
@@ -59,6 +60,7 @@ NOUNS = {
     "AttemptCheckpointed": "checkpoint",
     "AttemptSucceeded": "completion",
     "AttemptFailed": "failure report",
+    "AttemptSnoozed": "snooze",
     "LeaseExpired": "lease expiry",
     "JobPurged": "purge",
     "ChildRegistered": "child registration",
@@ -228,6 +230,20 @@ def _failed(event: AttemptFailed, _: JobState | None, after: JobState) -> str:
     )
 
 
+def _snoozed(event: AttemptSnoozed, before: JobState | None, after: JobState) -> str:
+    why = f" ({_short(event.reason)})" if event.reason else ""
+    if after.snoozed_until is None:
+        used = before.snoozes if before is not None else after.snoozes
+        return (
+            f"{event.source} snoozed again{why}, past the task's cap of {event.max_snoozes} "
+            f"(snoozed {used} times): counted as a failed attempt; {_next(after)}"
+        )
+    return (
+        f"{event.source} snoozed the job for {span(event.delay_ms)}{why}: due again, "
+        f"attempt {after.attempt + 1} not spent (snooze {after.snoozes} of {event.max_snoozes})"
+    )
+
+
 def _expired(event: LeaseExpired, before: JobState | None, after: JobState) -> str:
     if before is not None and before.status is Status.LEASED:
         why = "no worker started it"
@@ -282,6 +298,7 @@ _APPLIED: dict[type[Any], Callable[[Any, JobState | None, JobState], str]] = {
     AttemptCheckpointed: _checkpointed,
     AttemptSucceeded: _succeeded,
     AttemptFailed: _failed,
+    AttemptSnoozed: _snoozed,
     LeaseExpired: _expired,
     ChildRegistered: _registered,
     ParentResolved: _resolved,

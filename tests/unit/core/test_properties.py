@@ -22,6 +22,7 @@ from evsched.core.events import (
     JOB_EVENT_TYPES,
     AttemptCheckpointed,
     AttemptFailed,
+    AttemptSnoozed,
     AttemptStarted,
     AttemptSucceeded,
     ChildRegistered,
@@ -198,8 +199,10 @@ class Driver:
             return LeaseRenewed(**self.meta(job), token=token, lease_ms=3_000)
         if variant < 4:
             return AttemptCheckpointed(**self.meta(job), token=token, checkpoint=b"%d" % variant)
-        if variant < 6:
+        if variant < 5:
             return AttemptSucceeded(**self.meta(job), token=token, result=b"ok")
+        if variant < 6:  # within the cap of 2 the attempt comes back; past it, a failure
+            return AttemptSnoozed(**self.meta(job), token=token, delay_ms=300, max_snoozes=2)
         return AttemptFailed(
             **self.meta(job), token=token, error_type="E", message="m", retryable=variant != 7
         )

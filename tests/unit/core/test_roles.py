@@ -55,6 +55,7 @@ def test_every_kind_has_its_roles_and_the_proven_ones_are_the_node_and_worker_fa
         "QueuePermit": "node", "ScheduleFired": "node", "AttemptStarted": "worker",
         "LeaseRenewed": "worker",
         "AttemptCheckpointed": "worker", "AttemptSucceeded": "worker", "AttemptFailed": "worker",
+        "AttemptSnoozed": "worker",
     }  # fmt: skip
 
 

@@ -14,7 +14,7 @@ from evsched.core.state import JobState, TimelineEntry, Verdict
 from evsched.errors import DecodeError
 from evsched.runtime.projection.refold import paused_in, refold
 
-ENDS = frozenset({"AttemptSucceeded", "AttemptFailed", "LeaseExpired"})
+ENDS = frozenset({"AttemptSucceeded", "AttemptFailed", "AttemptSnoozed", "LeaseExpired"})
 JOB_ROW = "job"
 
 

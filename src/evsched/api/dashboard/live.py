@@ -23,7 +23,9 @@ from evsched.core.tallies import COMPLETIONS
 
 SERIES_S = 300  # seconds of per-second history the charts show
 MAX_RUNNING = 200_000  # attempts whose start time is remembered for their processing time
-WORKER_EVENTS = frozenset({"AttemptStarted", "LeaseRenewed", "AttemptSucceeded", "AttemptFailed"})
+WORKER_EVENTS = frozenset(
+    {"AttemptStarted", "LeaseRenewed", "AttemptSucceeded", "AttemptFailed", "AttemptSnoozed"}
+)
 DECISIONS = frozenset({"JobLeased", "LeaseExpired", "JobPurged"})
 PERCENTILES = (50.0, 90.0, 99.0)
 

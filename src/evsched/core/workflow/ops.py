@@ -66,6 +66,7 @@ def rewaited(state: JobState, event: JobRequeued, pos: Position, apply: Applier)
         run_at=pos.log_at if event.run_at is None else event.run_at,
         lease_until=None,
         worker_id=None,
+        snoozes=0,
     )
     left = len(state.after) - len(kept)
     why = f"requeued by {event.source} to wait again on {left} of its {len(state.after)} parents"

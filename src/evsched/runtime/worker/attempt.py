@@ -18,6 +18,7 @@ from evsched.adapters.proofs import PROOF_HEADER, worker_proof
 from evsched.adapters.spans import AttemptSpans, NoSpans, attempt_spans
 from evsched.adapters.tracing import attempt_trace
 from evsched.client.context import AttemptIo, Context, LeaseWatch
+from evsched.client.snooze import Snooze
 from evsched.client.task import Task, qualified_name
 from evsched.commands import MAX_EVENT_BYTES
 from evsched.core import failures
@@ -25,6 +26,7 @@ from evsched.core.dispatch import Dispatch, start_deadline_by_log
 from evsched.core.events import (
     AttemptCheckpointed,
     AttemptFailed,
+    AttemptSnoozed,
     AttemptStarted,
     AttemptSucceeded,
     JobEvent,
@@ -68,7 +70,16 @@ class Failed:
     traceback: str | None = None
 
 
-Outcome = Succeeded | Failed
+@dataclass(frozen=True, slots=True)
+class Snoozed:
+    """The handler returned or raised a Snooze; ``max_snoozes`` is its task's cap."""
+
+    delay_ms: int
+    reason: str
+    max_snoozes: int
+
+
+Outcome = Succeeded | Failed | Snoozed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,7 +101,7 @@ class AttemptRunner:
     log_clock: LogClock = field(default_factory=LogClock)
     # Told (task, outcome, seconds) once an attempt's completion is sent; outcome is
     # "reported" (a success sent: only the fold knows whether it was accepted or stale),
-    # "failed" (retryable) or "failed_permanent".
+    # "failed" (retryable), "failed_permanent" or "snoozed" (runtime.worker.attempt.Snoozed).
     on_finished: Callable[[str, str, float], None] | None = None
     # When the worker's loop last stood still: a start held across a stall waits for the fold's
     # verdict (runtime.worker.prestart).
@@ -207,7 +218,7 @@ class AttemptRunner:
             outcome = Failed("evsched.Cancelled", message, True, category=failures.CANCELLED)
         try:
             outcome = await self._complete(dispatch, outcome, ctx.finish(), logger)
-            error = None if isinstance(outcome, Succeeded) else outcome.error_type
+            error = outcome.error_type if isinstance(outcome, Failed) else None
             spans.finished(_outcome_label(outcome), error)
             if self.on_finished is not None:
                 elapsed = self.clock.monotonic_s() - sent_at
@@ -370,12 +381,11 @@ class AttemptRunner:
             message = f"attempt exceeded its timeout of {timeout_ms} ms"
             return Failed("TimeoutError", message, True, category=failures.TIMEOUT), running
         except Exception as exc:
-            return _failure(task, exc.original if isinstance(exc, HandlerEscaped) else exc), None
-        try:
-            return Succeeded(canonical_json(value)), None
-        except NotJson as exc:
-            reason = f"the handler returned a value that is not JSON: {exc}"
-            return Failed("evsched.ResultNotJson", reason, retryable=False), None
+            raised = exc.original if isinstance(exc, HandlerEscaped) else exc
+            if isinstance(raised, Snooze):
+                return _snoozed(task, raised), None
+            return _failure(task, raised), None
+        return _returned(task, value), None
 
     async def _complete(
         self, dispatch: Dispatch, outcome: Outcome, effects: tuple[Any, ...], logger: AttemptLog
@@ -390,6 +400,8 @@ class AttemptRunner:
             await self.emit(self._completion(dispatch, outcome, ()), dispatch.lease_key)
         if isinstance(outcome, Succeeded):
             logger.debug("job_succeeded", effects=len(effects))
+        elif isinstance(outcome, Snoozed):
+            logger.info("job_snoozed", delay_ms=outcome.delay_ms, reason=outcome.reason)
         else:
             logger.info(
                 "job_failed",
@@ -413,6 +425,13 @@ class AttemptRunner:
         }
         if isinstance(outcome, Succeeded):
             return AttemptSucceeded(**common, result=outcome.result, effects=effects)
+        if isinstance(outcome, Snoozed):
+            return AttemptSnoozed(
+                **common,
+                delay_ms=outcome.delay_ms,
+                max_snoozes=outcome.max_snoozes,
+                reason=outcome.reason,
+            )
         return AttemptFailed(
             **common,
             error_type=outcome.error_type,
@@ -436,7 +455,24 @@ def _retrieve(running: asyncio.Future[Any]) -> None:
 def _outcome_label(outcome: Outcome) -> str:
     if isinstance(outcome, Succeeded):
         return "reported"  # not "succeeded": the worker cannot tell an accepted success
+    if isinstance(outcome, Snoozed):
+        return "snoozed"
     return "failed" if outcome.retryable else "failed_permanent"
+
+
+def _returned(task: Task, value: Any) -> Outcome:
+    """The outcome of a handler that returned ``value``: a result, or a returned Snooze."""
+    if isinstance(value, Snooze):
+        return _snoozed(task, value)
+    try:
+        return Succeeded(canonical_json(value))
+    except NotJson as exc:
+        reason = f"the handler returned a value that is not JSON: {exc}"
+        return Failed("evsched.ResultNotJson", reason, retryable=False)
+
+
+def _snoozed(task: Task, snooze: Snooze) -> Snoozed:
+    return Snoozed(snooze.delay_ms, snooze.reason, task.max_snoozes)
 
 
 def _failure(task: Task, exc: BaseException) -> Failed:
