@@ -106,3 +106,26 @@ async def test_a_point_that_is_none_is_a_422_naming_as_of(tmp_path: Path) -> Non
                 error = response.json()["error"]
                 assert error["field"] == "as_of" or error["details"][0]["field"] == "as_of"
                 assert says in response.text, response.text
+
+
+async def test_the_dashboards_jobs_page_lists_the_jobs_as_of_a_point(tmp_path: Path) -> None:
+    async with Harness(tmp_path, token=TOKEN) as h:
+        first = await _enqueue(h, "q1", 2)
+        cut = (await h.http.get("/v1/stats")).json()["partitions"][0]["applied_offset"]
+        later = await _enqueue(h, "q2", 1)
+        page = await h.http.get("/jobs", params={"as_of": str(cut), "limit": 1})
+        assert page.status_code == 200, page.text
+        assert 'id="as-of"' in page.text and f"0:{cut}" in page.text
+        assert page.text.count('<tr class="status-') == 1 and later[0] not in page.text
+        assert f"as_of={cut}&amp;cursor=" in page.text  # the next page is as of the same point
+        rest = await h.http.get("/jobs", params={"as_of": str(cut)})
+        assert all(job in rest.text for job in first) and later[0] not in rest.text
+        now = await h.http.get("/jobs")
+        assert 'id="as-of"' not in now.text and later[0] in now.text
+
+        h.past.building = True
+        building = await h.http.get("/jobs", params={"as_of": "0"})
+        assert building.status_code == 202
+        assert 'id="as-of-building"' in building.text and 'http-equiv="refresh"' in building.text
+        refused = await h.http.get("/jobs", params={"as_of": "soon"})
+        assert refused.status_code == 422 and refused.json()["error"]["field"] == "as_of"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from evsched.adapters.clock import monotonic_s, now_ms
+from evsched.adapters.index.store import PartitionIndex
 from evsched.api import reader
 from evsched.api.dashboard.board import View, segment
 from evsched.api.dashboard.history import picture, state_as_of
@@ -19,7 +20,8 @@ from evsched.api.dashboard.stream import LiveResponse
 from evsched.api.errors import ApiError
 from evsched.api.id_fields import JobId
 from evsched.api.listing import Cursor, page
-from evsched.api.models import Job
+from evsched.api.models import AsOf, Job
+from evsched.api.past import StillBuilding, past_indexes
 from evsched.core.bounds import MAX_ID_BYTES, id_refusal
 from evsched.core.ids import job_id_for_key
 from evsched.core.state import JobState, Status
@@ -115,9 +117,21 @@ async def jobs(
     find_queue: Text = None,
     cursor: Annotated[str | None, Query(max_length=2_000)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    as_of: Annotated[str | None, Query(max_length=2_000)] = None,
 ) -> HTMLResponse | RedirectResponse:
-    """Jobs filtered by status, queue, task, label and enqueue time; or one found by id or key."""
+    """Jobs filtered by status, queue, task, label and enqueue time; or one found by id or key.
+
+    With ``as_of``, the jobs as they were then (``GET /v1/jobs?as_of=``); while that index is
+    built the page says so and reloads."""
     ctx = view.ctx
+    index: Callable[[int], PartitionIndex] = ctx.replica.index
+    shown: AsOf | None = None
+    if as_of and as_of.strip():
+        try:
+            past, shown = await past_indexes(ctx, as_of.strip())
+        except StillBuilding as building:
+            return view.page("building.html", status_code=202, as_of=building.as_of)
+        index = past.indexes.__getitem__
     if find:
         found = _find(view, find.strip(), (find_queue or "default").strip())
         if found is not None:
@@ -132,7 +146,7 @@ async def jobs(
     )
 
     def rows(partition: int, after: str | None) -> Any:
-        return ((s.job_id, s) for s in ctx.replica.index(partition).jobs(after))
+        return ((s.job_id, s) for s in index(partition).jobs(after))
 
     found_page = page(
         reader.partitions(ctx.replica),
@@ -149,6 +163,7 @@ async def jobs(
         "label": label or "",
         "since": since or "",
         "until": until or "",
+        "as_of": as_of or "",
     }
     return view.page(
         "jobs.html",
@@ -158,6 +173,7 @@ async def jobs(
         filters=filters,
         statuses=list(Status),
         not_found=find if find else None,
+        as_of=shown,
     )
 
 
