@@ -129,3 +129,16 @@ async def test_the_dashboards_jobs_page_lists_the_jobs_as_of_a_point(tmp_path: P
         assert 'id="as-of-building"' in building.text and 'http-equiv="refresh"' in building.text
         refused = await h.http.get("/jobs", params={"as_of": "soon"})
         assert refused.status_code == 422 and refused.json()["error"]["field"] == "as_of"
+
+
+async def test_the_jobs_filter_form_as_a_browser_submits_it(tmp_path: Path) -> None:
+    """Every field of the form is sent, the empty ones as "" (status "any" included)."""
+    async with Harness(tmp_path, token=TOKEN) as h:
+        await _enqueue(h, "q1", 1)
+        fields = ("status", "queue", "task", "label", "since", "until", "as_of")
+        form = dict.fromkeys(fields, "")
+        listed = await h.http.get("/jobs", params=form)
+        assert listed.status_code == 200, listed.text
+        assert listed.text.count('<tr class="status-') == 1
+        bad = await h.http.get("/jobs", params={**form, "status": "finished"})
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "status"

@@ -88,6 +88,16 @@ def _keep(
     return keep
 
 
+def _status(text: str | None) -> Status | None:
+    if not text:
+        return None
+    try:
+        return Status(text)
+    except ValueError:
+        message = "status: not a job status"
+        raise ApiError(422, "validation_error", message, field="status") from None
+
+
 def _ms(text: str | None, field: str) -> int | None:
     if not text:
         return None
@@ -107,7 +117,7 @@ Text = Annotated[str | None, Query(max_length=500)]
 async def jobs(
     view: View,
     *,
-    status: Annotated[Status | None, Query()] = None,
+    status: Text = None,  # the form sends "" for any status
     queue: Text = None,
     task: Text = None,
     label: Text = None,
@@ -137,7 +147,7 @@ async def jobs(
         if found is not None:
             return RedirectResponse(f"/jobs/{segment(found.job_id)}", status_code=303)
     keep = _keep(
-        status=status or None,
+        status=_status(status),
         queue=queue or None,
         task=task or None,
         label=label or None,
@@ -157,7 +167,7 @@ async def jobs(
         max_scan=ctx.max_scan,
     )
     filters = {
-        "status": status.value if status else "",
+        "status": status or "",
         "queue": queue or "",
         "task": task or "",
         "label": label or "",
