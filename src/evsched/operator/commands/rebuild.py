@@ -200,7 +200,8 @@ def rebuild(
     ] = None,
     as_json: Json = False,
 ) -> None:
-    """Fold the whole log into fresh indexes, one per partition; --verify compares digests.
+    """Fold the log (or, with --until, its start up to a point) into fresh indexes, one per
+    partition; --verify compares digests.
 
     Ends with ``digest_match=<true|false> events_per_s=<N>``. --verify exits 1 on a digest
     mismatch, and when it compared nothing for a partition whose live index exists but is at
