@@ -262,7 +262,8 @@ async def _effects_read_back(dash: Dash) -> Counter[str]:
 
 async def test_jobs_list_as_of_a_time_shows_the_jobs_of_then(page: Any, dash: Dash) -> None:
     """The jobs page's "as of" field: the jobs as they were at a time between two enqueues,
-    from an index the API rebuilds (the page says so and reloads while it is built)."""
+    from an index the API rebuilds (the page says so and reloads while it is built); the
+    overview's, the counts of then."""
 
     async def enqueue() -> str:
         body = {"task": "b.flaky", "labels": {"as-of": "run"}}
@@ -290,3 +291,12 @@ async def test_jobs_list_as_of_a_time_shows_the_jobs_of_then(page: Any, dash: Da
     await expect(page.locator("#jobs tbody tr")).to_have_count(1)
     assert "as_of=" in page.url
     await shot(page, dash, "dashboard-jobs-as-of")
+    # The overview as of the same time: the counts GET /v1/stats?as_of= gives (cached now).
+    stats = (await dash.http.get("/v1/stats", params={"as_of": str(AtTime(at))})).json()
+    await page.goto("/")
+    await page.fill("#as-of-form input[name=as_of]", str(AtTime(at)))
+    await page.click("#as-of-form button[type=submit]")
+    await expect(page.locator("#as-of")).to_be_visible(timeout=90_000)
+    await expect(page.locator("#total")).to_have_text(str(stats["total"]))
+    succeeded = str(stats["by_status"]["succeeded"])
+    await expect(page.locator("#status-succeeded")).to_have_text(succeeded)

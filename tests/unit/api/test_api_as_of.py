@@ -142,3 +142,23 @@ async def test_the_jobs_filter_form_as_a_browser_submits_it(tmp_path: Path) -> N
         assert listed.text.count('<tr class="status-') == 1
         bad = await h.http.get("/jobs", params={**form, "status": "finished"})
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "status"
+
+
+async def test_the_dashboards_overview_as_of_a_point_shows_the_counts_of_then(
+    tmp_path: Path,
+) -> None:
+    async with Harness(tmp_path, token=TOKEN) as h:
+        await _enqueue(h, "q1", 2)
+        cut = (await h.http.get("/v1/stats")).json()["partitions"][0]["applied_offset"]
+        await _enqueue(h, "q2", 3)
+        live = await h.http.get("/")
+        assert 'id="as-of-form"' in live.text and '<p class="big" id="total">5</p>' in live.text
+        page = await h.http.get("/", params={"as_of": str(cut)})
+        assert page.status_code == 200, page.text
+        assert '<p class="big" id="total">2</p>' in page.text
+        assert '<p class="big" id="status-scheduled">2</p>' in page.text
+        assert f"0:{cut}" in page.text and ">q2<" not in page.text
+        assert 'data-page="overview-as-of"' in page.text  # no live stream replaces the counts
+        h.past.building = True
+        building = await h.http.get("/", params={"as_of": "0"})
+        assert building.status_code == 202 and 'id="as-of-building"' in building.text

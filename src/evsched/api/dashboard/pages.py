@@ -14,7 +14,7 @@ from evsched.adapters.index.store import PartitionIndex
 from evsched.api import reader
 from evsched.api.dashboard.board import View, segment
 from evsched.api.dashboard.history import picture, state_as_of
-from evsched.api.dashboard.overview import snapshot
+from evsched.api.dashboard.overview import past_snapshot, snapshot
 from evsched.api.dashboard.session import Role
 from evsched.api.dashboard.stream import LiveResponse
 from evsched.api.errors import ApiError
@@ -32,7 +32,16 @@ STREAM_S = 300.0  # a stream ends after this and the browser reconnects: shutdow
 
 
 @router.get("/", response_class=HTMLResponse)
-async def overview(view: View) -> HTMLResponse:
+async def overview(
+    view: View, as_of: Annotated[str | None, Query(max_length=2_000)] = None
+) -> HTMLResponse:
+    """The live overview; with ``as_of``, its counts as they were then (a static page)."""
+    if as_of and as_of.strip():
+        try:
+            past, shown = await past_indexes(view.ctx, as_of.strip())
+        except StillBuilding as building:
+            return view.page("building.html", status_code=202, as_of=building.as_of)
+        return view.page("overview_as_of.html", data=past_snapshot(past), as_of=shown)
     await view.board.facts.refresh(view.ctx)
     return view.page("overview.html", data=snapshot(view.ctx, view.board.live, view.board.facts))
 
