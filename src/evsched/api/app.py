@@ -23,12 +23,14 @@ from evsched.api import (
     undecodable,
     workflows,
 )
+from evsched.api.as_of import PastSource, RebuiltIndexes
 from evsched.api.auth import Tokens
 from evsched.api.context import ApiContext, Reads
 from evsched.api.dashboard import StreamCaps
 from evsched.api.errors import BodyLimit, install_error_handlers
 from evsched.api.headers import SecurityHeaders
 from evsched.api.models import Accepted
+from evsched.api.past import StillBuilding, building
 from evsched.api.reader import ReplicaView
 from evsched.api.writes import NotYetApplied, Writer
 from evsched.client.app import App
@@ -79,6 +81,8 @@ def create_app(
     lag_timeout_s: float = 2.0,
     close_app: bool | None = None,
     live_streams: StreamCaps | None = None,
+    past: PastSource | None = None,
+    as_of_wait_s: float = 10.0,
 ) -> FastAPI:
     """The API over ``replica``, writing through ``app`` (an evsched App; one is made if None).
 
@@ -90,6 +94,8 @@ def create_app(
     replica's commits unless the replica already calls it. ``tokens`` (or just a write
     ``token``) guard the routes; neither: no authentication, which ``evsched api`` serves only
     with ``--no-auth``. ``live_streams`` caps the dashboard's open ``/live`` streams.
+    ``past`` serves ``?as_of=`` (default: indexes rebuilt by ``evsched rebuild --until`` into a
+    temporary directory); a request waits ``as_of_wait_s`` for one being built, then gets a 202.
     """
     if tokens is None:
         tokens = Tokens(write=token)  # an empty token is refused there, not taken for "no auth"
@@ -113,6 +119,8 @@ def create_app(
         max_scan=max_scan,
         ready_max_lag=ready_max_lag,
         lag_timeout_s=lag_timeout_s,
+        past=past if past is not None else RebuiltIndexes(settings),
+        as_of_wait_s=as_of_wait_s,
     )
 
     api = FastAPI(
@@ -127,6 +135,7 @@ def create_app(
     api.add_middleware(SecurityHeaders)  # outside BodyLimit: its 413s get the headers too
     install_error_handlers(api)
     api.add_exception_handler(NotYetApplied, _accepted)
+    api.add_exception_handler(StillBuilding, building)
     # Read routes declare (in OpenAPI too) the token they need only when reads are guarded.
     guard = [Reads] if tokens.guard_reads else []
     routers = (jobs.router, workflows.router, schedules.router, status.reads, undecodable.router)
@@ -153,6 +162,7 @@ def _lifespan(ctx: ApiContext, *, start_replica: bool, close_client: bool) -> Li
         finally:
             api.state.evsched_dashboard.live.close()
             await api.state.evsched_dashboard.facts.close()
+            await ctx.past.close()
             if close_client:
                 await ctx.client.close()
             if start_replica:

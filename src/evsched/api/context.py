@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from evsched.adapters.kafka.queues import QueueCatalog
+from evsched.api.as_of import PastSource
 from evsched.api.auth import Tokens
 from evsched.api.errors import ApiError
 from evsched.api.reader import ReplicaView
@@ -35,6 +36,9 @@ class ApiContext:
     max_scan: int
     ready_max_lag: int
     lag_timeout_s: float
+    # ?as_of= reads: indexes rebuilt to a point of the log, and how long a request waits for one.
+    past: PastSource
+    as_of_wait_s: float
     batches: asyncio.Semaphore = field(
         default_factory=lambda: asyncio.Semaphore(MAX_BATCHES_IN_FLIGHT), repr=False
     )

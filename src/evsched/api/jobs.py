@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
 
 from evsched.adapters.clock import monotonic_s
+from evsched.adapters.index.store import PartitionIndex
 from evsched.api import reader
 from evsched.api.context import Ctx, Writes
 from evsched.api.errors import ApiError
@@ -22,6 +24,7 @@ from evsched.api.models import (
     Timeline,
     TimelineEvent,
 )
+from evsched.api.past import AS_OF, AsOfQuery, past_indexes
 from evsched.api.queues import require_declared
 from evsched.api.responses import READ, WRITE, Responses, error
 from evsched.api.writes import cancel_event, enqueue_event, requeue_event
@@ -107,7 +110,7 @@ async def get_job(
     return Job.of(state)
 
 
-@router.get("", response_model=JobPage, responses=READ)
+@router.get("", response_model=JobPage, responses={**READ, **AS_OF})
 async def list_jobs(
     ctx: Ctx,
     *,
@@ -124,8 +127,17 @@ async def list_jobs(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: CursorQuery = None,
+    as_of: AsOfQuery = None,
 ) -> JobPage:
-    """Jobs in a stable order (partition, then id), filtered; reads at most the scan budget."""
+    """Jobs in a stable order (partition, then id), filtered; reads at most the scan budget.
+
+    With ``as_of``, the jobs as they were then (jobs purged since included, jobs enqueued since
+    absent), from an index rebuilt to that point."""
+    shown = None
+    index: Callable[[int], PartitionIndex] = ctx.replica.index
+    if as_of is not None:
+        past, shown = await past_indexes(ctx, as_of)
+        index = past.indexes.__getitem__
 
     def keep(state: JobState) -> bool:
         error = state.last_error
@@ -137,7 +149,7 @@ async def list_jobs(
         )
 
     def rows(partition: int, after: str | None) -> Any:
-        return ((s.job_id, s) for s in ctx.replica.index(partition).jobs(after))
+        return ((s.job_id, s) for s in index(partition).jobs(after))
 
     found = page(
         reader.partitions(ctx.replica),
@@ -148,7 +160,10 @@ async def list_jobs(
         max_scan=ctx.max_scan,
     )
     return JobPage(
-        jobs=[Job.of(s) for s in found.items], next_cursor=found.next_cursor, scanned=found.scanned
+        jobs=[Job.of(s) for s in found.items],
+        next_cursor=found.next_cursor,
+        scanned=found.scanned,
+        as_of=shown,
     )
 
 

@@ -481,10 +481,28 @@ class Timeline(BaseModel):
     )
 
 
+class AsOf(BaseModel):
+    """The point of the log an answer is as of (``?as_of=``)."""
+
+    requested: str = Field(description="as_of as given.")
+    offsets: dict[str, int] = Field(
+        description="Each partition's last offset folded (-1: none): what as_of resolved to."
+    )
+
+
+class Building(BaseModel):
+    """The as-of index is being built: ask again (same URL) after Retry-After seconds."""
+
+    status: Literal["building"]
+    as_of: AsOf
+    message: str
+
+
 class JobPage(BaseModel):
     jobs: list[Job]
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; None: done.")
     scanned: int = Field(description="Jobs read from the index for this page (filters cost).")
+    as_of: AsOf | None = Field(None, description="With ?as_of=: the point answered as of.")
 
 
 class Schedule(BaseModel):
@@ -576,6 +594,7 @@ class Stats(BaseModel):
     by_status: dict[Status, int]
     by_queue: dict[str, QueueStats]
     partitions: list[PartitionStats]
+    as_of: AsOf | None = Field(None, description="With ?as_of=: the point answered as of.")
 
 
 class Health(BaseModel):

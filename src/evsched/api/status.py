@@ -9,7 +9,8 @@ from fastapi import APIRouter, Response
 from evsched.api import reader
 from evsched.api.context import ApiContext, Ctx
 from evsched.api.errors import ApiError
-from evsched.api.models import Health, PartitionStats, QueueStats, Ready, Stats
+from evsched.api.models import AsOf, Health, PartitionStats, QueueStats, Ready, Stats
+from evsched.api.past import AS_OF, AsOfQuery, past_indexes
 from evsched.api.responses import READ, error
 from evsched.core.state import Status
 from evsched.errors import EvschedError
@@ -61,11 +62,23 @@ async def readyz(ctx: Ctx) -> Ready:
     return Ready(status="ready", lag={str(p): n for p, n in sorted(lag.items())})
 
 
-@reads.get("/v1/stats", response_model=Stats, responses=READ)
-async def stats(ctx: Ctx) -> Stats:
-    """Jobs by status and by queue, kept up to date from the fold (no scan per request)."""
+@reads.get("/v1/stats", response_model=Stats, responses={**READ, **AS_OF})
+async def stats(ctx: Ctx, as_of: AsOfQuery = None) -> Stats:
+    """Jobs by status and by queue, kept up to date from the fold (no scan per request).
+
+    With ``as_of``, as they were then: counted once from an index rebuilt to that point."""
+    if as_of is not None:
+        found, shown = await past_indexes(ctx, as_of)
+        applied = {p: index.applied_offset() for p, index in sorted(found.indexes.items())}
+        return _stats(found.by_queue(), applied, shown)
     _seeded(ctx)
-    by_queue = ctx.metrics.jobs.by_queue()
+    applied = {p: ctx.replica.index(p).applied_offset() for p in reader.partitions(ctx.replica)}
+    return _stats(ctx.metrics.jobs.by_queue(), applied)
+
+
+def _stats(
+    by_queue: dict[str, dict[Status, int]], applied: dict[int, int], as_of: AsOf | None = None
+) -> Stats:
     totals = {s: sum(statuses[s] for statuses in by_queue.values()) for s in Status}
     return Stats(
         total=sum(totals.values()),
@@ -74,10 +87,8 @@ async def stats(ctx: Ctx) -> Stats:
             q: QueueStats(total=sum(statuses.values()), by_status=statuses)
             for q, statuses in by_queue.items()
         },
-        partitions=[
-            PartitionStats(partition=p, applied_offset=ctx.replica.index(p).applied_offset())
-            for p in reader.partitions(ctx.replica)
-        ],
+        partitions=[PartitionStats(partition=p, applied_offset=o) for p, o in applied.items()],
+        as_of=as_of,
     )
 
 

@@ -2,8 +2,9 @@
 
 Some rules rest on run-time facts: a queue must be one an operator declared (``GET /v1/queues``),
 ``run_at`` must lie within a year before and 10 years after the API's clock, a ``cursor`` must
-be a ``next_cursor`` this API handed out, a ``timezone`` one its zone database knows, and a
-``cron`` expression must parse (a grammar no schema pattern states). Two more the document
+be a ``next_cursor`` this API handed out, an ``as_of`` a point its log holds (not in the
+future), a ``timezone`` one its zone database knows, and a ``cron`` expression must parse (a
+grammar no schema pattern states). Two more the document
 cannot state exactly: a retry's ``initial_backoff_ms`` at most its ``max_backoff_ms`` (JSON
 Schema does not compare two fields), and a priority within -(2^63 - 1)..2^63 - 1 (FastAPI's
 OpenAPI model stores bounds as doubles, which round both to 2^63). The document states each in
@@ -23,6 +24,7 @@ from zoneinfo import available_timezones
 import schemathesis
 
 from evsched.adapters.clock import now_ms
+from evsched.adapters.kafka.log_cut import AtTime, CutError, parse_cut
 from evsched.api.errors import ApiError
 from evsched.api.listing import Cursor
 from evsched.api.models import INT64_MAX
@@ -52,6 +54,8 @@ def map_case(context: schemathesis.HookContext, case: Any) -> Any:
                 _parsed_cron(job)
     if isinstance(case.query, dict) and isinstance(case.query.get("cursor"), str):
         case.query["cursor"] = _handed_out(case.query["cursor"])
+    if isinstance(case.query, dict) and isinstance(case.query.get("as_of"), str):
+        case.query["as_of"] = _a_point_of_the_log(case.query["as_of"])
     return case
 
 
@@ -103,6 +107,18 @@ def _parsed_cron(job: dict[str, Any]) -> None:
         validate(cron, "UTC")
     except InvalidSchedule:
         job["cron"] = "*/5 * * * *"
+
+
+def _a_point_of_the_log(text: str) -> str:
+    """``text`` if it names a point of the log that can be folded to, else one that does: a
+    past time (before every record of the twin's log: folded to nothing) or no offset."""
+    try:
+        cut = parse_cut(text)
+    except CutError:
+        return "2020-01-01T00:00:00Z" if len(text) % 2 else "-1"
+    if isinstance(cut, AtTime) and not 0 <= cut.at_ms <= now_ms():
+        return "2020-01-01T00:00:00Z"
+    return text if isinstance(cut, AtTime) else "-1"
 
 
 def _handed_out(text: str) -> str:

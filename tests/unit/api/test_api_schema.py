@@ -28,7 +28,7 @@ from evsched.api import create_app
 from evsched.client import App
 from evsched.testing import MemoryLog
 from tests.unit.api import schema_hooks  # noqa: F401 (registers its hook)
-from tests.unit.api.test_api_twin import QUEUES, SETTINGS, TOKEN, MemoryReplica
+from tests.unit.api.test_api_twin import QUEUES, SETTINGS, TOKEN, MemoryPast, MemoryReplica
 
 load_all_checks()
 # All of `st run --checks all` (max_response_time is a CLI option: on a shared two-core machine
@@ -41,15 +41,23 @@ ALL_CHECKS = CHECKS.get_all()
 def api_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
     log = MemoryLog()
     replica = MemoryReplica(log, tmp_path_factory.mktemp("schema"), topic=Topics("apitest").events)
+    past = MemoryPast(log, tmp_path_factory.mktemp("as-of"), topic=Topics("apitest").events)
     client = App(SETTINGS, log_factory=lambda: log)
     asyncio.run(replica.start())
     api = create_app(
-        SETTINGS, replica=replica, app=client, token=TOKEN, max_scan=200, queues=FixedQueues(QUEUES)
+        SETTINGS,
+        replica=replica,
+        app=client,
+        token=TOKEN,
+        max_scan=200,
+        queues=FixedQueues(QUEUES),
+        past=past,
     )
     try:
         yield api
     finally:
         asyncio.run(client.close())
+        asyncio.run(past.close())
         asyncio.run(replica.stop())
 
 

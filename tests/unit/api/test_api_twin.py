@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,11 @@ import pytest
 from evsched.adapters.avro import encode_event
 from evsched.adapters.clock import SYSTEM_CLOCK
 from evsched.adapters.index.store import PartitionIndex
+from evsched.adapters.kafka.log_cut import parse_cut, resolve_cut
 from evsched.adapters.kafka.queues import FixedQueues
 from evsched.adapters.kafka.topics import Topics
 from evsched.api import create_app
+from evsched.api.as_of import PastIndexes, Until
 from evsched.client import App
 from evsched.core.events import Event, JobEnqueued, entity_id
 from evsched.metrics import Metrics
@@ -105,6 +107,61 @@ class MemoryReplica:
         await self.log.append(self.topic, entity_id(event), encode_event(event))
 
 
+class MemoryPast:
+    """The ``api.as_of.PastSource`` twin: the MemoryLog's records up to a cut, folded into a
+    fresh index (one partition) by the real Projector, cached by the cut's offsets."""
+
+    def __init__(self, log: MemoryLog, root: Path, *, topic: str, clock: Clock = SYSTEM_CLOCK):
+        self.log = log
+        self.root = root
+        self.topic = topic
+        self.clock = clock
+        self.built: dict[Until, PastIndexes] = {}
+        self.building = False  # while True, every index is still being built (a 202)
+
+    def _times(self) -> list[int]:
+        return [w.log_at or 0 for w in self.log.records if w.topic == self.topic]
+
+    async def start_offsets(self, partitions: Collection[int]) -> dict[int, int]:
+        return dict.fromkeys(partitions, 0)
+
+    async def end_offsets(self, partitions: Collection[int]) -> dict[int, int]:
+        return dict.fromkeys(partitions, len(self._times()))
+
+    async def offsets_after(
+        self, partitions: Collection[int], at_ms: int
+    ) -> dict[int, tuple[int, int] | None]:
+        later = [(offset, t) for offset, t in enumerate(self._times()) if t > at_ms]
+        return dict.fromkeys(partitions, later[0] if later else None)
+
+    async def resolve(self, text: str, partitions: int) -> Until:
+        cut = parse_cut(text)
+        until = await resolve_cut(self, range(partitions), cut, now_ms=self.clock.now_ms())
+        return tuple(sorted(until.items()))
+
+    async def indexes(self, until: Until, wait_s: float) -> PastIndexes | None:
+        if self.building:
+            return None
+        if until not in self.built:
+            directory = self.root / f"as-of-{len(self.built)}"
+            index = PartitionIndex(directory / "p0000", 0)
+            projector = Projector(index)
+            last = dict(until)[0]
+            records = [
+                Record(self.topic, 0, w.offset, w.log_at or 0, w.key.encode(), w.value)
+                for w in self.log.records
+                if w.topic == self.topic and w.offset <= last
+            ]
+            projector.commit(projector.fold(records))
+            self.built[until] = PastIndexes(until=until, indexes={0: index}, directory=directory)
+        return self.built[until]
+
+    async def close(self) -> None:
+        for built in self.built.values():
+            built.close()
+        self.built.clear()
+
+
 class Harness:
     """An API over a MemoryLog and a MemoryReplica, with an httpx client speaking ASGI to it."""
 
@@ -114,6 +171,8 @@ class Harness:
         self.client_app = options.pop("app", None) or App(SETTINGS, log_factory=lambda: self.log)
         self.metrics = Metrics()
         options.setdefault("queues", FixedQueues(QUEUES))
+        self.past = MemoryPast(self.log, tmp / "as-of", topic=Topics("apitest").events)
+        options.setdefault("past", self.past)
         self.options = options
 
     async def __aenter__(self) -> Harness:
@@ -134,6 +193,7 @@ class Harness:
         # ASGITransport runs no lifespan: close what it would (the dashboard's admin client)
         await self.api.state.evsched_dashboard.facts.close()
         await self.client_app.close()
+        await self.past.close()
         await self.replica.stop()
 
     def auth(self) -> Mapping[str, str]:

@@ -86,6 +86,20 @@ class _Reader:
             found = await self._consumer.end_offsets([self._tp(p) for p in partitions])
         return {tp.partition: offset for tp, offset in found.items()}
 
+    async def offsets_after(
+        self, partitions: Collection[int], at_ms: int
+    ) -> dict[int, tuple[int, int] | None]:
+        """Per partition, the first record whose log time is after ``at_ms``: (offset, log
+        time), or None when there is none yet (``log_cut.Positions``)."""
+        with broker_errors(f"offsets of {self.topic} by time"):
+            found = await self._consumer.offsets_for_times(
+                {self._tp(p): at_ms + 1 for p in partitions}
+            )
+        return {
+            tp.partition: None if hit is None else (hit.offset, hit.timestamp)
+            for tp, hit in found.items()
+        }
+
     async def read(
         self, partitions: Collection[int], timeout_s: float, max_records: int
     ) -> dict[int, list[Record]]:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from evsched.adapters.clock import monotonic_s
+from evsched.adapters.index.store import PartitionIndex
 from evsched.adapters.kafka.groups import GroupOwners
 from evsched.adapters.kafka.topics import Topics
 from evsched.api import reader
+from evsched.api.as_of import PastIndexes
 from evsched.api.context import ApiContext
 from evsched.api.dashboard.live import Live
 from evsched.core import tallies
@@ -113,12 +115,32 @@ async def overview_frame(ctx: ApiContext, live: Live, facts: BrokerFacts) -> str
 
 def totals(ctx: ApiContext) -> dict[str, int]:
     """The namespace's lifetime tallies (core.tallies): each partition's index's, summed."""
+    return _tallies(ctx.replica.index(p) for p in reader.partitions(ctx.replica))
+
+
+def _tallies(indexes: Iterable[PartitionIndex]) -> dict[str, int]:
     found = dict.fromkeys(tallies.NAMES, 0)
-    for p in reader.partitions(ctx.replica):
-        for name, count in ctx.replica.index(p).tallies().items():
+    for index in indexes:
+        for name, count in index.tallies().items():
             if name in found:  # a switch such as proofs_required is no count
                 found[name] += count
     return found
+
+
+def past_snapshot(past: PastIndexes) -> dict[str, Any]:
+    """What the overview shows as of a point of the log: counts, tallies, applied offsets."""
+    by_queue = past.by_queue()
+    statuses = {s.value: sum(q[s] for q in by_queue.values()) for s in Status}
+    return {
+        "total": sum(statuses.values()),
+        "statuses": statuses,
+        "queues": {q: {s.value: n for s, n in counts.items()} for q, counts in by_queue.items()},
+        "totals": _tallies(past.indexes.values()),
+        "partitions": [
+            {"partition": p, "applied_offset": index.applied_offset()}
+            for p, index in sorted(past.indexes.items())
+        ],
+    }
 
 
 def _partitions(ctx: ApiContext, live: Live, facts: BrokerFacts) -> list[dict[str, Any]]:

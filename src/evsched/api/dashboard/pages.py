@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -10,16 +10,18 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from evsched.adapters.clock import monotonic_s, now_ms
+from evsched.adapters.index.store import PartitionIndex
 from evsched.api import reader
 from evsched.api.dashboard.board import View, segment
 from evsched.api.dashboard.history import picture, state_as_of
-from evsched.api.dashboard.overview import snapshot
+from evsched.api.dashboard.overview import past_snapshot, snapshot
 from evsched.api.dashboard.session import Role
 from evsched.api.dashboard.stream import LiveResponse
 from evsched.api.errors import ApiError
 from evsched.api.id_fields import JobId
 from evsched.api.listing import Cursor, page
-from evsched.api.models import Job
+from evsched.api.models import AsOf, Job
+from evsched.api.past import StillBuilding, past_indexes
 from evsched.core.bounds import MAX_ID_BYTES, id_refusal
 from evsched.core.ids import job_id_for_key
 from evsched.core.state import JobState, Status
@@ -30,7 +32,16 @@ STREAM_S = 300.0  # a stream ends after this and the browser reconnects: shutdow
 
 
 @router.get("/", response_class=HTMLResponse)
-async def overview(view: View) -> HTMLResponse:
+async def overview(
+    view: View, as_of: Annotated[str | None, Query(max_length=2_000)] = None
+) -> HTMLResponse:
+    """The live overview; with ``as_of``, its counts as they were then (a static page)."""
+    if as_of and as_of.strip():
+        try:
+            past, shown = await past_indexes(view.ctx, as_of.strip())
+        except StillBuilding as building:
+            return view.page("building.html", status_code=202, as_of=building.as_of)
+        return view.page("overview_as_of.html", data=past_snapshot(past), as_of=shown)
     await view.board.facts.refresh(view.ctx)
     return view.page("overview.html", data=snapshot(view.ctx, view.board.live, view.board.facts))
 
@@ -86,6 +97,16 @@ def _keep(
     return keep
 
 
+def _status(text: str | None) -> Status | None:
+    if not text:
+        return None
+    try:
+        return Status(text)
+    except ValueError:
+        message = "status: not a job status"
+        raise ApiError(422, "validation_error", message, field="status") from None
+
+
 def _ms(text: str | None, field: str) -> int | None:
     if not text:
         return None
@@ -105,7 +126,7 @@ Text = Annotated[str | None, Query(max_length=500)]
 async def jobs(
     view: View,
     *,
-    status: Annotated[Status | None, Query()] = None,
+    status: Text = None,  # the form sends "" for any status
     queue: Text = None,
     task: Text = None,
     label: Text = None,
@@ -115,15 +136,27 @@ async def jobs(
     find_queue: Text = None,
     cursor: Annotated[str | None, Query(max_length=2_000)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    as_of: Annotated[str | None, Query(max_length=2_000)] = None,
 ) -> HTMLResponse | RedirectResponse:
-    """Jobs filtered by status, queue, task, label and enqueue time; or one found by id or key."""
+    """Jobs filtered by status, queue, task, label and enqueue time; or one found by id or key.
+
+    With ``as_of``, the jobs as they were then (``GET /v1/jobs?as_of=``); while that index is
+    built the page says so and reloads."""
     ctx = view.ctx
+    index: Callable[[int], PartitionIndex] = ctx.replica.index
+    shown: AsOf | None = None
+    if as_of and as_of.strip():
+        try:
+            past, shown = await past_indexes(ctx, as_of.strip())
+        except StillBuilding as building:
+            return view.page("building.html", status_code=202, as_of=building.as_of)
+        index = past.indexes.__getitem__
     if find:
         found = _find(view, find.strip(), (find_queue or "default").strip())
         if found is not None:
             return RedirectResponse(f"/jobs/{segment(found.job_id)}", status_code=303)
     keep = _keep(
-        status=status or None,
+        status=_status(status),
         queue=queue or None,
         task=task or None,
         label=label or None,
@@ -132,7 +165,7 @@ async def jobs(
     )
 
     def rows(partition: int, after: str | None) -> Any:
-        return ((s.job_id, s) for s in ctx.replica.index(partition).jobs(after))
+        return ((s.job_id, s) for s in index(partition).jobs(after))
 
     found_page = page(
         reader.partitions(ctx.replica),
@@ -143,12 +176,13 @@ async def jobs(
         max_scan=ctx.max_scan,
     )
     filters = {
-        "status": status.value if status else "",
+        "status": status or "",
         "queue": queue or "",
         "task": task or "",
         "label": label or "",
         "since": since or "",
         "until": until or "",
+        "as_of": as_of or "",
     }
     return view.page(
         "jobs.html",
@@ -158,6 +192,7 @@ async def jobs(
         filters=filters,
         statuses=list(Status),
         not_found=find if find else None,
+        as_of=shown,
     )
 
 

@@ -13,6 +13,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from evsched.adapters.clock import now_ms
+from evsched.adapters.kafka.log_cut import Cut, CutError, parse_cut, resolve_cut
 from evsched.adapters.kafka.partition_log import KafkaPartitionLog
 from evsched.adapters.kafka.topics import Topics, partition_count
 from evsched.adapters.proofs import KEY_ENV as NODE_KEY_ENV
@@ -84,6 +86,32 @@ async def _log_ends(settings: Settings) -> dict[int, int]:
         return await log.end_offsets(partitions)
 
 
+async def _cut_offsets(settings: Settings, cut: Cut, partitions: int) -> dict[int, int]:
+    """Each partition's last offset as of ``cut``; a usage error saying why there is none."""
+    topic = Topics(settings.namespace).events
+    async with KafkaPartitionLog(
+        settings, topic, range(partitions), client_id="evsched-rebuild-plan"
+    ) as log:
+        try:
+            return await resolve_cut(log, range(partitions), cut, now_ms=now_ms())
+        except CutError as exc:
+            raise OperatorError(ExitCode.USAGE, f"--until: {exc}") from None
+
+
+def _cut(until: str | None, verify: bool) -> Cut | None:
+    if until is None:
+        return None
+    if verify:
+        raise typer.BadParameter(
+            "--verify rebuilds to the live index's offsets: leave out --until",
+            param_hint="--until",
+        )
+    try:
+        return parse_cut(until)
+    except CutError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--until") from None
+
+
 def _check_keys(live_dir: Path, partitions: list[int]) -> None:
     """A live index that requires proofs is compared only with a rebuild that checks them."""
     if node_keyring_from_env() is not None:
@@ -98,13 +126,16 @@ def _check_keys(live_dir: Path, partitions: list[int]) -> None:
         )
 
 
-def _targets(ends: dict[int, int], live_dir: Path | None) -> list[Target]:
-    """Rebuild to the live applied offset where a live index is compared, else to the log end."""
+def _targets(
+    ends: dict[int, int], live_dir: Path | None, cut: dict[int, int] | None = None
+) -> list[Target]:
+    """Rebuild to the live applied offset where a live index is compared, else to the cut's
+    offset, else to the log end."""
     targets = []
     for partition, end in sorted(ends.items()):
         found = live_state(live_dir, partition) if live_dir is not None else None
         live = None if found is None else found[:2]
-        until = live[0] if live is not None else end - 1
+        until = live[0] if live is not None else end - 1 if cut is None else cut[partition]
         targets.append(
             Target(
                 partition=partition,
@@ -158,22 +189,34 @@ def rebuild(
             "after it: for a log that retention trimmed.",
         ),
     ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            "--until",
+            help="Fold only up to this point: a time (2026-12-07T14:02:00Z: every record "
+            "appended then or before), P:OFFSET,... (each partition's last offset) or OFFSET "
+            "(every partition's).",
+        ),
+    ] = None,
     as_json: Json = False,
 ) -> None:
-    """Fold the whole log into fresh indexes, one per partition; --verify compares digests.
+    """Fold the log (or, with --until, its start up to a point) into fresh indexes, one per
+    partition; --verify compares digests.
 
     Ends with ``digest_match=<true|false> events_per_s=<N>``. --verify exits 1 on a digest
     mismatch, and when it compared nothing for a partition whose live index exists but is at
     offset -1 or more than --max-behind records behind the log end; each such partition is named.
     """
     _check_dirs(data_dir, live_dir, verify, replace)
+    cut = _cut(until, verify)
 
     def main() -> ExitCode:
         settings = Settings.from_env()
         keyring = node_keyring_from_env()  # once, for every partition's fold
         # Outside any event loop: a rebuild in this process runs one of its own per partition.
         ends = asyncio.run(_log_ends(settings))
-        targets = _targets(ends, live_dir if verify else None)
+        untils = None if cut is None else asyncio.run(_cut_offsets(settings, cut, len(ends)))
+        targets = _targets(ends, live_dir if verify else None, untils)
         if verify and live_dir is not None:
             _check_keys(live_dir, list(ends))
         if replace:
@@ -185,7 +228,8 @@ def rebuild(
         started = time.perf_counter()
         results = _run_plans(plans, processes, quiet=as_json)
         seconds = time.perf_counter() - started
-        return _report(targets, results, seconds, max_behind if verify else None, as_json)
+        behind = max_behind if verify else None
+        return _report(targets, results, seconds, behind, as_json, as_of=cut)
 
     guarded(main)
 
@@ -236,6 +280,8 @@ def _report(
     seconds: float,
     max_behind: int | None,
     as_json: bool,
+    *,
+    as_of: Cut | None = None,
 ) -> ExitCode:
     """Print the outcome; with ``max_behind`` (--verify), whether every comparison held."""
     verify = max_behind is not None
@@ -250,9 +296,13 @@ def _report(
     matched = verify and bool(compared) and not problems
     rate = fold_rate(results)
     if as_json:
-        emit_json(_document(by_partition, results, seconds, problems, matched if verify else None))
+        document = _document(by_partition, results, seconds, problems, matched if verify else None)
+        emit_json({**document, "until": None if as_of is None else str(as_of)})
     else:
         out.print(_table(by_partition, results, verify))
+        if as_of is not None:
+            cut = ",".join(f"{t.partition}:{t.until}" for t in targets)
+            out.print(f"as of {as_of}: offsets up to {cut} folded")
         for partition, problem in sorted(problems.items()):
             err.print(f"[red]partition {partition}:[/red] {problem}")
         if verify and not compared:
@@ -338,6 +388,7 @@ def _partition_json(result: PartitionResult, target: Target, problem: str | None
         "applied_offset": result.applied_offset,
         "digest": result.digest,
         "log_end": target.log_end,
+        "until": target.until,
         "fold_s": round(result.fold_s, 3),
         "digest_s": round(result.digest_s, 3),
         "live_applied_offset": None if live is None else live[0],
