@@ -122,6 +122,7 @@ class Node:
             transactional_id=config.node_transactional_id,
             client_id=f"evsched-node-{config.node_id}",
             group_metadata=self._group_metadata,
+            member_id=lambda: None if self._consumer is None else self._consumer.member_id(),
             checked_queues=self.queue_topics.known,
         )
         self.group_owners = GroupOwners(config.settings)
@@ -267,7 +268,7 @@ class Node:
         )
         consumer: GroupMember = kind(member, listener=NodeRebalance(self))
         if isinstance(consumer, RdkafkaGroupConsumer):
-            consumer.fence = self.transactions.fence  # a dead owner's open transaction
+            consumer.fence = self.transactions.fence  # a dead member's open transaction
         self._consumer = consumer  # the group may assign partitions before start() returns
         try:
             await consumer.start()
