@@ -1,5 +1,6 @@
-"""A new owner's read of offsets an open transaction holds, on a real broker: it waits for a
-live member's transaction (which then commits) and fences a departed member's (which aborts)."""
+"""One transaction per node tick on a real broker: a new owner's read of offsets an open
+transaction holds waits for a live member's transaction (which then commits) and fences a
+departed member's (which aborts); a zombie's tick, of an older generation, aborts whole."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
 from tests.conftest import unique_name
 from tests.integration.engine import wait_for
 
@@ -17,6 +18,8 @@ from evsched.adapters.kafka.node_transactions import NodeTransactions, committer
 from evsched.adapters.kafka.partition_log import GroupMembership
 from evsched.adapters.kafka.rdkafka_group import RdkafkaGroupConsumer
 from evsched.adapters.kafka.topics import Topics, ensure_topics
+from evsched.errors import Fenced
+from evsched.ports import ConsumerOffset, Outgoing
 from evsched.settings import Settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.asyncio]
@@ -165,3 +168,94 @@ async def test_a_departed_members_open_transaction_is_fenced(cluster: _Cluster) 
         assert raised.value.args[0].fatal() or "fenced" in str(raised.value).lower()
     finally:
         await heir.close()
+
+
+class _Holdback:
+    def holds(self, entity: str) -> bool:
+        return False
+
+    def add(self, entity: str, stage: str, reason: str, *, hold_s: float | None = None) -> None:
+        raise AssertionError(f"nothing is held back here: {entity} {reason}")
+
+
+def _values(bootstrap: str, topic: str, partition: int, isolation: str) -> list[bytes]:
+    """Every record value of the partition as a consumer of ``isolation`` reads it."""
+    reader = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": unique_name("reader"),
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        tp = TopicPartition(topic, partition)
+        _, end = reader.get_watermark_offsets(tp, timeout=30, cached=False)
+        reader.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        # Past the transactions' markers too: read_committed reaches the end once they ended.
+        while reader.position([tp])[0].offset < end:
+            assert time.monotonic() < deadline, f"{topic} never read to {end}"
+            msg = reader.poll(0.2)
+            if msg is not None and msg.error() is None:
+                values.append(msg.value() or b"")
+        return values
+    finally:
+        reader.close()
+
+
+async def test_a_zombies_tick_aborts_whole_decisions_effects_and_offsets(
+    cluster: _Cluster,
+) -> None:
+    """What a node frozen past its session sends once thawed carries its old generation: the
+    coordinator refuses the offsets and none of the tick, records or offsets, becomes visible."""
+    topics = cluster.topics
+    zombie = await cluster.joined("zombie")
+    stale = zombie.group_metadata()  # frozen here
+    heir = cluster.consumer("heir")
+    await heir.start()
+    try:
+
+        async def moved() -> bool:  # the group rebalanced: a newer generation is in force
+            await zombie.read_all(0.1, 10)
+            await heir.read_all(0.1, 10)
+            return zombie.assignment() | heir.assignment() == {0} and bool(heir.assignment())
+
+        await wait_for(moved, what="the heir to own p0", timeout_s=60)
+        transactions = NodeTransactions(
+            cluster.settings,
+            transactional_id=f"{cluster.namespace}.node.zombie",
+            client_id="zombie",
+            group_metadata=lambda: stale,
+        )
+        await transactions.start()
+        try:
+            outgoing = [
+                Outgoing(
+                    topic=topics.events,
+                    key=b"job",
+                    value=b"zombie-decision",
+                    partition=0,
+                    decision="job",
+                ),
+                Outgoing(topic=topics.effects, key=b"job", value=b"zombie-effect", partition=0),
+            ]
+            offset = ConsumerOffset(topics.events, 0, 1, topics.node_group)
+            with pytest.raises(Fenced):
+                await transactions.send(0, outgoing, offset, _Holdback())
+        finally:
+            await transactions.close()
+        for topic in (topics.events, topics.effects):
+            written = await asyncio.to_thread(
+                _values, cluster.bootstrap, topic, 0, "read_uncommitted"
+            )
+            assert [v for v in written if v.startswith(b"zombie-")]  # written, then aborted
+            assert (
+                await asyncio.to_thread(_values, cluster.bootstrap, topic, 0, "read_committed")
+                == []
+            )
+        assert await heir.committed(0) is None  # its offset aborted with them
+    finally:
+        await heir.close()
+        await zombie.close()
