@@ -31,8 +31,13 @@ def transactions(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     return mode
 
 
-def _runs_in(proc: Proc, mode: str) -> bool:
-    return [line["transactions"] for line in logged(proc, "node_started")] == [mode]
+async def _runs_in(proc: Proc, mode: str) -> bool:
+    """Whether ``proc`` started its transactions in ``mode`` (waits for it to have started)."""
+
+    async def started() -> list[str]:
+        return [line["transactions"] for line in logged(proc, "node_started")]
+
+    return await wait_for(started, what=f"{proc.name} to start") == [mode]
 
 
 @pytest.fixture
@@ -75,7 +80,7 @@ async def test_node_sigkill_and_restart_loses_nothing_and_matches_a_rebuild(
     stack.start_worker("worker-1", "--lease-s", "3", "--concurrency", "16")
     jobs = await stack.enqueue_effects(150, "crash")
     await wait_for(succeeded_at_least(stack, jobs, 20), what="some jobs to finish")
-    assert _runs_in(node, transactions)
+    assert await _runs_in(node, transactions)
     node.kill()
     more = await stack.enqueue_effects(50, "while-down")  # acknowledged while no node runs
     restarted = stack.start_node("node-1", "--dispatch-timeout-s", "3")
@@ -109,7 +114,7 @@ async def test_two_nodes_and_rebalances_mid_load_never_commit_twice(
     jobs = await stack.enqueue_effects(120, "a")
     second = stack.start_node("node-2", "--dispatch-timeout-s", "3")
     await wait_for(lambda: _logged(second, "partition_assigned"), what="node-2 to own partitions")
-    assert _runs_in(first, transactions) and _runs_in(second, transactions)
+    assert await _runs_in(first, transactions) and await _runs_in(second, transactions)
     jobs += await stack.enqueue_effects(120, "b")
     await wait_for(succeeded_at_least(stack, jobs, 150), what="most jobs to finish")
     first.stop()  # rebalance again: node-2 takes everything
@@ -138,7 +143,7 @@ async def test_cron_with_two_nodes_fires_each_slot_exactly_once(
     stack.start_worker("worker-1", "--lease-s", "3")
     for node in (first, second):
         await wait_for(lambda n=node: _logged(n, "partition_assigned"), what=f"{node.name} to join")
-        assert _runs_in(node, transactions)
+        assert await _runs_in(node, transactions)
     async with stack.app() as app:
         await app.upsert_schedule("every-2s", "* * * * * */2", "UTC", "s.noop")
 
@@ -180,7 +185,7 @@ async def test_a_frozen_node_comes_back_as_a_zombie_and_commits_nothing_twice(
 ) -> None:
     zombie = stack.start_node("node-1", "--dispatch-timeout-s", "5")
     await wait_for(lambda: _logged(zombie, "partition_assigned"), what="node-1 to own partitions")
-    assert _runs_in(zombie, transactions)
+    assert await _runs_in(zombie, transactions)
     stack.start_worker("worker-1", "--lease-s", "3", "--concurrency", "16")
     jobs = await stack.enqueue_effects(100, "before")
     zombie.signal(signal.SIGSTOP)  # frozen mid-load, past the group's session timeout
