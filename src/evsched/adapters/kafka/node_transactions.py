@@ -13,7 +13,9 @@ What fences a zombie (KIP-447, as Kafka Streams' exactly-once v2):
   it, records or offsets, becomes visible (``Fenced`` to each step);
 - a new owner reads the committed offset with ``require_stable`` (read_committed,
   ``rdkafka_group``): it waits for a pending transaction holding that partition's offset to commit
-  or abort, so it never decides beside a zombie's transaction in flight;
+  or abort, so it never decides beside a zombie's transaction in flight; the offsets' metadata
+  names their committer (``committer``), whose transaction is fenced at once if its member left
+  the group, and waited for if it is live (``pending_offsets``);
 - the broker aborts a transaction left open past ``TRANSACTION_TIMEOUT_MS`` (a killed node's);
 - the node's transactional id is its node id: a restarted node fences its previous incarnation.
 
