@@ -246,15 +246,11 @@ async def test_a_zombies_tick_aborts_whole_decisions_effects_and_offsets(
                 await transactions.send(0, outgoing, offset, _Holdback())
         finally:
             await transactions.close()
+        # Its records may have reached the log before the abort (read_uncommitted shows them
+        # then) or been purged with it: a read_committed consumer sees neither.
         for topic in (topics.events, topics.effects):
-            written = await asyncio.to_thread(
-                _values, cluster.bootstrap, topic, 0, "read_uncommitted"
-            )
-            assert [v for v in written if v.startswith(b"zombie-")]  # written, then aborted
-            assert (
-                await asyncio.to_thread(_values, cluster.bootstrap, topic, 0, "read_committed")
-                == []
-            )
+            seen = await asyncio.to_thread(_values, cluster.bootstrap, topic, 0, "read_committed")
+            assert seen == [], topic
         assert await heir.committed(0) is None  # its offset aborted with them
     finally:
         await heir.close()
