@@ -22,10 +22,11 @@ from evsched.core.state import TERMINAL_STATUSES, Status, Verdict
 pytestmark = pytest.mark.broker
 
 
-@pytest.fixture(params=["partition", "tick"])
+# The opt-out's variants are slow: `-m "not slow"` runs each scenario once, in the default mode.
+@pytest.fixture(params=["tick", pytest.param("partition", marks=pytest.mark.slow)])
 def transactions(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The nodes' transactions (EVSCHED_NODE_TRANSACTIONS): a producer per partition, or one
-    transaction per node tick; every node the test starts runs in it."""
+    """The nodes' transactions (EVSCHED_NODE_TRANSACTIONS): one transaction per node tick (the
+    default), or a producer per partition; every node the test starts runs in it."""
     mode: str = request.param
     monkeypatch.setenv("EVSCHED_NODE_TRANSACTIONS", mode)
     return mode
