@@ -22,6 +22,25 @@ from evsched.core.state import TERMINAL_STATUSES, Status, Verdict
 pytestmark = pytest.mark.broker
 
 
+# The opt-out's variants are slow: `-m "not slow"` runs each scenario once, in the default mode.
+@pytest.fixture(params=["tick", pytest.param("partition", marks=pytest.mark.slow)])
+def transactions(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The nodes' transactions (EVSCHED_NODE_TRANSACTIONS): one transaction per node tick (the
+    default), or a producer per partition; every node the test starts runs in it."""
+    mode: str = request.param
+    monkeypatch.setenv("EVSCHED_NODE_TRANSACTIONS", mode)
+    return mode
+
+
+async def _runs_in(proc: Proc, mode: str) -> bool:
+    """Whether ``proc`` started its transactions in ``mode`` (waits for it to have started)."""
+
+    async def started() -> list[str]:
+        return [line["transactions"] for line in logged(proc, "node_started")]
+
+    return await wait_for(started, what=f"{proc.name} to start") == [mode]
+
+
 @pytest.fixture
 async def stack(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Stack]:
     namespace = unique_name("nodes")
@@ -56,12 +75,13 @@ def succeeded_at_least(
 
 
 async def test_node_sigkill_and_restart_loses_nothing_and_matches_a_rebuild(
-    stack: Stack, tmp_path: Path
+    stack: Stack, tmp_path: Path, transactions: str
 ) -> None:
     node = stack.start_node("node-1", "--dispatch-timeout-s", "3")
     stack.start_worker("worker-1", "--lease-s", "3", "--concurrency", "16")
     jobs = await stack.enqueue_effects(150, "crash")
     await wait_for(succeeded_at_least(stack, jobs, 20), what="some jobs to finish")
+    assert await _runs_in(node, transactions)
     node.kill()
     more = await stack.enqueue_effects(50, "while-down")  # acknowledged while no node runs
     restarted = stack.start_node("node-1", "--dispatch-timeout-s", "3")
@@ -87,12 +107,15 @@ async def test_node_sigkill_and_restart_loses_nothing_and_matches_a_rebuild(
     await stack.check()
 
 
-async def test_two_nodes_and_rebalances_mid_load_never_commit_twice(stack: Stack) -> None:
+async def test_two_nodes_and_rebalances_mid_load_never_commit_twice(
+    stack: Stack, transactions: str
+) -> None:
     first = stack.start_node("node-1", "--dispatch-timeout-s", "3")
     stack.start_worker("worker-1", "--lease-s", "3", "--concurrency", "16")
     jobs = await stack.enqueue_effects(120, "a")
     second = stack.start_node("node-2", "--dispatch-timeout-s", "3")
     await wait_for(lambda: _logged(second, "partition_assigned"), what="node-2 to own partitions")
+    assert await _runs_in(first, transactions) and await _runs_in(second, transactions)
     jobs += await stack.enqueue_effects(120, "b")
     await wait_for(succeeded_at_least(stack, jobs, 150), what="most jobs to finish")
     first.stop()  # rebalance again: node-2 takes everything
@@ -113,12 +136,15 @@ async def _logged(proc: Proc, event: str) -> bool:
     return f'"event": "{event}"' in proc.log()
 
 
-async def test_cron_with_two_nodes_fires_each_slot_exactly_once(stack: Stack) -> None:
+async def test_cron_with_two_nodes_fires_each_slot_exactly_once(
+    stack: Stack, transactions: str
+) -> None:
     first = stack.start_node("node-1")
     second = stack.start_node("node-2")
     stack.start_worker("worker-1", "--lease-s", "3")
     for node in (first, second):
         await wait_for(lambda n=node: _logged(n, "partition_assigned"), what=f"{node.name} to join")
+        assert await _runs_in(node, transactions)
     async with stack.app() as app:
         await app.upsert_schedule("every-2s", "* * * * * */2", "UTC", "s.noop")
 
@@ -156,10 +182,11 @@ async def test_cron_with_two_nodes_fires_each_slot_exactly_once(stack: Stack) ->
 
 
 async def test_a_frozen_node_comes_back_as_a_zombie_and_commits_nothing_twice(
-    stack: Stack,
+    stack: Stack, transactions: str
 ) -> None:
     zombie = stack.start_node("node-1", "--dispatch-timeout-s", "5")
     await wait_for(lambda: _logged(zombie, "partition_assigned"), what="node-1 to own partitions")
+    assert await _runs_in(zombie, transactions)
     stack.start_worker("worker-1", "--lease-s", "3", "--concurrency", "16")
     jobs = await stack.enqueue_effects(100, "before")
     zombie.signal(signal.SIGSTOP)  # frozen mid-load, past the group's session timeout

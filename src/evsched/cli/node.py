@@ -18,7 +18,7 @@ from evsched.core.planner import PlannerBudgets
 from evsched.errors import BrokerAccessRefused
 from evsched.logging import configure_logging
 from evsched.runtime.node.main import serve_node
-from evsched.runtime.node.node import STEP_INTERVAL_MS, NodeConfig
+from evsched.runtime.node.node import STEP_INTERVAL_MS, NodeConfig, tick_transactions_from_env
 from evsched.runtime.node.standby import parse_partitions
 from evsched.settings import Settings, SettingsError
 
@@ -115,6 +115,7 @@ def node_command(
     node_keyring = load_node_keyring("node")
     try:
         settings = Settings.from_env()
+        tick_transactions = tick_transactions_from_env()
     except SettingsError as exc:
         typer.echo(f"evsched node: {exc}", err=True)  # names the variable; no traceback
         raise typer.Exit(2) from None
@@ -136,6 +137,7 @@ def node_command(
         node_keyring=node_keyring,
         standby=standby,
         standby_partitions=only,
+        tick_transactions=tick_transactions,
     )
     try:
         asyncio.run(serve_node(config))

@@ -72,3 +72,13 @@ def test_a_misspelt_kafka_client_names_the_variable_and_the_choices(
     said = " ".join(w for w in done.stderr.split() if w != "│")  # typer boxes its errors
     assert "EVSCHED_KAFKA_CLIENT='librdkafka'" in said, done.stderr
     assert "expected one of aiokafka, confluent" in said, done.stderr
+
+
+def test_a_misspelt_node_transactions_mode_names_the_variable_and_the_choices(
+    tmp_path: Path,
+) -> None:
+    done = refused(COMMANDS["node"], "EVSCHED_NODE_TRANSACTIONS", "per-tick", tmp_path / "node")
+    errors = [line for line in done.stderr.splitlines() if line.startswith("evsched node:")]
+    assert errors == [
+        "evsched node: EVSCHED_NODE_TRANSACTIONS='per-tick': expected one of tick, partition"
+    ], done.stderr

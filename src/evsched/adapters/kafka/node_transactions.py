@@ -13,7 +13,9 @@ What fences a zombie (KIP-447, as Kafka Streams' exactly-once v2):
   it, records or offsets, becomes visible (``Fenced`` to each step);
 - a new owner reads the committed offset with ``require_stable`` (read_committed,
   ``rdkafka_group``): it waits for a pending transaction holding that partition's offset to commit
-  or abort, so it never decides beside a zombie's transaction in flight;
+  or abort, so it never decides beside a zombie's transaction in flight; the offsets' metadata
+  names their committer (``committer``), whose transaction is fenced at once if its member left
+  the group, and waited for if it is live (``pending_offsets``);
 - the broker aborts a transaction left open past ``TRANSACTION_TIMEOUT_MS`` (a killed node's);
 - the node's transactional id is its node id: a restarted node fences its previous incarnation.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,6 +125,7 @@ class NodeTransactions:
         transactional_id: str,
         client_id: str,
         group_metadata: Callable[[], Any] | None,
+        member_id: Callable[[], str | None] = lambda: None,
         checked_queues: Container[str] = frozenset(),
     ) -> None:
         self.settings = settings
@@ -129,6 +133,7 @@ class NodeTransactions:
         self.client_id = client_id
         # None: offsets are sent under the group id alone (no generation check; tools, tests).
         self.group_metadata = group_metadata
+        self.member_id = member_id  # the group member whose generation the offsets carry
         self._producer: Producer | None = None
         self._starting: asyncio.Lock | None = None
         self._queue: list[_Send] = []
@@ -347,14 +352,15 @@ class NodeTransactions:
         producer.begin_transaction()
         try:
             self._produce_all(producer, sends, delivered, reports)
-            # The metadata names this producer: a new owner finding these offsets held by an open
-            # transaction fences it by that name (rdkafka_group.committed).
+            # The metadata names this producer and its member: a new owner finding these offsets
+            # held by an open transaction fences it unless the member is live (pending_offsets).
+            metadata = committer(self.transactional_id, self.member_id())
             offsets = [
                 TopicPartition(
                     s.offset.topic,
                     s.offset.partition,
                     s.offset.next_offset,
-                    metadata=self.transactional_id,
+                    metadata=metadata,
                 )
                 for s in sends
                 if s.offset is not None
@@ -455,6 +461,22 @@ class PartitionSender:
 
     async def close(self) -> None:
         """The node's producer stays for its other partitions (``NodeTransactions.close``)."""
+
+
+def committer(transactional_id: str, member_id: str | None) -> str:
+    """Offsets' metadata: who commits them (no member id outside a group: a tool's, a test's)."""
+    return json.dumps({"transactional_id": transactional_id, "member_id": member_id})
+
+
+def committer_of(metadata: str) -> tuple[str, str | None]:
+    """(transactional id, member id or None) of offsets' metadata, as ``committer`` wrote it;
+    metadata of another form is a transactional id alone (written before member ids were)."""
+    with contextlib.suppress(ValueError):
+        found = json.loads(metadata)
+        if isinstance(found, dict) and isinstance(found.get("transactional_id"), str):
+            member_id = found.get("member_id")
+            return found["transactional_id"], member_id if isinstance(member_id, str) else None
+    return metadata, None
 
 
 def _refusals(

@@ -14,8 +14,8 @@ upgraded). Pauses, resumes and seeks are queued for the thread, never waited for
 member id and the group metadata are read on the thread after each fetch and kept, so a step and
 a transaction never wait for a fetch. Committed offsets and watermarks are asked by a second
 consumer of the group that never joins it. Offsets are never committed here; read_committed
-offset fetches require stable offsets, so a new owner waits for a zombie's pending transaction to
-end before it reads the committed offset.
+offset fetches require stable offsets, so a new owner waits for a pending transaction to end
+before it reads the committed offset, or fences a dead member's (``pending_offsets``).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from evsched.adapters.clock import monotonic_s
 from evsched.adapters.kafka import clients as kafka
 from evsched.adapters.kafka.client_logs import group_joined
 from evsched.adapters.kafka.partition_log import GroupMembership, KafkaGroupConsumer, Rebalance
+from evsched.adapters.kafka.pending_offsets import GroupMembers, PendingOffsets
 from evsched.adapters.kafka.rdkafka_options import rdkafka_config
 from evsched.adapters.kafka.rdkafka_thread import POLL_SLICE_S, ConsumerThread
 from evsched.errors import BrokerUnavailable, PartitionRevoked
@@ -50,9 +51,6 @@ CLIENT_LOGGER = logging.getLogger("evsched.rdkafka")
 
 # How long a blocking metadata or offsets call may take.
 CALL_TIMEOUT_S = 10.0
-# How long a committed offset may be held by an open transaction before its owner is fenced: a
-# live owner's transaction takes milliseconds, and a clean revoke ends it before the group moves.
-PENDING_WAIT_S = 2.0
 # The longest a node may take between two fetches (a step, a revoke's closes) before the group
 # counts it gone; librdkafka also uses it as the rebalance timeout.
 MAX_POLL_INTERVAL_MS = 30_000
@@ -136,6 +134,10 @@ class RdkafkaGroupConsumer:
         self._unstable: Consumer | None = None
         # Fences a transactional id (the node's NodeTransactions.fence); None: wait instead.
         self.fence: Callable[[str], Awaitable[None]] | None = None
+        # Who is live in the group: a live committer's transaction is waited for, not fenced.
+        self._members = GroupMembers(
+            member.settings, member.group_id, client_id=f"{member.client_id}-members"
+        )
         self._assigned: set[int] = set()
         self._closed = False
         # Kept by the thread for the event loop and the transactions (see the module's doc).
@@ -231,41 +233,41 @@ class RdkafkaGroupConsumer:
     async def committed(self, partition: int) -> int | None:
         """The group's committed offset (None: nothing committed); waits for stable offsets.
 
-        A transaction still open holds them: a dead or frozen owner's. After
-        ``PENDING_WAIT_S`` the last committer of the partition (named by its offsets' metadata,
-        ``node_transactions``) is fenced through ``fence``, which aborts that transaction at
-        once instead of when the broker's timeout does.
+        A transaction still open holds them; with ``fence``, its producer is fenced unless its
+        member is live in the group (``pending_offsets``), which the read waits for instead.
         """
-        tp = self._tp(partition)
         if self.fence is None:
-            return await self._stable(tp, CALL_TIMEOUT_S)
-        with contextlib.suppress(BrokerUnavailable):
-            return await self._stable(tp, PENDING_WAIT_S)
-        last = await self._last_committer(tp)
-        if last:
-            await self.fence(last)
-        return await self._stable(tp, CALL_TIMEOUT_S)
+            return await self._stable(partition, CALL_TIMEOUT_S)
+        pending = PendingOffsets(
+            stable=self._stable,
+            last_committer=self._last_committer,
+            members=self._members.ids,
+            fence=self.fence,
+        )
+        return await pending.committed(partition)
 
     def _reader(self) -> Consumer:
         if self._offsets is None:
             self._offsets = Consumer(self._config)
         return self._offsets
 
-    async def _stable(self, tp: TopicPartition, timeout_s: float) -> int | None:
-        reader = self._reader()
-        with _errors(f"committed offset of p{tp.partition}"):
+    async def _stable(self, partition: int, timeout_s: float) -> int | None:
+        reader, tp = self._reader(), self._tp(partition)
+        with _errors(f"committed offset of p{partition}"):
             found = await asyncio.to_thread(reader.committed, [tp], timeout_s)
         if found[0].error is not None:
-            raise BrokerUnavailable(f"committed offset of p{tp.partition}: {found[0].error}")
+            raise BrokerUnavailable(f"committed offset of p{partition}: {found[0].error}")
         offset = found[0].offset
         return None if offset == OFFSET_INVALID or offset < 0 else int(offset)
 
-    async def _last_committer(self, tp: TopicPartition) -> str | None:
+    async def _last_committer(self, partition: int) -> str | None:
         """The metadata of the partition's last stable offset commit (read_uncommitted)."""
         if self._unstable is None:
             self._unstable = Consumer({**self._config, "isolation.level": "read_uncommitted"})
         with contextlib.suppress(KafkaException, RuntimeError):
-            found = await asyncio.to_thread(self._unstable.committed, [tp], CALL_TIMEOUT_S)
+            found = await asyncio.to_thread(
+                self._unstable.committed, [self._tp(partition)], CALL_TIMEOUT_S
+            )
             return found[0].metadata or None
         return None
 

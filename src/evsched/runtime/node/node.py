@@ -1,10 +1,10 @@
 """The node: owns events partitions through a consumer group, folds them and runs the scheduler.
 
 Kafka's group assignment is the ownership: there is no election of our own. Each owned partition
-gets a transactional producer whose id is bound to the partition, so a new owner's producer fences
-a zombie's (or, with ``EVSCHED_NODE_TRANSACTIONS=tick``, the node's one producer commits every
-partition's outputs with offsets the group's generation fences:
-``adapters.kafka.node_transactions``), and the fold rejects whatever a zombie still manages to
+shares the node's one transactional producer, whose transactions commit every partition's outputs
+with offsets the group's generation fences (``adapters.kafka.node_transactions``; with
+``EVSCHED_NODE_TRANSACTIONS=partition``, a producer per partition whose id is bound to it, so a
+new owner's producer fences a zombie's), and the fold rejects whatever a zombie still manages to
 write. Each assigned partition goes through the phases of ``runtime.node.lifecycle``: it opens
 (``runtime.node.opener``), or is restored first (``runtime.node.index_restore``), then runs in a
 task of its own until it is revoked or fails; the group's callbacks are ``runtime.node.rebalance``.
@@ -52,7 +52,7 @@ from evsched.runtime.process.startup import until_broker
 from evsched.runtime.projection.changelog import ChangelogWriter
 from evsched.runtime.projection.changelog_restore import OpenPlan
 from evsched.runtime.projection.index_threads import IndexThreads
-from evsched.settings import Settings
+from evsched.settings import Settings, SettingsError
 
 log = structlog.get_logger("evsched.node")
 
@@ -62,8 +62,20 @@ POLL_RETRY_S = 1.0
 # records (less broker and node CPU per job, shorter tails on a busy box; docs/bench-log.md);
 # a partition idle for longer steps at once.
 STEP_INTERVAL_MS = 20
-# "tick": one transaction per node tick (NodeConfig.tick_transactions); "partition": the default.
+# "tick" (the default): one transaction per node tick (NodeConfig.tick_transactions);
+# "partition": a transactional producer per partition, the opt-out kept for one release.
 TRANSACTIONS_ENV = "EVSCHED_NODE_TRANSACTIONS"
+TRANSACTION_MODES = ("tick", "partition")
+
+
+def tick_transactions_from_env() -> bool:
+    """``EVSCHED_NODE_TRANSACTIONS``: unset or "tick" -> True, "partition" -> False; any other
+    value is refused (SettingsError naming the variable)."""
+    mode = os.environ.get(TRANSACTIONS_ENV, "").strip() or "tick"
+    if mode not in TRANSACTION_MODES:
+        expected = ", ".join(TRANSACTION_MODES)
+        raise SettingsError(f"{TRANSACTIONS_ENV}={mode!r}: expected one of {expected}")
+    return mode == "tick"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,10 +96,8 @@ class NodeConfig:
     standby_partitions: frozenset[int] | None = None  # of those, only these (None: all)
     # One librdkafka transaction per node tick over every partition, fenced by the group's
     # generation (exactly-once v2, adapters.kafka.node_transactions); False: a transactional
-    # producer per partition (aiokafka), the default while the tick mode is proven under take-over.
-    tick_transactions: bool = field(
-        default_factory=lambda: os.environ.get(TRANSACTIONS_ENV, "partition") == "tick"
-    )
+    # producer per partition (aiokafka), EVSCHED_NODE_TRANSACTIONS=partition, for one release.
+    tick_transactions: bool = field(default_factory=tick_transactions_from_env)
 
     @property
     def group_id(self) -> str:
@@ -122,6 +132,7 @@ class Node:
             transactional_id=config.node_transactional_id,
             client_id=f"evsched-node-{config.node_id}",
             group_metadata=self._group_metadata,
+            member_id=lambda: None if self._consumer is None else self._consumer.member_id(),
             checked_queues=self.queue_topics.known,
         )
         self.group_owners = GroupOwners(config.settings)
@@ -267,7 +278,7 @@ class Node:
         )
         consumer: GroupMember = kind(member, listener=NodeRebalance(self))
         if isinstance(consumer, RdkafkaGroupConsumer):
-            consumer.fence = self.transactions.fence  # a dead owner's open transaction
+            consumer.fence = self.transactions.fence  # a dead member's open transaction
         self._consumer = consumer  # the group may assign partitions before start() returns
         try:
             await consumer.start()
