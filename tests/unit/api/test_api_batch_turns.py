@@ -18,7 +18,9 @@ from tests.unit.api.test_api_twin import Harness
 
 @pytest.fixture
 async def api(tmp_path: Path) -> AsyncIterator[Harness]:
-    async with Harness(tmp_path, wait_timeout_s=0.5) as harness:
+    # The default wait for verdicts: a loaded box judges 1,000 jobs in seconds, and a shorter
+    # wait answers 202 (not yet known) where these tests read the verdicts.
+    async with Harness(tmp_path, wait_timeout_s=10.0) as harness:
         yield harness
 
 
